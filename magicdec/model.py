@@ -1,0 +1,199 @@
+"""One Transformer for the whole Llama family (Llama-2/3/3.1, LLaMA-2-7B-32K, TinyLlama, llama-68m, SmolLM2,
+Mistral, Qwen2). Every method — baseline, self-speculation, standalone draft — runs this one definition; what
+differs between them is the KV cache passed to `forward` (see kv_cache.py).
+
+Weights keep transformers' layout (rotate-half RoPE, no q/k permutation), so HF checkpoints load as they are.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from magicdec.attention import Attend
+from magicdec.config import ModelArgs
+from magicdec.errors import MagicDecError
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """Inverse RoPE frequencies, with the checkpoint's scaling (linear for LLaMA-2-7B-32K, llama3 for 3.1)."""
+    d = args.head_dim
+    inv_freq = 1.0 / (args.rope_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    s = args.rope_scaling
+    if s is None:
+        pass
+    elif s["rope_type"] == "linear":  # positions divided by the factor == frequencies divided by it
+        inv_freq = inv_freq / s["factor"]
+    elif s["rope_type"] == "llama3":
+        # Long wavelengths are slowed by `factor`, short ones kept, and the band in between interpolated.
+        factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+        old_ctx = s["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_ctx / wavelen - lo) / (hi - lo)
+        interpolated = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        inv_freq = torch.where(wavelen > old_ctx / lo, inv_freq / factor,
+                               torch.where(wavelen < old_ctx / hi, inv_freq, interpolated))
+    else:
+        raise MagicDecError(f"unsupported rope scaling {s}")
+    return inv_freq.float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, T, H, D]; cos/sin: [B, T, 1, D/2] in fp32. Rotate-half convention (HF Llama)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32, scale in the input dtype: the order transformers uses, so bf16 runs agree.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        q, kv = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+        # One fused q/k/v matmul; checkpoints store wq/wk/wv apart and are fused on load.
+        self.wqkv = nn.Linear(args.dim, q + 2 * kv, bias=args.attention_bias)
+        self.wo = nn.Linear(q, args.dim, bias=False)
+        self._register_load_state_dict_pre_hook(self._fuse_qkv)
+
+    def _fuse_qkv(self, state_dict, prefix, *args):
+        for kind in ("weight", "bias"):
+            names = [f"{prefix}{w}.{kind}" for w in ("wq", "wk", "wv")]
+            if names[0] in state_dict:
+                state_dict[f"{prefix}wqkv.{kind}"] = torch.cat([state_dict.pop(n) for n in names])
+
+    def forward(self, x, cos, sin, cache, layer: int, attend: Attend) -> torch.Tensor:
+        B, T, _ = x.shape
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = apply_rope(q.view(B, T, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim)
+        k_cache, v_cache = cache.write(layer, k, v)
+        y = attend(q.transpose(1, 2), k_cache, v_cache)  # [B, H, T, D]
+        return self.wo(y.transpose(1, 2).reshape(B, T, q_size))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(args.dim, args.intermediate_size, bias=False)  # gate
+        self.w3 = nn.Linear(args.dim, args.intermediate_size, bias=False)  # up
+        self.w2 = nn.Linear(args.intermediate_size, args.dim, bias=False)  # down
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(self, x, cos, sin, cache, layer, attend):
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, attend)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, tokens: torch.Tensor, cache, logits: str = "all") -> torch.Tensor | None:
+        """Run `tokens` [B, T] as the next T tokens of each sequence in `cache`.
+
+        Sequence b's tokens take positions cache.lengths[b] + 0..T-1 and attend to that sequence's cache and
+        causally to each other, so the same call does chunked prefill, 1-token decode and k-token verification.
+        The cache's lengths are NOT advanced here: callers advance them (or roll back) once they know how many
+        tokens to keep. `logits`: "all" [B, T, V], "last" [B, 1, V], or "none" (prefill chunks before the last).
+        """
+        B, T = tokens.shape
+        positions = cache.positions(T)
+        attend = cache.attend(T)
+        angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
+        cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
+        x = self.tok_embeddings(tokens)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i, attend)
+        if logits == "none":
+            return None
+        if logits == "last":
+            x = x[:, -1:]
+        return self.output(self.norm(x))
+
+    def weight_bytes(self) -> int:
+        """Bytes read from weights by one decode step (the embedding table is only gathered, unless tied)."""
+        seen, total = set(), 0
+        for name, p in self.named_parameters():
+            if id(p) in seen or (name == "tok_embeddings.weight" and not self.args.tie_embeddings):
+                continue
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+        return total
+
+
+def build_model(args: ModelArgs, device, dtype, random_seed: int | None = None) -> Transformer:
+    """A model with random weights (for real-shape speed runs): normal(0, 0.02) like HF's initializer."""
+    with torch.device(device):
+        model = Transformer(args).to(dtype)
+    if random_seed is not None:
+        gen = torch.Generator(device=device).manual_seed(random_seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, 0.02, generator=gen)
+    model.inv_freq = rope_inv_freq(args).to(device)
+    return model.eval().requires_grad_(False)
+
+
+def load_model(checkpoint: str | Path, device, dtype) -> Transformer:
+    """Load `DIR/model.pth` (made by convert_hf_checkpoint.py) with the config in `DIR/config.json`."""
+    from magicdec.checkpoint import load_state_dict
+
+    checkpoint = Path(checkpoint)
+    args = ModelArgs.from_checkpoint_dir(checkpoint.parent)
+    state = load_state_dict(checkpoint)
+    with torch.device("meta"):
+        model = Transformer(args)
+    state = {k: v for k, v in state.items() if "rotary" not in k}
+    if args.tie_embeddings and "output.weight" not in state and "tok_embeddings.weight" in state:
+        state["output.weight"] = state["tok_embeddings.weight"]
+    try:
+        model.load_state_dict(state, assign=True, strict=True)
+    except RuntimeError as e:
+        first = str(e).splitlines()[0] if str(e) else "mismatch"
+        raise MagicDecError(f"checkpoint {checkpoint} does not match its config.json ({first}); re-convert it") from None
+    if args.tie_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    model.inv_freq = rope_inv_freq(args)  # a non-persistent buffer: still on meta after loading
+    model = model.to(device=device, dtype=dtype)
+    model.inv_freq = rope_inv_freq(args).to(device)  # keep fp32 whatever the model dtype
+    return model.eval().requires_grad_(False)

