@@ -10,13 +10,15 @@ GQA is never expanded in memory: the G query heads that share a KV head are fold
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-BACKENDS = ("auto", "sdpa", "flex", "flash")
+BACKENDS = ("auto", "sdpa", "flex", "triton", "flash")
+TRITON_MAX_T = 16  # decode and verification; longer chunks (prefill) go to flex/sdpa
 KV_BLOCK = 128
 Q_BLOCK = 128
 
@@ -37,7 +39,9 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name == "auto":
         if device.type != "cuda":
             return "sdpa"
-        return "flash" if flash_attn_available() else "flex"
+        return "flash" if flash_attn_available() else "triton"
+    if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise MagicDecError("--attn_backend triton needs a CUDA device (or TRITON_INTERPRET=1 to interpret it on the CPU)")
     if name == "flash" and not (device.type == "cuda" and flash_attn_available()):
         raise MagicDecError("--attn_backend flash needs a CUDA device and the flash-attn package (pip install flash-attn)")
     return name
@@ -123,7 +127,19 @@ def flash_attend(q_pos, key_pos, n_slots) -> Attend:
     return attend
 
 
-MAKERS = {"sdpa": sdpa_attend, "flex": flex_attend, "flash": flash_attend}
+def triton_attend(q_pos, key_pos, n_slots) -> Attend:
+    """Split-KV Triton kernel for decode/verify (few query tokens); flex (GPU) or sdpa (CPU) for prefill chunks."""
+    if q_pos.shape[1] > TRITON_MAX_T:
+        return (flex_attend if q_pos.is_cuda else sdpa_attend)(q_pos, key_pos, n_slots)
+    from magicdec.triton_attention import split_kv_attention
+
+    def attend(q, k, v):
+        return split_kv_attention(q, k, v, q_pos, key_pos)
+
+    return attend
+
+
+MAKERS = {"sdpa": sdpa_attend, "flex": flex_attend, "triton": triton_attend, "flash": flash_attend}
 
 
 def make_attend(backend: str, q_pos, key_pos, n_slots) -> Attend:

@@ -227,3 +227,13 @@ def print_table(rows: list[tuple[str, object]]) -> None:
         if isinstance(value, float):
             value = f"{value:.4g}"
         print(f"{key:<{width}}  {value}")
+
+
+def largest_batch(config: ModelArgs, prefix_len: int, new_tokens: int, dtype, device, headroom: int = 3 << 30,
+                  caches: int = 1) -> int:
+    """Largest B whose estimated footprint fits in free memory minus `headroom` (CUDA graphs, allocator slack)."""
+    free = available_memory(device) - headroom
+    B = 0
+    while memory_needed(config, B + 1, prefix_len + new_tokens, max(16, 16384 // (B + 1)), dtype, caches)["total"] <= free:
+        B += 1
+    return B

@@ -1,0 +1,53 @@
+"""Decode/verify attention alone at Llama-3-8B head shapes: achieved bandwidth of each backend against a
+device-to-device copy. GPU only. Writes a JSON record.
+
+    python benchmarks/attention_kernels.py --output results/attention_kernels_h100.json
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from magicdec.attention import make_attend  # noqa: E402
+from magicdec.benchmark import copy_bandwidth, environment  # noqa: E402
+from magicdec.triton_attention import split_kv_attention  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--output", type=Path, default=None)
+p.add_argument("--tune", action="store_true", help="also sweep the Triton kernel's block/warp/stage settings")
+args = p.parse_args()
+dev = torch.device("cuda")
+copy = copy_bandwidth(dev)
+rows, H, Hkv, D = [], 32, 8, 128
+for B, S in [(8, 32768), (1, 131072), (32, 16384), (64, 4096)]:
+    for T in (1, 4, 8):
+        torch.manual_seed(0)
+        q = torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        q_pos = (S - T + torch.arange(T, device=dev))[None].expand(B, T).contiguous()
+        nbytes = 2 * k.numel() * k.element_size()
+        ref = make_attend("sdpa", q_pos, None, S)(q, k, v).float()
+        variants = {"sdpa": make_attend("sdpa", q_pos, None, S), "triton": make_attend("triton", q_pos, None, S)}
+        if args.tune:
+            for bn, nw, ns in [(32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (64, 8, 3)]:
+                variants[f"triton_bn{bn}_w{nw}_s{ns}"] = (lambda bn=bn, nw=nw, ns=ns: lambda q, k, v: split_kv_attention(
+                    q, k, v, q_pos, None, block_n=bn, num_warps=nw, num_stages=ns))()
+        for name, fn in variants.items():
+            err = ((fn(q, k, v).float() - ref).norm() / ref.norm()).item()
+            ms = triton.testing.do_bench(lambda: fn(q, k, v), warmup=25, rep=100, return_mode="median")
+            row = {"B": B, "S": S, "T": T, "backend": name, "ms": ms, "GBps": nbytes / ms / 1e6,
+                   "fraction_of_copy": nbytes / ms / 1e-3 / copy, "rel_err_vs_sdpa": err}
+            rows.append(row)
+            print(f"B={B:3d} S={S:6d} T={T} {name:24s} {ms:8.3f} ms {row['GBps']:7.0f} GB/s "
+                  f"{row['fraction_of_copy']:.2f} of copy  err {err:.1e}", flush=True)
+        del q, k, v
+record = {"environment": environment(dev), "copy_bandwidth_GBps": copy / 1e9, "rows": rows,
+          "note": "random inputs; bytes = K + V of the whole cache read once"}
+if args.output:
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(record, indent=1))

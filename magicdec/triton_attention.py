@@ -1,0 +1,111 @@
+"""Split-KV ("flash-decoding") attention for decode and verification, in Triton.
+
+At long context a decode step is bound by reading the KV cache, and there are only B * n_kv_heads (head, sequence)
+pairs — 64 for Llama-3-8B at B=8, fewer than an H100's 132 multiprocessors. So each pair's keys are cut into
+`n_splits` ranges handled by separate programs, whose partial softmax results are merged afterwards. The G query
+heads sharing a KV head and the T query tokens (T = 1 for decode, gamma + 1 for verification) become the rows of one
+tile, so every K/V block is read from memory once for all of them: GQA keeps its bandwidth saving and verifying
+several tokens costs about what one does.
+
+Set TRITON_INTERPRET=1 before import to run it on the CPU (the tests do).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": an empty split must give weight 0, not NaN
+MAX_ROWS = 128  # beyond G*T rows (prefill chunks) a tiled prefill kernel is the better tool
+
+
+@triton.jit
+def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT,
+                     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+                     n_kv_heads, n_slots, split_len,
+                     SCALE: tl.constexpr, T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KPOS: tl.constexpr, N_SPLITS: tl.constexpr):
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = pid_bh // n_kv_heads
+    h = pid_bh % n_kv_heads
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, D)
+    row_ok = rows < ROWS
+    # Row r is query head (h * G + r // T) at token r % T.
+    q_pos = tl.load(QPOS + b * T + rows % T, mask=row_ok, other=-1)
+    q = tl.load(Q + (pid_bh * ROWS + rows[:, None]) * D + dims[None, :], mask=row_ok[:, None], other=0.0)
+
+    start = split * split_len
+    end = tl.minimum(start + split_len, n_slots)
+    if not HAS_KPOS:  # full cache: slots past the last query position are never visible
+        end = tl.minimum(end, tl.load(QPOS + b * T + T - 1) + 1)
+
+    m_i = tl.full([BLOCK_M], NEG, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    for n in range(start, end, BLOCK_N):
+        offs = n + tl.arange(0, BLOCK_N)
+        in_range = offs < end
+        k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :], mask=in_range[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * SCALE  # constexpr: a float argument turns fp64 under torch.compile
+        if HAS_KPOS:
+            k_pos = tl.load(KPOS + b * n_slots + offs, mask=in_range, other=0)
+        else:
+            k_pos = offs
+        visible = in_range[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :], mask=in_range[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    out = (pid_bh * N_SPLITS + split) * ROWS + rows
+    tl.store(ACC + out[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+    tl.store(M_OUT + out, m_i, mask=row_ok)
+    tl.store(L_OUT + out, l_i, mask=row_ok)
+
+
+def supports(q_shape, k_shape) -> bool:
+    B, H, T, D = q_shape
+    rows = H // k_shape[1] * T
+    return rows <= MAX_ROWS and D >= 16 and D & (D - 1) == 0
+
+
+def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
+    """Enough programs to fill the GPU a few times over; never a split shorter than a few blocks."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    want = max(1, -(-4 * sms // pairs))
+    return max(1, min(want, n_slots // (4 * block_n)))
+
+
+def split_kv_attention(q, k, v, q_pos, key_pos=None, n_splits: int | None = None,
+                       block_n: int = 128, num_warps: int = 4, num_stages: int = 2):
+    """q [B, H, T, D]; k, v [B, Hkv, S, D] (last dim contiguous); q_pos [B, T] (increasing in T);
+    key_pos [B, S] or None (slot s holds position s). Returns [B, H, T, D] in q's dtype."""
+    B, H, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    rows = H // Hkv * T
+    q_rows = q.reshape(B, Hkv, rows, D).contiguous()
+    if n_splits is None:
+        n_splits = choose_splits(B * Hkv, S, block_n, q.device)
+    split_len = -(-(-(-S // n_splits)) // block_n) * block_n  # ceil(S / splits) rounded up to whole blocks
+    acc = torch.empty(B, Hkv, n_splits, rows, D, dtype=torch.float32, device=q.device)
+    m = torch.empty(B, Hkv, n_splits, rows, dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    _split_kv_kernel[(B * Hkv, n_splits)](
+        q_rows, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        Hkv, S, split_len,
+        SCALE=D ** -0.5, T=T, ROWS=rows, D=D, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
+        HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, num_warps=num_warps, num_stages=num_stages)
+    # Merge the splits: softmax over all keys = weighted sum of per-split softmaxes.
+    m_all = m.amax(dim=2, keepdim=True)
+    w = torch.exp(m - m_all)
+    out = (acc * w[..., None]).sum(2) / (l * w).sum(2)[..., None]
+    return out.view(B, H, T, D).to(q.dtype)
