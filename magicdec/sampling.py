@@ -8,7 +8,10 @@ import torch
 
 
 def probabilities(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
-    """Softmax of logits [..., V] after temperature, top-k and top-p (nucleus) filtering, in fp32."""
+    """Softmax of logits [..., V] after temperature, top-k and top-p (nucleus) filtering, in fp32.
+    Temperature 0 is the greedy distribution: one-hot on the argmax."""
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits.float() / temperature
     if top_k and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]

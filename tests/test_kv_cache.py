@@ -1,0 +1,231 @@
+"""The full KV cache: incremental, chunked, ragged, rolled-back and multi-token forwards all give the logits of one
+plain forward of each sequence alone (which test_model.py checks against transformers).
+
+Sequences run past 128 tokens so the flex backend's per-sequence KV-block bound (blocks of 128) is exercised; the
+reference is always the sdpa forward of the whole sequence at once in a fresh B=1 cache.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from magicdec.generate import prefill
+from magicdec.kv_cache import KVCache
+from magicdec.model import Transformer, load_model
+
+BACKENDS = ["sdpa", "flex"]
+MAX_LEN = 300
+ATOL = 1e-4
+VOCAB = 256
+
+
+@pytest.fixture(scope="module")
+def model(tiny_hf) -> Transformer:
+    _, path = tiny_hf("llama")  # GQA, random N(0, 0.1) weights: logits spread ~0.8
+    return load_model(path, "cpu", torch.float32)
+
+
+@pytest.fixture(autouse=True)
+def no_grad():
+    with torch.inference_mode():
+        yield
+
+
+def tokens(B: int, T: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def new_cache(model: Transformer, B: int, backend: str, max_len: int = MAX_LEN) -> KVCache:
+    a = model.args
+    return KVCache(a.n_layers, B, a.n_kv_heads, max_len, a.head_dim, torch.float32, "cpu", backend)
+
+
+def alone(model: Transformer, seq: torch.Tensor) -> torch.Tensor:
+    """Logits [T, V] of one sequence [T] run alone, all at once, in a fresh B=1 cache."""
+    return model(seq[None], new_cache(model, 1, "sdpa", max_len=seq.shape[0]))[0]
+
+
+def ragged(model: Transformer, backend: str, X: torch.Tensor, lengths: list[int]) -> KVCache:
+    """A cache where row b holds X[b, :lengths[b]]: all rows are fed max(lengths) tokens of X, then advanced by
+    their own amounts, so the slots past a shorter row's length hold real (stale) keys that must stay masked."""
+    lo, hi = min(lengths), max(lengths)
+    cache = new_cache(model, X.shape[0], backend)
+    model(X[:, :lo], cache, logits="none")
+    cache.advance(lo)
+    model(X[:, lo:hi], cache, logits="none")
+    cache.advance(torch.tensor(lengths) - lo)
+    assert cache.lengths.tolist() == lengths
+    return cache
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and (a - b).abs().max().item() <= ATOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefill_then_steps_equal_full_forward(model, backend):
+    X = tokens(2, 150, seed=0)
+    full = model(X, new_cache(model, 2, "sdpa", max_len=150))
+    cache = new_cache(model, 2, backend)
+    got = [model(X[:, :100], cache)]
+    cache.advance(100)
+    for t in range(100, 150):  # crosses the 128-slot block boundary
+        got.append(model(X[:, t:t + 1], cache))
+        cache.advance(1)
+    assert cache.lengths.tolist() == [150, 150]
+    assert close(torch.cat(got, dim=1), full)
+    assert close(full[1], alone(model, X[1]))  # batch rows do not interact
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("chunk", [7, 64, 150, 1000])  # 7 and 64 do not divide 150; 1000 > the prompt
+def test_chunked_prefill_equals_unchunked(model, backend, chunk):
+    X = tokens(2, 151, seed=1)
+    ref_cache = new_cache(model, 2, "sdpa")
+    full = model(X, ref_cache)
+    ref_cache.advance(150)
+    cache = new_cache(model, 2, backend)
+    last = prefill(model, cache, X[:, :150], chunk)
+    assert cache.lengths.tolist() == [150, 150]
+    assert close(last, full[:, 149])
+    for layer in range(model.args.n_layers):
+        assert close(cache.k[layer][:, :, :150], ref_cache.k[layer][:, :, :150])
+        assert close(cache.v[layer][:, :, :150], ref_cache.v[layer][:, :, :150])
+    assert close(model(X[:, 150:], cache)[:, 0], full[:, 150])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ragged_batch_equals_each_sequence_alone(model, backend):
+    lengths = [40, 97, 140]
+    X = tokens(3, 140, seed=2)
+    D = tokens(3, 12, seed=3)  # each row's own continuation
+    cache = ragged(model, backend, X, lengths)
+    steps = []
+    for j in range(D.shape[1]):
+        steps.append(model(D[:, j:j + 1], cache))
+        cache.advance(1)
+    got = torch.cat(steps, dim=1)  # [3, 12, V]
+    for b, n in enumerate(lengths):
+        ref = alone(model, torch.cat([X[b, :n], D[b]]))[n:]
+        assert close(got[b], ref), f"row {b} (length {n})"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rollback_then_redecode_equals_straight_decode(model, backend):
+    X = tokens(2, 60, seed=4)
+    D = tokens(2, 10, seed=5)
+    garbage = tokens(2, 8, seed=6)
+
+    straight = new_cache(model, 2, backend)
+    prefill(model, straight, X, 32)
+    want = []
+    for j in range(10):
+        want.append(model(D[:, j:j + 1], straight))
+        straight.advance(1)
+
+    cache = new_cache(model, 2, backend)
+    prefill(model, cache, X, 32)
+    saved = cache.lengths.clone()
+    model(garbage, cache, logits="none")  # a rejected 8-token draft...
+    cache.advance(8)
+    for j in range(3):  # ...and a few garbage single steps
+        model(garbage[:, j:j + 1], cache)
+        cache.advance(1)
+    cache.rollback(saved)
+    saved += 100  # rollback copies the lengths: the caller's tensor is not aliased
+    assert cache.lengths.tolist() == [60, 60]
+    got = []
+    for j in range(10):
+        got.append(model(D[:, j:j + 1], cache))
+        cache.advance(1)
+    assert close(torch.cat(got, 1), torch.cat(want, 1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ragged_rollback(model, backend):
+    """Rolling rows back by different amounts leaves each row equal to its shorter sequence run alone."""
+    X = tokens(2, 140, seed=7)
+    D = tokens(2, 6, seed=8)
+    cache = new_cache(model, 2, backend)
+    prefill(model, cache, X, 64)
+    keep = [45, 131]
+    cache.rollback(torch.tensor(keep))
+    got = []
+    for j in range(D.shape[1]):
+        got.append(model(D[:, j:j + 1], cache))
+        cache.advance(1)
+    got = torch.cat(got, 1)
+    for b, n in enumerate(keep):
+        assert close(got[b], alone(model, torch.cat([X[b, :n], D[b]]))[n:]), f"row {b}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k", [2, 4, 7])
+def test_multi_token_verify_equals_single_steps(model, backend, k):
+    lengths = [50, 90, 125]  # row 2's k tokens cross the 128-slot block boundary
+    X = tokens(3, 125, seed=9)
+    V = tokens(3, k, seed=10)
+
+    cache = ragged(model, backend, X, lengths)
+    verify = model(V, cache)  # [3, k, V]: k tokens at once, lengths not advanced
+    assert cache.lengths.tolist() == lengths
+
+    steps_cache = ragged(model, backend, X, lengths)
+    steps = []
+    for j in range(k):
+        steps.append(model(V[:, j:j + 1], steps_cache))
+        steps_cache.advance(1)
+    assert close(verify, torch.cat(steps, 1))
+    for b, n in enumerate(lengths):
+        assert close(verify[b], alone(model, torch.cat([X[b, :n], V[b]]))[n:]), f"row {b} (length {n})"
+
+    # Ragged acceptance, as speculative decoding does: keep a different number of the k tokens per row, then the
+    # next step sees exactly the accepted prefix (the rejected tokens' slots are stale and must stay masked).
+    accepted = torch.tensor([k, 1, 0])
+    cache.advance(accepted)
+    nxt = tokens(3, 1, seed=11)
+    after = model(nxt, cache)[:, 0]
+    for b, n in enumerate(lengths):
+        a = int(accepted[b])
+        seq = torch.cat([X[b, :n], V[b, :a], nxt[b]])
+        assert close(after[b], alone(model, seq)[-1]), f"row {b} accepted {a}"
+
+
+def test_positions_and_nbytes(model):
+    cache = new_cache(model, 3, "sdpa", max_len=20)
+    cache.advance(torch.tensor([0, 5, 9]))
+    assert cache.positions(3).tolist() == [[0, 1, 2], [5, 6, 7], [9, 10, 11]]
+    cache.advance(2)
+    assert cache.lengths.tolist() == [2, 7, 11]
+    a = model.args
+    assert KVCache.nbytes_for(a.n_layers, 3, a.n_kv_heads, 20, a.head_dim, torch.float32) == sum(
+        t.numel() * t.element_size() for t in cache.k + cache.v)
+    assert KVCache.nbytes_for(a.n_layers, 3, a.n_kv_heads, 20, a.head_dim, torch.bfloat16) == sum(
+        t.numel() * 2 for t in cache.k + cache.v)
+
+
+def flex_block_mask(q_pos: torch.Tensor, n_slots: int):
+    """The BlockMask that flex_attend builds (read from the attend closure): eager flex on CPU computes every block
+    whatever the mask says, so the block bounds can only be checked on the mask itself."""
+    import inspect
+
+    from magicdec.attention import make_attend
+
+    return inspect.getclosurevars(make_attend("flex", q_pos, None, n_slots)).nonlocals["block_mask"]
+
+
+@pytest.mark.parametrize("lengths,T", [([0, 127, 128, 250], 1), ([5, 120, 126, 200], 7), ([0, 3, 130, 140], 150)])
+def test_flex_block_mask_covers_every_visible_slot(lengths, T):
+    n_slots = 400
+    q_pos = torch.tensor(lengths)[:, None] + torch.arange(T)
+    bm = flex_block_mask(q_pos, n_slots)
+    blocks = bm.to_dense()[:, 0].bool()  # [B, n_q_blocks, n_kv_blocks]: which blocks are computed
+    q_block, kv_block = bm.BLOCK_SIZE
+    slots = torch.arange(n_slots)
+    for b in range(len(lengths)):
+        for t in range(T):
+            visible = slots[slots <= q_pos[b, t]]
+            computed = blocks[b, t // q_block, visible // kv_block]
+            assert computed.all(), f"row {b} query {t} at position {int(q_pos[b, t])} misses a visible block"
+    # and the point of the block mask: a short sequence in a long cache skips the blocks past its end
+    assert not blocks[0, 0, -1] and blocks[0, 0, 0]
