@@ -1,9 +1,11 @@
 """Attention backends behind one interface.
 
-`make_attend(backend, q_pos, key_pos, n_slots)` is called once per forward pass and returns
+`make_attend(backend, q_pos, key_pos, n_slots, sinks, window)` is called once per forward pass and returns
 `attend(q [B, H, T, D], k [B, Hkv, S, D], v) -> [B, H, T, D]`, used by every layer. The mask is the same for every
-kind of cache: query t of sequence b (at absolute position q_pos[b, t]) sees slot s iff key_pos[b, s] <= q_pos[b, t]
-(key_pos=None means slot s holds position s, the full cache). Empty slots carry a huge key_pos.
+kind of cache: query t of sequence b (at absolute position qp = q_pos[b, t]) sees slot s, holding position
+kp = key_pos[b, s], iff kp <= qp and, when window > 0, (kp < sinks or kp > qp - window): StreamingLLM's sink
+tokens plus a recent window. key_pos=None means slot s holds position s (the full cache); empty slots carry a huge
+key_pos.
 
 GQA is never expanded in memory: the G query heads that share a KV head are folded into the query-length axis
 (sdpa) or handled by the kernel (flex `enable_gqa`, flash-attn), so K/V are read once per KV head.
@@ -47,16 +49,20 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
-def _visible(q_pos: torch.Tensor, key_pos: torch.Tensor | None, n_slots: int) -> torch.Tensor:
+def _visible(q_pos, key_pos, n_slots, sinks=0, window=0) -> torch.Tensor:
     """Boolean [B, T, S] mask of the slots each query may attend to."""
     if key_pos is None:
         key_pos = torch.arange(n_slots, device=q_pos.device)[None, :]
-    return key_pos[:, None, :] <= q_pos[:, :, None]
+    kp, qp = key_pos[:, None, :], q_pos[:, :, None]
+    visible = kp <= qp
+    if window:
+        visible = visible & ((kp < sinks) | (kp > qp - window))
+    return visible
 
 
-def sdpa_attend(q_pos, key_pos, n_slots) -> Attend:
+def sdpa_attend(q_pos, key_pos, n_slots, sinks=0, window=0) -> Attend:
     """Plain PyTorch (scaled_dot_product_attention with a boolean mask): the reference, and the CPU path."""
-    visible = _visible(q_pos, key_pos, n_slots)
+    visible = _visible(q_pos, key_pos, n_slots, sinks, window)
 
     def attend(q, k, v):
         B, H, T, D = q.shape
@@ -83,13 +89,15 @@ def _flex():
     return _compiled_flex
 
 
-def flex_attend(q_pos, key_pos, n_slots) -> Attend:
+def flex_attend(q_pos, key_pos, n_slots, sinks=0, window=0) -> Attend:
     """torch FlexAttention with a block mask that skips the KV blocks past each sequence's end."""
     from torch.nn.attention.flex_attention import BlockMask
 
     B, T = q_pos.shape
     n_kv_blocks = -(-n_slots // KV_BLOCK)
     n_q_blocks = -(-T // Q_BLOCK)
+    if key_pos is None and window:
+        key_pos = torch.arange(n_slots, device=q_pos.device).expand(B, n_slots)
     if key_pos is None:
         def mask_mod(b, h, q_idx, kv_idx):
             return kv_idx <= q_pos[b, q_idx]
@@ -97,9 +105,14 @@ def flex_attend(q_pos, key_pos, n_slots) -> Attend:
         last_q = torch.clamp(torch.arange(1, n_q_blocks + 1, device=q_pos.device) * Q_BLOCK, max=T) - 1
         needed = q_pos[:, last_q] // KV_BLOCK + 1  # [B, n_q_blocks]
         kv_num_blocks = torch.clamp(needed, max=n_kv_blocks).to(torch.int32)
-    else:
+    elif not window:
         def mask_mod(b, h, q_idx, kv_idx):
             return key_pos[b, kv_idx] <= q_pos[b, q_idx]
+        kv_num_blocks = torch.full((B, n_q_blocks), n_kv_blocks, dtype=torch.int32, device=q_pos.device)
+    else:
+        def mask_mod(b, h, q_idx, kv_idx):
+            kp, qp = key_pos[b, kv_idx], q_pos[b, q_idx]
+            return (kp <= qp) & ((kp < sinks) | (kp > qp - window))
         kv_num_blocks = torch.full((B, n_q_blocks), n_kv_blocks, dtype=torch.int32, device=q_pos.device)
     kv_indices = torch.arange(n_kv_blocks, dtype=torch.int32, device=q_pos.device).expand(B, 1, n_q_blocks, n_kv_blocks)
     block_mask = BlockMask.from_kv_blocks(kv_num_blocks[:, None], kv_indices, BLOCK_SIZE=(Q_BLOCK, KV_BLOCK),
@@ -111,12 +124,13 @@ def flex_attend(q_pos, key_pos, n_slots) -> Attend:
     return attend
 
 
-def flash_attend(q_pos, key_pos, n_slots) -> Attend:
-    """flash-attn's flash_attn_with_kvcache (when importable). Full cache only: slot s holds position s."""
+def flash_attend(q_pos, key_pos, n_slots, sinks=0, window=0) -> Attend:
+    """flash-attn's flash_attn_with_kvcache (when importable) for the full cache; other caches use the Triton
+    kernel, whose mask handles scattered slots."""
+    if key_pos is not None:
+        return triton_attend(q_pos, key_pos, n_slots, sinks, window)
     from flash_attn import flash_attn_with_kvcache
 
-    if key_pos is not None:
-        raise NotImplementedError("flash backend supports the full cache only; use --attn_backend flex")
     seqlens = (q_pos[:, -1] + 1).to(torch.int32)  # keys 0..last query position; causal aligns queries at the end
 
     def attend(q, k, v):
@@ -127,14 +141,14 @@ def flash_attend(q_pos, key_pos, n_slots) -> Attend:
     return attend
 
 
-def triton_attend(q_pos, key_pos, n_slots) -> Attend:
+def triton_attend(q_pos, key_pos, n_slots, sinks=0, window=0) -> Attend:
     """Split-KV Triton kernel for decode/verify (few query tokens); flex (GPU) or sdpa (CPU) for prefill chunks."""
     if q_pos.shape[1] > TRITON_MAX_T:
-        return (flex_attend if q_pos.is_cuda else sdpa_attend)(q_pos, key_pos, n_slots)
+        return (flex_attend if q_pos.is_cuda else sdpa_attend)(q_pos, key_pos, n_slots, sinks, window)
     from magicdec.triton_attention import split_kv_attention
 
     def attend(q, k, v):
-        return split_kv_attention(q, k, v, q_pos, key_pos)
+        return split_kv_attention(q, k, v, q_pos, key_pos, sinks=sinks, window=window)
 
     return attend
 
@@ -142,5 +156,5 @@ def triton_attend(q_pos, key_pos, n_slots) -> Attend:
 MAKERS = {"sdpa": sdpa_attend, "flex": flex_attend, "triton": triton_attend, "flash": flash_attend}
 
 
-def make_attend(backend: str, q_pos, key_pos, n_slots) -> Attend:
-    return MAKERS[backend](q_pos, key_pos, n_slots)
+def make_attend(backend: str, q_pos, key_pos, n_slots, sinks: int = 0, window: int = 0) -> Attend:
+    return MAKERS[backend](q_pos, key_pos, n_slots, sinks, window)

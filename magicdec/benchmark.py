@@ -128,15 +128,23 @@ def check_context(config: ModelArgs, prefix_len: int, new_tokens: int, what: str
         raise MagicDecError(f"prefix_len + {what} = {total} exceeds the model's context of {config.max_seq_len} tokens; lower --prefix_len or --gen_len")
 
 
-def memory_needed(config: ModelArgs, B: int, cache_len: int, chunk: int, dtype, caches: int = 1) -> dict:
-    """Bytes a run will allocate, estimated before allocating: weights, KV cache(s), prefill activations."""
+def weight_bytes(config: ModelArgs, dtype) -> int:
     item = torch.empty((), dtype=dtype).element_size()
     d, f, h = config.dim, config.intermediate_size, config.n_heads * config.head_dim
-    weights = item * (config.vocab_size * d * (1 if config.tie_embeddings else 2)
-                      + config.n_layers * (d * (h + 2 * config.n_kv_heads * config.head_dim) + h * d + 3 * d * f))
-    kv = caches * KVCache.nbytes_for(config.n_layers, B, config.n_kv_heads, cache_len, config.head_dim, dtype)
-    tokens = B * chunk
-    activations = item * tokens * (4 * d + 3 * f + h + 2 * config.n_kv_heads * config.head_dim) + 4 * B * config.vocab_size * 2
+    return item * (config.vocab_size * d * (1 if config.tie_embeddings else 2)
+                   + config.n_layers * (d * (h + 2 * config.n_kv_heads * config.head_dim) + h * d + 3 * d * f))
+
+
+def memory_needed(B: int, chunk: int, dtype, parts) -> dict:
+    """Bytes a run will allocate, estimated before allocating. `parts` lists (config, weights loaded?, cache slots)
+    for each model and cache of the run (self-speculation: the target's weights once, two caches)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    weights = sum(weight_bytes(c, dtype) for c, loaded, _ in parts if loaded)
+    kv = sum(KVCache.nbytes_for(c.n_layers, B, c.n_kv_heads, slots, c.head_dim, dtype) for c, _, slots in parts)
+    c = max((p[0] for p in parts), key=lambda c: c.intermediate_size)
+    h = c.n_heads * c.head_dim
+    activations = (item * B * chunk * (4 * c.dim + 3 * c.intermediate_size + h + 2 * c.n_kv_heads * c.head_dim)
+                   + 4 * B * c.vocab_size * 2 * 8)  # + fp32 logits/probabilities of a few verify positions
     return {"weights": weights, "kv_cache": kv, "activations": activations, "total": weights + kv + activations}
 
 
@@ -234,6 +242,22 @@ def largest_batch(config: ModelArgs, prefix_len: int, new_tokens: int, dtype, de
     """Largest B whose estimated footprint fits in free memory minus `headroom` (CUDA graphs, allocator slack)."""
     free = available_memory(device) - headroom
     B = 0
-    while memory_needed(config, B + 1, prefix_len + new_tokens, max(16, 16384 // (B + 1)), dtype, caches)["total"] <= free:
+    while memory_needed(B + 1, max(16, 16384 // (B + 1)), dtype,
+                        [(config, i == 0, prefix_len + new_tokens) for i in range(caches)])["total"] <= free:
         B += 1
     return B
+
+
+def read_baseline(path: Path, args) -> dict:
+    """Metrics of a baseline record, refusing one made at another batch size, prefix or device."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise MagicDecError(f"cannot read --baseline_json {path}: {e}") from None
+    theirs = record.get("args", {})
+    for key in ("B", "prefix_len"):
+        if theirs.get(key) != getattr(args, key):
+            raise MagicDecError(f"--baseline_json {path} was run with {key}={theirs.get(key)}, this run has {getattr(args, key)}; compare like with like")
+    if record.get("method") != "baseline":
+        raise MagicDecError(f"--baseline_json {path} is a {record.get('method')} record, not a baseline")
+    return record["metrics"]

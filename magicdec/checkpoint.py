@@ -312,3 +312,222 @@ def smollm2_checkpoint(cache_dir=None) -> Path:
     if all((out / f).is_file() for f in ("config.json", "tokenizer.json", "model.pth")):
         return out / "model.pth"
     return convert_gguf(smollm2_gguf(), out)
+
+
+# ---------------------------------------------------------------- llama2.c files
+
+LLAMA2C_HEADER = 7  # int32s of the legacy ("v0") header: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab, seq_len
+_LLAMA2C_V1_MAGIC = 0x616B3432  # "ak42": llama2.c's newer export formats, which this converter does not read
+
+
+def _llama2c_layout(dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len, shared) -> list[tuple[str, tuple]]:
+    """The fp32 arrays of a v0 file, in file order, with their shapes. Matrices are nn.Linear weights, [out, in]
+    (run.c's matmul reads w[i * n_in + j] for output i), stacked over layers."""
+    hd = dim // n_heads
+    q, kv = n_heads * hd, n_kv_heads * hd
+    arrays = [("token_embedding", (vocab, dim)), ("rms_att", (n_layers, dim)),
+              ("wq", (n_layers, q, dim)), ("wk", (n_layers, kv, dim)), ("wv", (n_layers, kv, dim)),
+              ("wo", (n_layers, dim, q)), ("rms_ffn", (n_layers, dim)),
+              ("w1", (n_layers, hidden, dim)), ("w2", (n_layers, dim, hidden)), ("w3", (n_layers, hidden, dim)),
+              ("rms_final", (dim,)), ("freq_cis_real", (seq_len, hd // 2)), ("freq_cis_imag", (seq_len, hd // 2))]
+    if not shared:
+        arrays.append(("wcls", (vocab, dim)))
+    return arrays
+
+
+def read_llama2c(bin_path) -> tuple[dict, dict]:
+    """A llama2.c v0 checkpoint -> (header dict, {array name: fp32 numpy array in file layout}).
+
+    The file size must match the header exactly, so a truncated or padded file is refused here."""
+    import math
+
+    import numpy as np
+
+    path = Path(bin_path)
+    if not path.is_file():
+        raise MagicDecError(f"no llama2.c checkpoint at {path}: check the path")
+    size = path.stat().st_size
+    if size < 4 * LLAMA2C_HEADER:
+        raise MagicDecError(f"{path} is {size} bytes, shorter than a llama2.c header: the file is truncated or not a "
+                            "llama2.c checkpoint; re-download it")
+    header = [int(x) for x in np.fromfile(path, dtype="<i4", count=LLAMA2C_HEADER)]
+    if header[0] == _LLAMA2C_V1_MAGIC:
+        raise MagicDecError(f"{path} is a llama2.c version-1+ export (magic 'ak42'): magicdec reads the legacy v0 "
+                            "format; re-export it with llama2.c's export.py --version 0")
+    dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len = header
+    shared = vocab > 0
+    vocab = abs(vocab)
+    names = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")
+    values = (dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len)
+    bad = [f"{n}={v}" for n, v in zip(names, values) if v <= 0 or v > 1 << 24]
+    if not bad and (dim % n_heads or (dim // n_heads) % 2 or n_heads % n_kv_heads):
+        bad = [f"dim={dim}, n_heads={n_heads}, n_kv_heads={n_kv_heads}"]
+    if bad:
+        raise MagicDecError(f"{path} has an impossible llama2.c header ({', '.join(bad)}): the file is corrupt or not "
+                            "a llama2.c v0 checkpoint; re-download it")
+    layout = _llama2c_layout(dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len, shared)
+    expected = 4 * LLAMA2C_HEADER + 4 * sum(math.prod(s) for _, s in layout)
+    if size != expected:
+        what = "truncated" if size < expected else "longer than its header implies"
+        raise MagicDecError(f"{path} is {size} bytes but its llama2.c header (dim {dim}, {n_layers} layers, vocab "
+                            f"{vocab}, {'shared' if shared else 'separate'} classifier) implies {expected}: the file "
+                            f"is {what} or corrupt; re-download it")
+    flat = np.fromfile(path, dtype="<f4", offset=4 * LLAMA2C_HEADER)
+    arrays, at = {}, 0
+    for name, shape in layout:
+        n = math.prod(shape)
+        arrays[name] = flat[at:at + n].reshape(shape)
+        at += n
+    if not all(np.isfinite(a).all() for a in arrays.values()):
+        raise MagicDecError(f"{path} holds NaN or infinite weights: the file is corrupt; re-download it")
+    return dict(zip(names, values), shared_classifier=shared), arrays
+
+
+def _llama2c_rope_theta(h: dict, arrays: dict, path) -> float:
+    """llama2.c v0 files carry their RoPE table; check it is standard RoPE with base 10000 (what export.py writes),
+    since the model rebuilds the angles from rope_theta rather than reading the table."""
+    import numpy as np
+
+    hd = h["dim"] // h["n_heads"]
+    theta = 10000.0
+    inv = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+    angles = np.arange(h["seq_len"], dtype=np.float64)[:, None] * inv
+    err = max(np.abs(arrays["freq_cis_real"] - np.cos(angles)).max(), np.abs(arrays["freq_cis_imag"] - np.sin(angles)).max())
+    if err > 1e-4:
+        raise MagicDecError(f"{path}'s RoPE table is not standard RoPE with base {theta:g} (off by {err:.3g}): "
+                            "magicdec cannot convert this llama2.c checkpoint")
+    return theta
+
+
+def llama2c_hf_config(h: dict, name: str = "") -> dict:
+    """An HF-format config.json dict for a llama2.c v0 header (as read_llama2c returns it)."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "_name_or_path": name,
+        "vocab_size": h["vocab_size"], "hidden_size": h["dim"], "intermediate_size": h["hidden_dim"],
+        "num_hidden_layers": h["n_layers"], "num_attention_heads": h["n_heads"],
+        "num_key_value_heads": h["n_kv_heads"], "head_dim": h["dim"] // h["n_heads"],
+        "max_position_embeddings": h["seq_len"], "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": h["shared_classifier"], "attention_bias": False,
+        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+    }
+
+
+def convert_llama2c(bin_path, out_dir, tokenizer_path=None, dtype: torch.dtype = torch.float32) -> Path:
+    """llama2.c v0 checkpoint -> out_dir/{config.json, model.pth} (+ tokenizer.bin, a copy of `tokenizer_path`).
+
+    llama2.c rotates interleaved pairs (Meta's RoPE layout); wq/wk rows are permuted to HF's rotate-half layout,
+    the same permutation as GGUF's (unpermute_qk). model.pth is written last: its presence means the conversion
+    finished."""
+    import shutil
+
+    path, out = Path(bin_path), Path(out_dir)
+    h, a = read_llama2c(path)
+    _llama2c_rope_theta(h, a, path)
+    cfg = llama2c_hf_config(h, name=path.stem) | {"torch_dtype": str(dtype).removeprefix("torch.")}
+    args = ModelArgs.from_hf_config(cfg)
+    tok = None
+    if tokenizer_path is not None:
+        tok = Llama2cTokenizer(tokenizer_path)
+        if tok.vocab_size != args.vocab_size:
+            raise MagicDecError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but {path} has vocab "
+                                f"{args.vocab_size}: pass the model's own tokenizer")
+
+    def t(x):
+        return torch.from_numpy(x.copy())  # off the read-only buffer
+
+    sd = {"tok_embeddings.weight": t(a["token_embedding"]), "norm.weight": t(a["rms_final"])}
+    if not h["shared_classifier"]:
+        sd["output.weight"] = t(a["wcls"])
+    for i in range(args.n_layers):
+        p = f"layers.{i}."
+        sd |= {p + "attention.wq.weight": unpermute_qk(t(a["wq"][i]), args.n_heads),
+               p + "attention.wk.weight": unpermute_qk(t(a["wk"][i]), args.n_kv_heads),
+               p + "attention.wv.weight": t(a["wv"][i]), p + "attention.wo.weight": t(a["wo"][i]),
+               p + "feed_forward.w1.weight": t(a["w1"][i]), p + "feed_forward.w2.weight": t(a["w2"][i]),
+               p + "feed_forward.w3.weight": t(a["w3"][i]),
+               p + "attention_norm.weight": t(a["rms_att"][i]), p + "ffn_norm.weight": t(a["rms_ffn"][i])}
+    check_state_dict(sd, args, path)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    if tok is not None:
+        shutil.copyfile(tokenizer_path, out / "tokenizer.bin")
+    return _save({k: v.to(dtype).contiguous() for k, v in sd.items()}, out / "model.pth")
+
+
+class Llama2cTokenizer:
+    """llama2.c's tokenizer.bin: int32 max_token_length, then per token float32 score, int32 length, bytes.
+
+    Pieces are SentencePiece's with '▁' written as ' '; ids 0/1/2 are <unk>/BOS/EOS and 3..258 the byte-fallback
+    pieces <0x00>..<0xFF>. Same interface as magicdec.tokenizer's: encode(text, bos=True), decode(ids), bos_id,
+    eos_id, vocab_size. encode is SentencePiece-style BPE by score, as llama2.c's run.c does it."""
+
+    def __init__(self, path, bos_id: int = 1, eos_id: int = 2):
+        import struct
+
+        path = Path(path)
+        if not path.is_file():
+            raise MagicDecError(f"no llama2.c tokenizer at {path}: check the path")
+        data = path.read_bytes()
+        self.pieces: list[bytes] = []
+        self.scores: list[float] = []
+        try:
+            (self.max_token_length,) = struct.unpack_from("<i", data, 0)
+            at = 4
+            while at < len(data):
+                score, n = struct.unpack_from("<fi", data, at)
+                at += 8
+                if n < 0 or at + n > len(data):
+                    raise struct.error(f"token {len(self.pieces)} runs past the end of the file")
+                self.pieces.append(data[at:at + n])
+                self.scores.append(score)
+                at += n
+        except struct.error as e:
+            raise MagicDecError(f"cannot read {path} as a llama2.c tokenizer ({e}): the file is truncated or corrupt; "
+                                "re-download it") from None
+        if len(self.pieces) <= max(bos_id, eos_id) or self.max_token_length <= 0:
+            raise MagicDecError(f"{path} is not a llama2.c tokenizer ({len(self.pieces)} tokens, max_token_length "
+                                f"{self.max_token_length}): re-download it")
+        self.bos_id, self.eos_id, self.vocab_size = bos_id, eos_id, len(self.pieces)
+        self._bytes = {}  # id -> the byte of a <0xXX> piece
+        self._ids: dict[bytes, int] = {}  # piece -> id, for the ordinary pieces encode may produce
+        for i, p in enumerate(self.pieces):
+            m = re.fullmatch(rb"<0x([0-9A-Fa-f]{2})>", p)
+            if m:
+                self._bytes[i] = int(m[1], 16)
+            elif i not in (0, bos_id, eos_id):
+                self._ids.setdefault(p, i)
+        self._byte_id = {b: i for i, b in self._bytes.items()}
+
+    def decode(self, ids) -> str:
+        out = bytearray()
+        first = True
+        for i in (int(x) for x in ids):
+            if i in (self.bos_id, self.eos_id):
+                continue
+            if not 0 <= i < self.vocab_size:
+                raise MagicDecError(f"token id {i} is out of range for this {self.vocab_size}-token tokenizer")
+            piece = bytes([self._bytes[i]]) if i in self._bytes else (b" \xe2\x81\x87 " if i == 0 else self.pieces[i])
+            if first and piece.startswith(b" "):  # the dummy prefix SentencePiece adds before the text
+                piece = piece[1:]
+            first = False
+            out += piece
+        return out.decode("utf-8", errors="replace")
+
+    def encode(self, text: str, bos: bool = True) -> list[int]:
+        ids = []
+        if text:
+            for ch in " " + text:  # dummy prefix, as SentencePiece adds
+                b = ch.encode("utf-8")
+                ids += [self._ids[b]] if b in self._ids else [self._byte_id[x] for x in b]
+        while True:  # merge the adjacent pair whose concatenation is the best-scoring piece, until none is a piece
+            best, where = None, -1
+            for j in range(len(ids) - 1):
+                if ids[j] in self._bytes or ids[j + 1] in self._bytes:  # byte-fallback pieces never merge
+                    continue
+                merged = self._ids.get(self.pieces[ids[j]] + self.pieces[ids[j + 1]])
+                if merged is not None and (best is None or self.scores[merged] > self.scores[best]):
+                    best, where = merged, j
+            if best is None:
+                break
+            ids[where:where + 2] = [best]
+        return [self.bos_id] * bos + ids

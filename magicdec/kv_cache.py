@@ -49,3 +49,48 @@ class KVCache:
 
     def rollback(self, lengths: torch.Tensor) -> None:
         self.lengths.copy_(lengths)
+
+
+class StreamingCache(KVCache):
+    """StreamingLLM cache for a draft: the first `sinks` positions plus the most recent `budget - sinks`.
+
+    Slots [0, sinks) hold the sink positions; the rest is a ring of `window + max_new` slots indexed by position,
+    so writing up to `max_new` tokens in one forward (a prefill chunk, a gamma+1 verify) never overwrites a key that
+    a query of that forward, or of any forward after a rollback, still needs. Each slot remembers the position it
+    holds (`key_pos`), and attention masks by position: a query at p sees the sinks and positions (p - window, p].
+    The window therefore keeps rolling for any gen_len.
+
+    Keys are rotated at their absolute positions, not re-rotated at their slot as StreamingLLM does: every model
+    here has a context at least as long as the prompt, so absolute positions are in range, rolling needs no
+    re-rotation, and draft and target share the model's RoPE code. The prompt is prefilled through this cache
+    (MagicDec's second, StreamingLLM-attention prefill), so the draft's KV is what its own attention produces.
+    """
+
+    def __init__(self, n_layers, batch_size, n_kv_heads, budget: int, sinks: int, max_new: int, head_dim, dtype,
+                 device, backend: str = "sdpa"):
+        self.sinks, self.window = sinks, budget - sinks
+        self.ring = self.window + max_new
+        super().__init__(n_layers, batch_size, n_kv_heads, sinks + self.ring, head_dim, dtype, device, backend)
+        self.key_pos = torch.full((batch_size, sinks + self.ring), torch.iinfo(torch.long).max, dtype=torch.long,
+                                  device=device)
+        if self.lengths.is_cuda:
+            torch._dynamo.mark_static_address(self.key_pos)
+
+    @staticmethod
+    def nbytes_for(n_layers, batch_size, n_kv_heads, budget, head_dim, dtype, max_new: int = 0) -> int:
+        return KVCache.nbytes_for(n_layers, batch_size, n_kv_heads, budget + max_new, head_dim, dtype)
+
+    def slots(self, pos: torch.Tensor) -> torch.Tensor:
+        return torch.where(pos < self.sinks, pos, self.sinks + (pos - self.sinks) % self.ring)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        slot = self.slots(self.positions(k.shape[1]))
+        self.k[layer][self._rows, :, slot] = k
+        self.v[layer][self._rows, :, slot] = v
+        return self.k[layer], self.v[layer]
+
+    def attend(self, T: int):
+        # Claim the new tokens' slots before any layer runs: a mask built now must already see them.
+        pos = self.positions(T)
+        self.key_pos[self._rows, self.slots(pos)] = pos
+        return make_attend(self.backend, pos, self.key_pos, self.max_len, self.sinks, self.window)

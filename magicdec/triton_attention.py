@@ -22,7 +22,7 @@ MAX_ROWS = 128  # beyond G*T rows (prefill chunks) a tiled prefill kernel is the
 @triton.jit
 def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT,
                      stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                     n_kv_heads, n_slots, split_len,
+                     n_kv_heads, n_slots, split_len, sinks, window,
                      SCALE: tl.constexpr, T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KPOS: tl.constexpr, N_SPLITS: tl.constexpr):
     pid_bh = tl.program_id(0)
@@ -56,6 +56,8 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT,
         else:
             k_pos = offs
         visible = in_range[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        if window > 0:  # StreamingLLM: sink tokens plus the most recent `window` positions
+            visible = visible & ((k_pos[None, :] < sinks) | (k_pos[None, :] > q_pos[:, None] - window))
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
@@ -84,10 +86,11 @@ def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
     return max(1, min(want, n_slots // (4 * block_n)))
 
 
-def split_kv_attention(q, k, v, q_pos, key_pos=None, n_splits: int | None = None,
+def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int = 0, n_splits: int | None = None,
                        block_n: int = 128, num_warps: int = 4, num_stages: int = 2):
     """q [B, H, T, D]; k, v [B, Hkv, S, D] (last dim contiguous); q_pos [B, T] (increasing in T);
-    key_pos [B, S] or None (slot s holds position s). Returns [B, H, T, D] in q's dtype."""
+    key_pos [B, S] or None (slot s holds position s); window > 0 limits each query to the `sinks` first positions
+    plus its `window` most recent ones. Returns [B, H, T, D] in q's dtype."""
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rows = H // Hkv * T
@@ -101,7 +104,7 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, n_splits: int | None = None
     _split_kv_kernel[(B * Hkv, n_splits)](
         q_rows, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        Hkv, S, split_len,
+        Hkv, S, split_len, sinks, window,
         SCALE=D ** -0.5, T=T, ROWS=rows, D=D, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
         HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, num_warps=num_warps, num_stages=num_stages)
     # Merge the splits: softmax over all keys = weighted sum of per-split softmaxes.

@@ -15,8 +15,9 @@ from magicdec.errors import MagicDecError  # noqa: E402
 EMPTY = 2**40  # key position of an empty slot
 
 
-def reference(q, k, v, q_pos, key_pos):
-    """Plain softmax attention in float64, one (sequence, head, query) at a time."""
+def reference(q, k, v, q_pos, key_pos, sinks=0, window=0):
+    """Plain softmax attention in float64, one (sequence, head, query) at a time; with a window, each query sees
+    positions < sinks and the `window` most recent positions up to its own (StreamingLLM)."""
     B, H, T, D = q.shape
     S = k.shape[2]
     G = H // k.shape[1]
@@ -26,7 +27,10 @@ def reference(q, k, v, q_pos, key_pos):
         for h in range(H):
             kh, vh = k[b, h // G].double(), v[b, h // G].double()
             for t in range(T):
-                visible = key_pos[b] <= q_pos[b, t]
+                qp, kp = int(q_pos[b, t]), key_pos[b]
+                visible = kp <= qp
+                if window:
+                    visible &= (kp < sinks) | (kp > qp - window)
                 scores = (kh[visible] @ q[b, h, t].double()) / D ** 0.5
                 out[b, h, t] = torch.softmax(scores, 0) @ vh[visible]
     return out
@@ -47,22 +51,25 @@ def case(B, H, Hkv, T, S, D, scattered, seed):
     return q, k, v, q_pos, key_pos
 
 
-CASES = [  # B, H, Hkv, T, S, D, scattered
-    (3, 8, 2, 1, 300, 16, False),   # GQA decode, ragged
-    (2, 4, 4, 4, 257, 32, False),   # MHA verify of 4 tokens, S not a block multiple
-    (2, 9, 3, 7, 200, 64, False),   # SmolLM2 head layout, 7-token verify
-    (2, 4, 1, 3, 150, 16, True),    # MQA over a scattered cache
-    (1, 8, 2, 24, 300, 16, False),  # a prefill chunk (triton backend falls back to sdpa on CPU)
+CASES = [  # B, H, Hkv, T, S, D, scattered, (sinks, window)
+    (3, 8, 2, 1, 300, 16, False, (0, 0)),   # GQA decode, ragged
+    (2, 4, 4, 4, 257, 32, False, (0, 0)),   # MHA verify of 4 tokens, S not a block multiple
+    (2, 9, 3, 7, 200, 64, False, (0, 0)),   # SmolLM2 head layout, 7-token verify
+    (2, 4, 1, 3, 150, 16, True, (0, 0)),    # MQA over a scattered cache
+    (1, 8, 2, 24, 300, 16, False, (0, 0)),  # a prefill chunk (triton backend falls back to sdpa on CPU)
+    (3, 8, 2, 4, 150, 16, True, (4, 40)),   # StreamingLLM window over a scattered ring, verify
+    (2, 4, 2, 1, 300, 16, False, (16, 64)), # StreamingLLM window, decode
+    (1, 8, 2, 24, 200, 16, False, (4, 30)), # StreamingLLM prefill chunk: each query its own window
 ]
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "flex", "triton"])
 @pytest.mark.parametrize("shape", CASES)
 def test_backend_matches_reference(backend, shape):
-    *dims, scattered = shape
+    *dims, scattered, (sinks, window) = shape
     q, k, v, q_pos, key_pos = case(*dims, scattered, seed=sum(dims))
-    out = make_attend(backend, q_pos, key_pos, k.shape[2])(q, k, v)
-    ref = reference(q, k, v, q_pos, key_pos)
+    out = make_attend(backend, q_pos, key_pos, k.shape[2], sinks, window)(q, k, v)
+    ref = reference(q, k, v, q_pos, key_pos, sinks, window)
     assert out.shape == q.shape
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-4)
 

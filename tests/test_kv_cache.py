@@ -229,3 +229,57 @@ def test_flex_block_mask_covers_every_visible_slot(lengths, T):
             assert computed.all(), f"row {b} query {t} at position {int(q_pos[b, t])} misses a visible block"
     # and the point of the block mask: a short sequence in a long cache skips the blocks past its end
     assert not blocks[0, 0, -1] and blocks[0, 0, 0]
+
+
+# --- StreamingLLM cache --------------------------------------------------------------------------------------------
+from magicdec.kv_cache import StreamingCache  # noqa: E402
+from magicdec.attention import make_attend  # noqa: E402
+
+SINKS, BUDGET = 4, 24
+
+
+class WindowedFullCache(KVCache):
+    """Reference: every position kept at its own slot, StreamingLLM's window applied by the mask alone."""
+
+    def attend(self, T):
+        return make_attend(self.backend, self.positions(T), None, self.max_len, SINKS, BUDGET - SINKS)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_streaming_cache_equals_windowed_attention(model, backend):
+    """Chunked prefill, decode, a 5-token verify, rollback and re-decode through the ring buffer (which wraps many
+    times) give the logits of one forward where each query sees the sinks plus its last BUDGET-SINKS positions."""
+    a, B, T = model.args, 3, 200
+    X = tokens(B, T, seed=11)
+    ref_cache = WindowedFullCache(a.n_layers, B, a.n_kv_heads, T, a.head_dim, torch.float32, "cpu", "sdpa")
+    ref = model(X, ref_cache)
+    cache = StreamingCache(a.n_layers, B, a.n_kv_heads, BUDGET, SINKS, 16, a.head_dim, torch.float32, "cpu", backend)
+    assert cache.max_len == BUDGET + 16  # memory stays bounded by the budget, whatever the length
+    out = [model(X[:, :16], cache)]
+    cache.advance(16)
+    out.append(model(X[:, 16:23], cache))  # a chunk that does not divide anything
+    cache.advance(7)
+    for t in range(23, 120):
+        out.append(model(X[:, t:t + 1], cache))
+        cache.advance(1)
+    # verify 5 tokens, keep a ragged number of them per sequence, roll back the rest and re-decode
+    garbage = tokens(B, 5, seed=3)
+    model(garbage, cache)
+    keep = torch.tensor([0, 2, 5])
+    cache.advance(keep)
+    cache.rollback(torch.full((B,), 120))  # all rejected in the end: rows must not see the garbage
+    out.append(model(X[:, 120:125], cache))
+    cache.advance(5)
+    for t in range(125, T):
+        out.append(model(X[:, t:t + 1], cache))
+        cache.advance(1)
+    torch.testing.assert_close(torch.cat(out, 1), ref, atol=ATOL, rtol=0)
+
+
+def test_streaming_window_changes_the_result(model):
+    """Control: the window really cuts context (else the test above would prove nothing)."""
+    a, X = model.args, tokens(1, 150, seed=5)
+    full = model(X, KVCache(a.n_layers, 1, a.n_kv_heads, 150, a.head_dim, torch.float32, "cpu"))
+    windowed = model(X, WindowedFullCache(a.n_layers, 1, a.n_kv_heads, 150, a.head_dim, torch.float32, "cpu"))
+    assert (full[:, BUDGET:] - windowed[:, BUDGET:]).abs().max() > 1e-2
+    torch.testing.assert_close(full[:, :BUDGET], windowed[:, :BUDGET], atol=ATOL, rtol=0)

@@ -1,0 +1,268 @@
+"""One benchmark run of any method — baseline, self-speculation (`selfspec`), standalone draft (`longspec`) — as
+the seed's tests/*_benchmark.py scripts launch it. Everything that can be wrong with the input is checked before
+weights or caches are allocated."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from magicdec import benchmark as bench
+from magicdec.attention import resolve_backend
+from magicdec.config import ModelArgs
+from magicdec.errors import MagicDecError
+from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
+from magicdec.kv_cache import KVCache, StreamingCache
+from magicdec.sampling import next_token
+
+DESCRIPTIONS = {
+    "baseline": "Autoregressive baseline: prefill, then one target step per token.",
+    "selfspec": "Self-speculation: the target drafts with a StreamingLLM cache and verifies with its full cache.",
+    "longspec": "Standalone draft: a small model (--model) with a StreamingLLM cache drafts for --target.",
+}
+
+
+def parser(method: str) -> argparse.ArgumentParser:
+    p = bench.common_parser(DESCRIPTIONS[method])
+    if method == "baseline":
+        return p
+    p.add_argument("--gamma", type=int, default=3, help="tokens drafted per verification")
+    p.add_argument("--streamingllm_budget", type=int, default=256,
+                   help="draft KV budget: sinks + recent window" + (" (0 = full cache)" if method == "longspec" else ""))
+    p.add_argument("--sinks", type=int, default=16, help="StreamingLLM sink tokens kept at the start")
+    p.add_argument("--synthetic_acceptance", type=float, default=None,
+                   help="random-weight runs: accept each drafted token with this probability instead of comparing")
+    p.add_argument("--baseline", action="store_true",
+                   help="also time the baseline on the same model, prompts and device, for the measured speedup")
+    p.add_argument("--baseline_json", type=Path, default=None, help="a baseline record to compare against instead")
+    if method == "longspec":
+        p.add_argument("--target", type=Path, default=None, help="target model.pth (--model is the draft)")
+        p.add_argument("--draft_name", default=None, help="draft repo id, for --random_weights shapes")
+        p.add_argument("--draft_ranks", type=int, nargs="+", default=None, help="ranks running the draft (issue #4)")
+    return p
+
+
+def sources(args, method):
+    """(target config, target checkpoint, draft config, draft checkpoint) without loading weights."""
+    if method != "longspec":
+        config, ckpt = bench.model_source(args)
+        return config, ckpt, (config if method == "selfspec" else None), ckpt
+    if args.random_weights:
+        if not (args.model_name and args.draft_name):
+            raise MagicDecError("--random_weights with a standalone draft needs --model_name (target) and --draft_name (draft)")
+        return ModelArgs.from_name(args.model_name), None, ModelArgs.from_name(args.draft_name), None
+    if args.target is None or args.model is None:
+        raise MagicDecError("a standalone draft run needs --target TARGET/model.pth and --model DRAFT/model.pth")
+    target_args = argparse.Namespace(**{**vars(args), "model": args.target, "random_weights": False})
+    draft_args = argparse.Namespace(**{**vars(args), "random_weights": False})
+    (tc, tk), (dc, dk) = bench.model_source(target_args), bench.model_source(draft_args)
+    return tc, tk, dc, dk
+
+
+def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
+    if args.gamma < 1:
+        raise MagicDecError(f"--gamma must be at least 1, got {args.gamma}")
+    budget, sinks = args.streamingllm_budget, args.sinks
+    if sinks < 0:
+        raise MagicDecError(f"--sinks must be >= 0, got {sinks}")
+    if not (method == "longspec" and budget == 0):
+        if budget <= sinks:
+            raise MagicDecError(f"--streamingllm_budget {budget} must exceed --sinks {sinks} (the budget holds the sinks plus a recent window)")
+        if budget >= args.prefix_len:
+            raise MagicDecError(f"--streamingllm_budget {budget} >= --prefix_len {args.prefix_len}: the draft would read the whole prompt; use a budget below the prefix length")
+    if args.synthetic_acceptance is not None and not 0 <= args.synthetic_acceptance <= 1:
+        raise MagicDecError(f"--synthetic_acceptance must be in [0, 1], got {args.synthetic_acceptance}")
+    if method == "longspec":
+        if draft.vocab_size != target.vocab_size:
+            raise MagicDecError(f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size}): a draft must share the target's tokenizer")
+        if target_ckpt and draft_ckpt:
+            from magicdec.tokenizer import load_tokenizer
+
+            probe = "The quick brown fox jumps over the lazy dog, 1234 times; naïve café."
+            t, d = load_tokenizer(target_ckpt.parent), load_tokenizer(draft_ckpt.parent)
+            if t.encode(probe) != d.encode(probe) or t.vocab_size != d.vocab_size:
+                raise MagicDecError("draft and target tokenizers differ (same text, different ids): pick a draft trained with the target's tokenizer")
+        bench.check_context(draft, args.prefix_len, args.gen_len + args.gamma + 1, "gen_len + gamma + 1 (draft)")
+
+
+def timed_generation(decoder, target_cache, draft_cache, first, prev, args, eos, progress):
+    """Warm up (compilation, CUDA-graph capture) then roll both caches back to the prompt and time a full run."""
+    prompt_lengths = target_cache.lengths.clone()
+    torch.manual_seed(args.seed + 1)
+    decode(decoder, target_cache, first, min(args.gen_len, 4 * (decoder.gamma + 1) if args.compile else 2), eos,
+           prev=prev)
+    target_cache.rollback(prompt_lengths)
+    torch.manual_seed(args.seed + 1)
+    (out, counts), seconds = bench.timed(
+        lambda: decode(decoder, target_cache, first, args.gen_len, eos, progress, prev), args.device)
+    return out, counts, seconds
+
+
+def run(method: str, argv=None) -> dict:
+    args = parser(method).parse_args(argv)
+    bench.resolve_common(args)
+    spec = method != "baseline"
+    target_cfg, target_ckpt, draft_cfg, draft_ckpt = sources(args, method)
+    gamma = args.gamma if spec else 0
+    bench.check_context(target_cfg, args.prefix_len, args.gen_len + gamma + 1 if spec else args.gen_len,
+                        "gen_len + gamma + 1" if spec else "gen_len")
+    if spec:
+        check_speculation(args, method, target_cfg, draft_cfg, draft_ckpt, target_ckpt)
+    dtype = bench.DTYPES[args.dtype]
+    cache_len = args.prefix_len + args.gen_len + gamma + 2
+    warmup_tokens = 4 * (gamma + 2)
+    parts = [(target_cfg, True, cache_len)]
+    if spec:
+        budget = args.streamingllm_budget
+        draft_slots = cache_len if budget == 0 else budget + max(args.prefill_chunk, warmup_tokens)
+        parts.append((draft_cfg, method == "longspec", draft_slots))
+    bench.check_fits(bench.memory_needed(args.B, args.prefill_chunk, dtype, parts), args.device, args.B, args.prefix_len)
+    prompts, tokenizer = bench.load_prompts_for(args, target_cfg, target_ckpt)
+    copy_bw = bench.copy_bandwidth(args.device)
+    torch.manual_seed(args.seed)
+    target = bench.load_weights(args, target_cfg, target_ckpt)
+    backend = resolve_backend(args.attn_backend, args.device)
+    cache = KVCache(target_cfg.n_layers, args.B, target_cfg.n_kv_heads, cache_len, target_cfg.head_dim, dtype,
+                    args.device, backend)
+    draft = None
+    if spec:
+        draft_model = target if method == "selfspec" else bench.load_weights(args, draft_cfg, draft_ckpt)
+        c = draft_cfg
+        if args.streamingllm_budget == 0:
+            draft_cache = KVCache(c.n_layers, args.B, c.n_kv_heads, cache_len, c.head_dim, dtype, args.device, backend)
+        else:
+            draft_cache = StreamingCache(c.n_layers, args.B, c.n_kv_heads, args.streamingllm_budget, args.sinks,
+                                         max(args.prefill_chunk, warmup_tokens), c.head_dim, dtype, args.device, backend)
+        draft = Draft(draft_model, draft_cache)
+    sampling = Sampling(args.temperature, args.top_p, args.top_k)
+    progress = not args.no_progress
+    prompts = prompts.to(args.device)
+    eos = [] if args.ignore_eos else target_cfg.eos_ids
+
+    with torch.inference_mode():
+        logits, prefill_s = bench.timed(lambda: prefill(target, cache, prompts, args.prefill_chunk, progress), args.device)
+        draft_prefill_s = None
+        if draft is not None:  # the draft's own prefill: its KV is what its (StreamingLLM) attention produces
+            _, draft_prefill_s = bench.timed(
+                lambda: prefill(draft.model, draft.cache, prompts, args.prefill_chunk, progress), args.device)
+        torch.manual_seed(args.seed)
+        first = next_token(logits, args.temperature, args.top_p, args.top_k)
+        prev = prompts[:, -1]
+        baseline = None
+        if method == "baseline" or args.baseline:
+            base_decoder = Decoder(target, sampling, compile=args.compile)
+            b_out, b_counts, b_s = timed_generation(base_decoder, cache, None, first, prev, args, eos, progress)
+            baseline = generation_metrics(b_counts, b_s, args, base_decoder.stats)
+            baseline.update(bandwidth_metrics(target, target_cfg, args, dtype, b_s, copy_bw))
+            out, counts = b_out, b_counts
+        if spec:
+            cache.rollback(torch.full_like(cache.lengths, args.prefix_len))
+            decoder = Decoder(target, sampling, compile=args.compile, draft=draft, gamma=gamma,
+                              synthetic_acceptance=args.synthetic_acceptance)
+            out, counts, s = timed_generation(decoder, cache, draft.cache, first, prev, args, eos, progress)
+            metrics = generation_metrics(counts, s, args, decoder.stats)
+    if not spec:
+        metrics = baseline
+    elif args.baseline_json is not None:
+        baseline = bench.read_baseline(args.baseline_json, args)
+    if spec:
+        metrics.update(speculation_metrics(metrics, decoder.stats, baseline, gamma))
+    metrics.update(prefill_s=prefill_s, draft_prefill_s=draft_prefill_s,
+                   copy_bandwidth_GBps=copy_bw / 1e9 if copy_bw else None,
+                   peak_memory_GiB=(bench.peak_memory(args.device) or 0) / 2**30 or None)
+    record = {
+        "method": method,
+        "args": {k: str(v) if isinstance(v, (Path, torch.device)) else v for k, v in vars(args).items()},
+        "model_config": target_cfg.to_dict(),
+        "draft_config": draft_cfg.to_dict() if method == "longspec" else None,
+        "random_weights": bool(args.random_weights),
+        "synthetic_acceptance": getattr(args, "synthetic_acceptance", None),
+        "decoding": "greedy" if sampling.greedy else f"sampled (temperature {args.temperature}, top_p {args.top_p}, top_k {args.top_k})",
+        "prompt_source": args.prompt_source,
+        "attn_backend": backend,
+        "environment": bench.environment(args.device),
+        "metrics": metrics,
+        "baseline_metrics": baseline if spec else None,
+    }
+    if args.save_tokens:
+        record.update(prompt_ids=prompts.tolist(), generated_ids=out.tolist(), generated_counts=counts.tolist())
+    print_summary(method, record, target_cfg, args)
+    if args.printoutput and tokenizer is not None:
+        for b in range(args.B):
+            print(f"--- sequence {b}:", tokenizer.decode(out[b, :counts[b]].tolist()))
+    bench.write_record(args.output, record)
+    return record
+
+
+def generation_metrics(counts, seconds, args, stats) -> dict:
+    """Throughput of one timed generation. Token 1 comes from the prefill logits, so decode produced counts - 1."""
+    decoded = int((counts - 1).sum())
+    per_seq = decoded / args.B
+    return {"decode_s": seconds, "decode_tokens_per_s": decoded / seconds if decoded else None,
+            "ms_per_token": 1e3 * seconds / per_seq if per_seq else None,
+            "generated_tokens": int(counts.sum()), "iterations": stats.iterations, "decode_steps": stats.iterations,
+            "ms_per_step": 1e3 * seconds / stats.iterations if stats.iterations else None,
+            "time_split_s": stats.time}
+
+
+def bandwidth_metrics(model, config, args, dtype, seconds, copy_bw) -> dict:
+    """Bytes one decode step must read (weights + the KV of every sequence) over its measured time."""
+    steps = args.gen_len - 1
+    if not steps:
+        return {}
+    kv_token = KVCache.nbytes_for(config.n_layers, 1, config.n_kv_heads, 1, config.head_dim, dtype)
+    kv_read = kv_token * args.B * sum(args.prefix_len + i + 1 for i in range(steps)) / steps
+    step_bytes = model.weight_bytes() + kv_read
+    achieved = step_bytes / (seconds / steps)
+    out = {"bytes_per_step": step_bytes, "achieved_bandwidth_GBps": achieved / 1e9}
+    if copy_bw:
+        out["bandwidth_fraction_of_copy"] = achieved / copy_bw
+    return out
+
+
+def speculation_metrics(metrics, stats, baseline, gamma) -> dict:
+    """Acceptance, the measured cost ratios and the cost model's prediction Omega / (gamma*T_D/T_T + T_V/T_T)."""
+    out = {"speculation": stats.to_dict()}
+    alpha, omega = stats.alpha, stats.omega
+    if baseline and baseline.get("ms_per_step") and stats.iterations:
+        t_t = baseline["ms_per_step"] / 1e3
+        t_d = stats.time.get("draft", 0.0) / (stats.iterations * gamma) / t_t
+        t_v = stats.time.get("verify", 0.0) / stats.iterations / t_t
+        out.update(T_D_over_T_T=t_d, T_V_over_T_T=t_v)
+        if alpha is not None:
+            omega_model = gamma + 1 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+            out["predicted_speedup"] = omega_model / (gamma * t_d + t_v)
+        if metrics.get("decode_tokens_per_s") and baseline.get("decode_tokens_per_s"):
+            out["measured_speedup"] = metrics["decode_tokens_per_s"] / baseline["decode_tokens_per_s"]
+    out.update(alpha=alpha, omega=omega)
+    return out
+
+
+def print_summary(method, record, config, args) -> None:
+    m = record["metrics"]
+    rows = [("method", method), ("model", config.name + (" (random weights)" if args.random_weights else "")),
+            ("device", record["environment"].get("gpu", str(args.device))), ("decoding", record["decoding"]),
+            ("B x prefix", f"{args.B} x {args.prefix_len}"), ("prefill s", m["prefill_s"]),
+            ("decode tokens/s", m.get("decode_tokens_per_s") or 0.0), ("ms / token", m.get("ms_per_token") or 0.0)]
+    if method == "baseline":
+        rows.append(("ms / step", m.get("ms_per_step") or 0.0))
+        if m.get("copy_bandwidth_GBps"):
+            rows += [("achieved GB/s", m.get("achieved_bandwidth_GBps", 0.0)), ("copy GB/s", m["copy_bandwidth_GBps"]),
+                     ("fraction of copy", m.get("bandwidth_fraction_of_copy", 0.0))]
+    else:
+        rows += [("gamma", args.gamma), ("budget", args.streamingllm_budget),
+                 ("alpha", m["alpha"] if m["alpha"] is not None else "n/a"), ("Omega", m["omega"] or 0.0)]
+        for key in ("T_D_over_T_T", "T_V_over_T_T", "predicted_speedup", "measured_speedup"):
+            if key in m:
+                rows.append((key, m[key]))
+        if args.synthetic_acceptance is not None:
+            rows.append(("synthetic acceptance", args.synthetic_acceptance))
+    bench.print_table(rows)
+
+
+def main(method: str) -> None:
+    from magicdec.errors import one_line_errors
+
+    with one_line_errors():
+        run(method)
