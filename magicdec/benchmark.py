@@ -52,6 +52,10 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--prefill_chunk", type=positive_int, default=None,
                    help="prefill tokens per sequence per forward (default: 16384 / B)")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step with CUDA graphs")
+    p.add_argument("--cuda_graphs", action="store_true",
+                   help="capture the decode step in CUDA graphs without torch.compile (no fusion, no compile time)")
+    p.add_argument("--no_fuse", action="store_true",
+                   help="on GPU, keep RMSNorm/RoPE/SwiGLU as plain PyTorch ops instead of fused compiled kernels")
     p.add_argument("--printoutput", action="store_true", help="print the generated text")
     p.add_argument("--benchmark", action="store_true", help="accepted for the seed's command lines (always timed)")
     p.add_argument("--output", type=Path, default=None, help="write the JSON record here")
@@ -75,6 +79,8 @@ def resolve_common(args) -> None:
         raise MagicDecError("--device cuda but no CUDA device is visible; use --device cpu")
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device.type == "cuda" else "float32"
+    if args.cuda_graphs and args.device.type != "cuda":
+        raise MagicDecError("--cuda_graphs needs a CUDA device")
     if args.prefill_chunk is None:
         args.prefill_chunk = max(16, 16384 // args.B)
 
@@ -238,26 +244,33 @@ def print_table(rows: list[tuple[str, object]]) -> None:
 
 
 def largest_batch(config: ModelArgs, prefix_len: int, new_tokens: int, dtype, device, headroom: int = 3 << 30,
-                  caches: int = 1) -> int:
-    """Largest B whose estimated footprint fits in free memory minus `headroom` (CUDA graphs, allocator slack)."""
+                  draft_slots: tuple[int, ...] = ()) -> int:
+    """Largest B whose estimated footprint (the target's full cache, plus draft caches of `draft_slots` slots
+    each) fits in free memory minus `headroom` (CUDA graphs, allocator slack)."""
     free = available_memory(device) - headroom
     B = 0
     while memory_needed(B + 1, max(16, 16384 // (B + 1)), dtype,
-                        [(config, i == 0, prefix_len + new_tokens) for i in range(caches)])["total"] <= free:
+                        [(config, True, prefix_len + new_tokens)] + [(config, False, s) for s in draft_slots])["total"] <= free:
         B += 1
     return B
 
 
-def read_baseline(path: Path, args) -> dict:
-    """Metrics of a baseline record, refusing one made at another batch size, prefix or device."""
+def read_baseline(path: Path, args, config: ModelArgs) -> dict:
+    """Metrics of a baseline record, refusing one made with another model, batch size, prefix, dtype or device."""
     try:
         record = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise MagicDecError(f"cannot read --baseline_json {path}: {e}") from None
-    theirs = record.get("args", {})
-    for key in ("B", "prefix_len"):
-        if theirs.get(key) != getattr(args, key):
-            raise MagicDecError(f"--baseline_json {path} was run with {key}={theirs.get(key)}, this run has {getattr(args, key)}; compare like with like")
     if record.get("method") != "baseline":
         raise MagicDecError(f"--baseline_json {path} is a {record.get('method')} record, not a baseline")
+    theirs = record.get("args", {})
+    for key in ("B", "prefix_len", "gen_len", "dtype"):
+        if theirs.get(key) != getattr(args, key):
+            raise MagicDecError(f"--baseline_json {path} was run with {key}={theirs.get(key)}, this run has {getattr(args, key)}; compare like with like")
+    here, there = environment(args.device), record.get("environment", {})
+    for key in ("device", "gpu"):
+        if here.get(key) != there.get(key):
+            raise MagicDecError(f"--baseline_json {path} was run on device {there.get(key)}, this run is on {here.get(key)}; compare like with like")
+    if record.get("model_config") != config.to_dict():
+        raise MagicDecError(f"--baseline_json {path} was run with another model config; compare like with like")
     return record["metrics"]

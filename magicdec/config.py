@@ -7,7 +7,7 @@ only serves `--random_weights` runs at the real shapes of the paper's models.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from magicdec.errors import MagicDecError

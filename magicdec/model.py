@@ -48,6 +48,32 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.type_as(x)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in fp32, scale in the input dtype: the order transformers uses, so bf16 runs agree.
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.type_as(x)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+ELEMENTWISE = {"apply_rope": apply_rope, "rms_norm": rms_norm, "swiglu": swiglu}
+_ops = dict(ELEMENTWISE)  # what the layers call: the plain functions, or their fused (compiled) versions
+
+
+def fuse_elementwise(enabled: bool = True) -> None:
+    """Compile RMSNorm, RoPE and SwiGLU into fused kernels, once for all shapes (dynamic=True).
+
+    Eagerly each is 5-10 small kernels per layer; for small models (SmolLM2: 30 layers of width 576) those
+    launches, not bytes, set the step time even inside a CUDA graph. Whole-model torch.compile (--compile) fuses
+    more but compiles again for every batch size and token count.
+    """
+    for name, fn in ELEMENTWISE.items():
+        _ops[name] = torch.compile(fn, dynamic=True) if enabled else fn
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -55,10 +81,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32, scale in the input dtype: the order transformers uses, so bf16 runs agree.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.type_as(x)
+        return _ops["rms_norm"](x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -81,8 +104,8 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = apply_rope(q.view(B, T, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
+        q = _ops["apply_rope"](q.view(B, T, self.n_heads, self.head_dim), cos, sin)
+        k = _ops["apply_rope"](k.view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
         v = v.view(B, T, self.n_kv_heads, self.head_dim)
         k_cache, v_cache = cache.write(layer, k, v)
         y = attend(q.transpose(1, 2), k_cache, v_cache)  # [B, H, T, D]
@@ -97,7 +120,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(args.intermediate_size, args.dim, bias=False)  # down
 
     def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(_ops["swiglu"](self.w1(x), self.w3(x)))
 
 
 class Block(nn.Module):

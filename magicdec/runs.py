@@ -16,6 +16,15 @@ from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.sampling import next_token
 
+
+def fuse_kernels() -> None:
+    """Fused RMSNorm/RoPE/SwiGLU and split-merge kernels (compiled once for all shapes): see model.fuse_elementwise."""
+    from magicdec.model import fuse_elementwise
+    from magicdec.triton_attention import fuse_merge
+
+    fuse_elementwise()
+    fuse_merge()
+
 DESCRIPTIONS = {
     "baseline": "Autoregressive baseline: prefill, then one target step per token.",
     "selfspec": "Self-speculation: the target drafts with a StreamingLLM cache and verifies with its full cache.",
@@ -73,25 +82,37 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
             raise MagicDecError(f"--streamingllm_budget {budget} >= --prefix_len {args.prefix_len}: the draft would read the whole prompt; use a budget below the prefix length")
     if args.synthetic_acceptance is not None and not 0 <= args.synthetic_acceptance <= 1:
         raise MagicDecError(f"--synthetic_acceptance must be in [0, 1], got {args.synthetic_acceptance}")
+    if args.synthetic_acceptance is not None and args.temperature > 0:
+        raise MagicDecError("--synthetic_acceptance decides acceptance by coin flips and takes the target's argmax: "
+                            "drop --temperature (it would not be applied)")
     if method == "longspec":
         if draft.vocab_size != target.vocab_size:
             raise MagicDecError(f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size}): a draft must share the target's tokenizer")
         if target_ckpt and draft_ckpt:
             from magicdec.tokenizer import load_tokenizer
 
-            probe = "The quick brown fox jumps over the lazy dog, 1234 times; naïve café."
-            t, d = load_tokenizer(target_ckpt.parent), load_tokenizer(draft_ckpt.parent)
-            if t.encode(probe) != d.encode(probe) or t.vocab_size != d.vocab_size:
+            t, d = load_tokenizer(args.tokenizer or target_ckpt.parent), load_tokenizer(draft_ckpt.parent)
+            # Every id must mean the same string: decode each one with both (a probe text can miss a permutation).
+            if t.vocab_size != d.vocab_size or any(t.decode([i]) != d.decode([i]) for i in range(t.vocab_size)):
                 raise MagicDecError("draft and target tokenizers differ (same text, different ids): pick a draft trained with the target's tokenizer")
         bench.check_context(draft, args.prefix_len, args.gen_len + args.gamma + 1, "gen_len + gamma + 1 (draft)")
+
+
+DRAFT_PREFILL_CHUNK = 256  # the draft's ring must hold one prefill chunk: small chunks keep the ring (and its reads) small
+
+
+def ring_extra_for(gen_len: int, gamma: int) -> int:
+    """Ring slots beyond the window: a draft prefill chunk, or what generating gen_len tokens (and a warm-up of
+    4*(gamma+1)) writes before rolling back to the prompt — never overwriting a prompt key the window still needs."""
+    return max(DRAFT_PREFILL_CHUNK, max(gen_len, 4 * (gamma + 1)) + 2 * gamma + 4)
 
 
 def timed_generation(decoder, target_cache, draft_cache, first, prev, args, eos, progress):
     """Warm up (compilation, CUDA-graph capture) then roll both caches back to the prompt and time a full run."""
     prompt_lengths = target_cache.lengths.clone()
     torch.manual_seed(args.seed + 1)
-    decode(decoder, target_cache, first, min(args.gen_len, 4 * (decoder.gamma + 1) if args.compile else 2), eos,
-           prev=prev)
+    warm = 4 * (decoder.gamma + 1) if (args.compile or args.cuda_graphs) else 2
+    decode(decoder, target_cache, first, min(args.gen_len, warm), eos, prev=prev)
     target_cache.rollback(prompt_lengths)
     torch.manual_seed(args.seed + 1)
     (out, counts), seconds = bench.timed(
@@ -109,19 +130,23 @@ def run(method: str, argv=None) -> dict:
                         "gen_len + gamma + 1" if spec else "gen_len")
     if spec:
         check_speculation(args, method, target_cfg, draft_cfg, draft_ckpt, target_ckpt)
+    baseline_given = bench.read_baseline(args.baseline_json, args, target_cfg) if spec and args.baseline_json else None
     dtype = bench.DTYPES[args.dtype]
     cache_len = args.prefix_len + args.gen_len + gamma + 2
-    warmup_tokens = 4 * (gamma + 2)
+    # The draft's ring holds a prefill chunk, and everything a warm-up run writes before rolling back to the prompt.
+    ring_extra = ring_extra_for(args.gen_len, gamma)
     parts = [(target_cfg, True, cache_len)]
     if spec:
         budget = args.streamingllm_budget
-        draft_slots = cache_len if budget == 0 else budget + max(args.prefill_chunk, warmup_tokens)
+        draft_slots = cache_len if budget == 0 else budget + ring_extra
         parts.append((draft_cfg, method == "longspec", draft_slots))
     bench.check_fits(bench.memory_needed(args.B, args.prefill_chunk, dtype, parts), args.device, args.B, args.prefix_len)
     prompts, tokenizer = bench.load_prompts_for(args, target_cfg, target_ckpt)
     copy_bw = bench.copy_bandwidth(args.device)
     torch.manual_seed(args.seed)
     target = bench.load_weights(args, target_cfg, target_ckpt)
+    if args.device.type == "cuda" and not args.compile and not args.no_fuse:
+        fuse_kernels()
     backend = resolve_backend(args.attn_backend, args.device)
     cache = KVCache(target_cfg.n_layers, args.B, target_cfg.n_kv_heads, cache_len, target_cfg.head_dim, dtype,
                     args.device, backend)
@@ -133,8 +158,9 @@ def run(method: str, argv=None) -> dict:
             draft_cache = KVCache(c.n_layers, args.B, c.n_kv_heads, cache_len, c.head_dim, dtype, args.device, backend)
         else:
             draft_cache = StreamingCache(c.n_layers, args.B, c.n_kv_heads, args.streamingllm_budget, args.sinks,
-                                         max(args.prefill_chunk, warmup_tokens), c.head_dim, dtype, args.device, backend)
+                                         ring_extra, c.head_dim, dtype, args.device, backend)
         draft = Draft(draft_model, draft_cache)
+        draft_chunk = args.prefill_chunk if args.streamingllm_budget == 0 else min(args.prefill_chunk, DRAFT_PREFILL_CHUNK)
     sampling = Sampling(args.temperature, args.top_p, args.top_k)
     progress = not args.no_progress
     prompts = prompts.to(args.device)
@@ -145,13 +171,13 @@ def run(method: str, argv=None) -> dict:
         draft_prefill_s = None
         if draft is not None:  # the draft's own prefill: its KV is what its (StreamingLLM) attention produces
             _, draft_prefill_s = bench.timed(
-                lambda: prefill(draft.model, draft.cache, prompts, args.prefill_chunk, progress), args.device)
+                lambda: prefill(draft.model, draft.cache, prompts, draft_chunk, progress), args.device)
         torch.manual_seed(args.seed)
         first = next_token(logits, args.temperature, args.top_p, args.top_k)
         prev = prompts[:, -1]
         baseline = None
         if method == "baseline" or args.baseline:
-            base_decoder = Decoder(target, sampling, compile=args.compile)
+            base_decoder = Decoder(target, sampling, compile=args.compile, cuda_graphs=args.cuda_graphs)
             b_out, b_counts, b_s = timed_generation(base_decoder, cache, None, first, prev, args, eos, progress)
             baseline = generation_metrics(b_counts, b_s, args, base_decoder.stats)
             baseline.update(bandwidth_metrics(target, target_cfg, args, dtype, b_s, copy_bw))
@@ -159,13 +185,13 @@ def run(method: str, argv=None) -> dict:
         if spec:
             cache.rollback(torch.full_like(cache.lengths, args.prefix_len))
             decoder = Decoder(target, sampling, compile=args.compile, draft=draft, gamma=gamma,
-                              synthetic_acceptance=args.synthetic_acceptance)
+                              synthetic_acceptance=args.synthetic_acceptance, cuda_graphs=args.cuda_graphs)
             out, counts, s = timed_generation(decoder, cache, draft.cache, first, prev, args, eos, progress)
             metrics = generation_metrics(counts, s, args, decoder.stats)
     if not spec:
         metrics = baseline
-    elif args.baseline_json is not None:
-        baseline = bench.read_baseline(args.baseline_json, args)
+    elif baseline_given is not None:
+        baseline = baseline_given
     if spec:
         metrics.update(speculation_metrics(metrics, decoder.stats, baseline, gamma))
     metrics.update(prefill_s=prefill_s, draft_prefill_s=draft_prefill_s,
@@ -201,7 +227,7 @@ def generation_metrics(counts, seconds, args, stats) -> dict:
     per_seq = decoded / args.B
     return {"decode_s": seconds, "decode_tokens_per_s": decoded / seconds if decoded else None,
             "ms_per_token": 1e3 * seconds / per_seq if per_seq else None,
-            "generated_tokens": int(counts.sum()), "iterations": stats.iterations, "decode_steps": stats.iterations,
+            "generated_tokens": int(counts.sum()), "batch_size": args.B, "iterations": stats.iterations, "decode_steps": stats.iterations,
             "ms_per_step": 1e3 * seconds / stats.iterations if stats.iterations else None,
             "time_split_s": stats.time}
 
@@ -235,7 +261,19 @@ def speculation_metrics(metrics, stats, baseline, gamma) -> dict:
             out["predicted_speedup"] = omega_model / (gamma * t_d + t_v)
         if metrics.get("decode_tokens_per_s") and baseline.get("decode_tokens_per_s"):
             out["measured_speedup"] = metrics["decode_tokens_per_s"] / baseline["decode_tokens_per_s"]
+            # MagicDec's own convention (its benchmark stops at the first sequence to finish): no straggler cost
+            first = stats.first_done
+            if first and first["seconds"] > 0:
+                out["decode_tokens_per_s_first_done"] = (first["tokens"] - metrics["batch_size"]) / first["seconds"]
+                out["measured_speedup_first_done"] = out["decode_tokens_per_s_first_done"] / baseline["decode_tokens_per_s"]
     out.update(alpha=alpha, omega=omega)
+    if metrics.get("iterations"):
+        # Tokens per sequence per verification of the whole batch: the loop runs until its slowest sequence is done,
+        # so stragglers make this lower than omega, and the speedup follows this one.
+        b = metrics["generated_tokens"] / metrics["batch_size"]
+        out["omega_effective"] = (b - 1) / metrics["iterations"]
+        if "T_D_over_T_T" in out:
+            out["predicted_speedup_effective"] = out["omega_effective"] / (gamma * out["T_D_over_T_T"] + out["T_V_over_T_T"])
     return out
 
 
@@ -253,7 +291,8 @@ def print_summary(method, record, config, args) -> None:
     else:
         rows += [("gamma", args.gamma), ("budget", args.streamingllm_budget),
                  ("alpha", m["alpha"] if m["alpha"] is not None else "n/a"), ("Omega", m["omega"] or 0.0)]
-        for key in ("T_D_over_T_T", "T_V_over_T_T", "predicted_speedup", "measured_speedup"):
+        for key in ("omega_effective", "T_D_over_T_T", "T_V_over_T_T", "predicted_speedup", "predicted_speedup_effective",
+                    "measured_speedup", "measured_speedup_first_done"):
             if key in m:
                 rows.append((key, m[key]))
         if args.synthetic_acceptance is not None:

@@ -1,4 +1,5 @@
-"""Tokenizers: HF `tokenizer.json`, Llama-2 SentencePiece and Llama-3 tiktoken `tokenizer.model`.
+"""Tokenizers: HF `tokenizer.json`, Llama-2 SentencePiece and Llama-3 tiktoken `tokenizer.model`, and llama2.c's
+`tokenizer.bin` (magicdec.checkpoint.Llama2cTokenizer).
 
 Every loader returns an object with encode(text, bos=True) -> list[int], decode(ids) -> str, bos_id, eos_id and
 vocab_size. The format of a file is read from its content, since Llama-2 and Llama-3 both name theirs tokenizer.model.
@@ -8,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import struct
 from pathlib import Path
 
 from magicdec.errors import MagicDecError
@@ -100,29 +102,61 @@ class HFTokenizer:
         return self.tok.decode(list(ids), skip_special_tokens=False)
 
 
+def _looks_like_llama2c(head: bytes, size: int) -> bool:
+    """llama2.c's tokenizer.bin: int32 max_token_length, then (float32 score, int32 length, bytes) per token.
+    A SentencePiece protobuf starts with a field tag (0x0a), which as a little-endian int32 is far too large to be
+    a max_token_length; so check the header and that the first tokens' lengths are consistent with it."""
+    if len(head) < 4:
+        return False
+    (max_len,) = struct.unpack_from("<i", head, 0)
+    if not 0 < max_len <= 1024:
+        return False
+    at, tokens = 4, 0
+    while at + 8 <= len(head) and tokens < 16:
+        score, n = struct.unpack_from("<fi", head, at)
+        if not 0 <= n <= max_len or score != score:  # NaN score
+            return False
+        at, tokens = at + 8 + n, tokens + 1
+    return tokens > 0 and (tokens == 16 or at <= size)
+
+
 def _file_format(path: Path) -> str:
     with open(path, "rb") as f:
-        head = f.read(256)
+        head = f.read(512)
     if head.lstrip().startswith(b"{"):
         return "json"
     if re.match(rb"[A-Za-z0-9+/]+=* \d+\r?\n", head):  # tiktoken: "<base64 token> <rank>" lines
         return "tiktoken"
+    if _looks_like_llama2c(head, path.stat().st_size):
+        return "llama2c"
     return "sentencepiece"  # a protobuf; sentencepiece itself judges whether it is valid
 
 
+def _llama2c_tokenizer(path: Path):
+    from magicdec.checkpoint import Llama2cTokenizer  # lazily: only llama2.c files need checkpoint.py (and torch)
+
+    return Llama2cTokenizer(path)
+
+
 def load_tokenizer(path):
-    """Tokenizer from a file, or a dir holding tokenizer.json or tokenizer.model."""
+    """Tokenizer from a file, or a dir holding tokenizer.json, tokenizer.model or (llama2.c) tokenizer.bin."""
     path = Path(path)
     if path.is_dir():
-        found = [path / n for n in ("tokenizer.json", "tokenizer.model") if (path / n).is_file()]
+        found = [path / n for n in ("tokenizer.json", "tokenizer.model", "tokenizer.bin") if (path / n).is_file()]
         if not found:
-            raise MagicDecError(f"no tokenizer.json or tokenizer.model in {path}: download the model's tokenizer into it")
+            raise MagicDecError(f"no tokenizer.json or tokenizer.model in {path} (nor a llama2.c tokenizer.bin): "
+                                "download the model's tokenizer into it")
         path = found[0]
     if not path.is_file():
-        raise MagicDecError(f"no tokenizer at {path}: pass a tokenizer.json, a tokenizer.model, or the dir holding one")
-    cls = {"json": HFTokenizer, "tiktoken": TiktokenTokenizer, "sentencepiece": SentencePieceTokenizer}[_file_format(path)]
+        raise MagicDecError(f"no tokenizer at {path}: pass a tokenizer.json, a tokenizer.model, a llama2.c "
+                            "tokenizer.bin, or the dir holding one")
+    fmt = _file_format(path)
+    cls = {"json": HFTokenizer, "tiktoken": TiktokenTokenizer, "sentencepiece": SentencePieceTokenizer,
+           "llama2c": _llama2c_tokenizer}[fmt]
     try:
         return cls(path)
+    except MagicDecError:  # Llama2cTokenizer's own one-line message names the file and the fix
+        raise
     except Exception as e:  # each library raises its own type for a bad file
         msg = str(e).splitlines()[0] if str(e) else ""
         raise MagicDecError(f"cannot load {path} as a tokenizer ({type(e).__name__}: {msg}): "

@@ -107,8 +107,19 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
         Hkv, S, split_len, sinks, window,
         SCALE=D ** -0.5, T=T, ROWS=rows, D=D, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
         HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, num_warps=num_warps, num_stages=num_stages)
-    # Merge the splits: softmax over all keys = weighted sum of per-split softmaxes.
+    return _merge["fn"](acc, m, l).view(B, H, T, D).to(q.dtype)
+
+
+def merge_splits(acc, m, l):
+    """Softmax over all keys = the per-split softmaxes weighted by exp(split max - global max) and their sums."""
     m_all = m.amax(dim=2, keepdim=True)
     w = torch.exp(m - m_all)
-    out = (acc * w[..., None]).sum(2) / (l * w).sum(2)[..., None]
-    return out.view(B, H, T, D).to(q.dtype)
+    return (acc * w[..., None]).sum(2) / (l * w).sum(2)[..., None]
+
+
+_merge = {"fn": merge_splits}
+
+
+def fuse_merge(enabled: bool = True) -> None:
+    """One fused kernel for the merge instead of about eight small ones (see model.fuse_elementwise)."""
+    _merge["fn"] = torch.compile(merge_splits, dynamic=True) if enabled else merge_splits

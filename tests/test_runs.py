@@ -1,0 +1,397 @@
+"""tests/{selfspec,longspec}_benchmark.py (magicdec/runs.py) end to end on CPU, in process: the record's fields, and
+greedy speculation giving exactly the baseline script's ids on the same prompts (lossless end to end), on tiny random
+checkpoints and on SmolLM2; sampled and synthetic-acceptance runs; and bad input as subprocesses (exit 2, one
+`error:` line that names the problem and the fix)."""
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+GUTENBERG = DATA / "gutenberg"
+SCRIPTS = {m: REPO / "tests" / f"{m}_benchmark.py" for m in ("baseline", "selfspec", "longspec")}
+
+sys.path.insert(0, str(REPO / "tests"))
+import baseline_benchmark  # noqa: E402
+import longspec_benchmark  # noqa: E402
+import selfspec_benchmark  # noqa: E402
+
+from conftest import needs_smollm2, one_line_error, run_cli  # noqa: E402
+
+GAMMA = 3
+B, PREFIX, GEN = 3, 64, 40
+LLAMA68M = ("--random_weights", "--model_name", "JackFram/llama-68m")
+
+# ------------------------------------------------------------------ tiny checkpoints with a 256-token tokenizer
+
+SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2: the tiny configs' bos_token_id 1 and eos_token_id 2
+# one token per character: printable ASCII, newline, then Latin-1 and beyond (so the tokenizer probe's "naïve café"
+# has real tokens too); 253 pieces + 3 specials = the tiny models' 256-token vocabulary
+PIECES = ([chr(c) for c in range(32, 127)] + ["\n"] + [chr(c) for c in range(161, 1000) if c != 173])[:253]
+WORDS = [f"w{i}" for i in range(253)]  # a word-level vocabulary that has none of the probe's words
+
+
+def write_tokenizer(d: Path, pieces: list[str], per_char: bool = True) -> None:
+    """A `tokenizers` WordLevel tokenizer.json over SPECIALS + pieces (ids in that order)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({s: i for i, s in enumerate(SPECIALS + pieces)}, unk_token="<unk>"))
+    if per_char:
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(d / "tokenizer.json"))
+
+
+def save_checkpoint(d: Path, cfg: dict, sd: dict, n_layers: int | None = None) -> Path:
+    """config.json + model.pth in d; n_layers keeps only the first layers (a draft sharing the target's embedding,
+    final norm and head)."""
+    d.mkdir(parents=True)
+    if n_layers is not None:
+        cfg = cfg | {"num_hidden_layers": n_layers}
+        sd = {k: v for k, v in sd.items() if not k.startswith("layers.") or int(k.split(".")[1]) < n_layers}
+    (d / "config.json").write_text(json.dumps(cfg))
+    torch.save(sd, d / "model.pth")
+    return d / "model.pth"
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_hf, tmp_path_factory):
+    """Model paths: `target` (2 layers); `draft` (its first layer) and `twin` (a copy of the target) with the target's
+    tokenizer files copied beside them; `permuted` (the draft's weights, a tokenizer mapping the same 256 strings to
+    other ids); and a word-level pair `word_target` / `word_permuted` (same 253 words, different ids).
+
+    The target is tiny_hf's random Llama with its attention outputs scaled by 0.3 and its second layer's
+    contributions by 0.3 more, so that a StreamingLLM draft (or the first layer alone) agrees with it on roughly
+    a third of the tokens: greedy runs then accept different numbers of tokens per sequence and verification, and
+    lossless output is a real check, not the trivial one of a draft that is always rejected."""
+    _, src = tiny_hf("llama", seed=21)
+    cfg = json.loads((src.parent / "config.json").read_text())
+    sd = torch.load(src, weights_only=True)
+    for k in sd:
+        if k.endswith("attention.wo.weight"):
+            sd[k] = sd[k] * 0.3
+        if k.startswith("layers.1.") and k.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+            sd[k] = sd[k] * 0.3
+    root = tmp_path_factory.mktemp("runs")
+    paths = {"target": save_checkpoint(root / "target", cfg, sd), "draft": save_checkpoint(root / "draft", cfg, sd, 1),
+             "twin": save_checkpoint(root / "twin", cfg, sd),
+             "permuted": save_checkpoint(root / "permuted", cfg, sd, 1),
+             "word_target": save_checkpoint(root / "word_target", cfg, sd),
+             "word_permuted": save_checkpoint(root / "word_permuted", cfg, sd, 1)}
+    write_tokenizer(root / "target", PIECES)
+    for name in ("draft", "twin"):  # the target's own tokenizer file, copied
+        (root / name / "tokenizer.json").write_bytes((root / "target" / "tokenizer.json").read_bytes())
+    write_tokenizer(root / "permuted", PIECES[::-1])
+    write_tokenizer(root / "word_target", WORDS, per_char=False)
+    write_tokenizer(root / "word_permuted", WORDS[::-1], per_char=False)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def jsonl(tmp_path_factory) -> Path:
+    """Three documents of real prose, restricted to the tiny tokenizer's characters."""
+    allowed = set(PIECES)
+    text = (GUTENBERG / "pg1342.txt").read_text(encoding="utf-8")
+    path = tmp_path_factory.mktemp("data") / "tiny.jsonl"
+    docs = ["".join(ch for ch in text[start:start + 1500] if ch in allowed) for start in (20_000, 40_000, 60_000)]
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return path
+
+
+def tiny_args(jsonl: Path, *extra: str) -> list[str]:
+    return ["--dataset", str(jsonl), "--skip_tokens", "0", "--B", str(B), "--prefix_len", str(PREFIX),
+            "--gen_len", str(GEN), "--device", "cpu", "--no_progress", "--save_tokens", *extra]
+
+
+SPEC_ARGS = ("--streamingllm_budget", "24", "--sinks", "4", "--gamma", str(GAMMA))
+
+
+@pytest.fixture(scope="module")
+def tiny_baseline(tiny, jsonl, tmp_path_factory) -> dict:
+    """The baseline script's record on the tiny target: the ids every greedy speculative run must reproduce."""
+    out = tmp_path_factory.mktemp("baseline") / "b.json"
+    return baseline_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), "--output", str(out)))
+
+
+# ------------------------------------------------------------------ record checks
+
+def check_spec_record(record: dict, method: str, B: int, gen_len: int, gamma: int, with_baseline: bool) -> dict:
+    assert record["method"] == method
+    m = record["metrics"]
+    spec = m["speculation"]
+    assert 0 <= m["alpha"] <= 1 and m["alpha"] == spec["alpha"]
+    assert 1 <= m["omega"] <= gamma + 1 and m["omega"] == spec["omega"]
+    assert m["omega"] == pytest.approx((spec["accepted_tokens"] + spec["verifications"]) / spec["verifications"])
+    ppa = spec["per_position_acceptance"]
+    assert len(ppa) == gamma and all(p is None or 0 <= p <= 1 for p in ppa)
+    assert spec["gamma"] == gamma and m["iterations"] == spec["iterations"] > 0
+    ids, counts = torch.tensor(record["generated_ids"]), torch.tensor(record["generated_counts"])
+    assert ids.shape == (B, gen_len) and ((1 <= counts) & (counts <= gen_len)).all()
+    assert m["generated_tokens"] == int(counts.sum())
+    # every verification of an active sequence yields accepted + 1 tokens (less when it stops at EOS or gen_len)
+    assert int((counts - 1).sum()) <= spec["accepted_tokens"] + spec["verifications"]
+    if with_baseline:
+        assert record["baseline_metrics"]["ms_per_step"] > 0
+        for key in ("T_D_over_T_T", "T_V_over_T_T", "predicted_speedup", "measured_speedup"):
+            assert m[key] > 0, key
+    return m
+
+
+def check_saved(record: dict, output: Path) -> None:
+    saved = json.loads(output.read_text())
+    assert saved["generated_ids"] == record["generated_ids"]
+    assert saved["metrics"] == json.loads(json.dumps(record["metrics"]))
+
+
+def assert_lossless(spec: dict, base: dict) -> None:
+    assert spec["prompt_ids"] == base["prompt_ids"]
+    assert spec["generated_ids"] == base["generated_ids"]
+    assert spec["generated_counts"] == base["generated_counts"]
+
+
+# ------------------------------------------------------------------ end to end, in process
+
+def test_selfspec_tiny_end_to_end(tiny, jsonl, tiny_baseline, tmp_path):
+    out = tmp_path / "s.json"
+    record = selfspec_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), *SPEC_ARGS, "--baseline",
+                                              "--output", str(out)))
+    check_spec_record(record, "selfspec", B, GEN, GAMMA, with_baseline=True)
+    check_saved(record, out)
+    assert record["decoding"] == "greedy" and record["random_weights"] is False
+    assert record["synthetic_acceptance"] is None and record["draft_config"] is None
+    assert "tiny.jsonl" in record["prompt_source"]
+    assert torch.tensor(record["prompt_ids"]).shape == (B, PREFIX)
+    assert_lossless(record, tiny_baseline)
+    assert 0.1 < record["metrics"]["alpha"] < 1  # some tokens accepted, some rejected
+
+
+@pytest.mark.parametrize("draft,budget", [("draft", "24"), ("draft", "0"), ("twin", "0")])  # 0: full draft cache
+def test_longspec_tiny_end_to_end(tiny, jsonl, tiny_baseline, tmp_path, draft, budget):
+    out = tmp_path / "l.json"
+    record = longspec_benchmark.run(tiny_args(jsonl, "--target", str(tiny["target"]), "--model", str(tiny[draft]),
+                                              "--streamingllm_budget", budget, "--sinks", "4", "--gamma", str(GAMMA),
+                                              "--baseline", "--output", str(out)))
+    m = check_spec_record(record, "longspec", B, GEN, GAMMA, with_baseline=True)
+    check_saved(record, out)
+    assert record["model_config"]["n_layers"] == 2
+    assert record["draft_config"]["n_layers"] == (1 if draft == "draft" else 2)
+    assert record["args"]["streamingllm_budget"] == int(budget)
+    assert_lossless(record, tiny_baseline)
+    if draft == "twin":  # the target itself with a full cache drafts exactly what the target would say
+        assert m["alpha"] == 1.0 and m["speculation"]["per_position_acceptance"] == [1.0] * GAMMA
+    else:
+        assert 0.1 < m["alpha"] < 1  # some tokens accepted, some rejected
+
+
+@needs_smollm2
+def test_selfspec_smollm2_end_to_end(smol_dir, tmp_path, monkeypatch):
+    """The default model on real text: self-speculation with a 64-token StreamingLLM budget over 256-token prompts
+    reproduces the baseline script's ids."""
+    monkeypatch.setenv("MAGICDEC_CACHE", str(smol_dir.parent))  # the session's fresh conversion is the default
+    common = ["--dataset", str(GUTENBERG), "--B", "2", "--prefix_len", "256", "--gen_len", "24", "--device", "cpu",
+              "--no_progress", "--save_tokens"]
+    out = tmp_path / "s.json"
+    record = selfspec_benchmark.run(common + ["--streamingllm_budget", "64", "--gamma", str(GAMMA), "--baseline",
+                                              "--output", str(out)])
+    check_spec_record(record, "selfspec", 2, 24, GAMMA, with_baseline=True)
+    check_saved(record, out)
+    assert record["args"]["model"] == str(smol_dir / "model.pth") and "gutenberg" in record["prompt_source"]
+    assert record["model_config"]["vocab_size"] == 49152
+    base = baseline_benchmark.run(common)
+    assert_lossless(record, base)
+
+
+@pytest.mark.parametrize("method", ["selfspec", "longspec"])
+def test_sampled_decoding(tiny, jsonl, method):
+    models = (["--model", str(tiny["target"])] if method == "selfspec"
+              else ["--target", str(tiny["target"]), "--model", str(tiny["draft"])])
+    argv = tiny_args(jsonl, *models, *SPEC_ARGS, "--temperature", "0.6", "--top_p", "0.9")
+    run = selfspec_benchmark.run if method == "selfspec" else longspec_benchmark.run
+    record = run(argv)
+    check_spec_record(record, method, B, GEN, GAMMA, with_baseline=False)
+    assert record["decoding"].startswith("sampled") and "0.6" in record["decoding"] and "0.9" in record["decoding"]
+    assert record["baseline_metrics"] is None
+    assert all(0 <= t < 256 for row in record["generated_ids"] for t in row)
+    if method == "selfspec":  # seeded: the same command gives the same tokens
+        assert run(argv)["generated_ids"] == record["generated_ids"]
+
+
+def test_synthetic_acceptance():
+    """Random weights at llama-68m's shapes, each drafted token accepted with probability 0.8: the measured
+    acceptance rate is near 0.8 (about 600 examined tokens: standard error ~0.016), Omega near the i.i.d. model's."""
+    record = selfspec_benchmark.run([*LLAMA68M, "--synthetic_acceptance", "0.8", "--B", "4", "--prefix_len", "64",
+                                     "--gen_len", "200", "--streamingllm_budget", "32", "--sinks", "4", "--gamma",
+                                     str(GAMMA), "--ignore_eos", "--device", "cpu", "--no_progress", "--save_tokens"])
+    m = check_spec_record(record, "selfspec", 4, 200, GAMMA, with_baseline=False)
+    assert record["synthetic_acceptance"] == 0.8 and record["random_weights"] is True
+    assert record["prompt_source"].startswith("random token ids")
+    assert record["generated_counts"] == [200] * 4
+    assert abs(m["alpha"] - 0.8) < 0.15, m["alpha"]
+    assert all(abs(p - 0.8) < 0.2 for p in m["speculation"]["per_position_acceptance"])
+    omega_model = (1 - 0.8 ** (GAMMA + 1)) / (1 - 0.8)  # 2.95
+    assert abs(m["omega"] - omega_model) < 0.4, m["omega"]
+
+
+# ------------------------------------------------------------------ bad input: exit 2, one line, no traceback
+
+def cli(method: str, *argv: str) -> subprocess.CompletedProcess:
+    return run_cli(SCRIPTS[method], *argv)
+
+
+SMALL = (*LLAMA68M, "--B", "1", "--gen_len", "4")
+
+
+@pytest.mark.parametrize("method", ["selfspec", "longspec"])
+@pytest.mark.parametrize("budget", ["64", "100"])
+def test_budget_not_below_prefix(method, budget):
+    models = SMALL if method == "selfspec" else (*SMALL, "--draft_name", "JackFram/llama-68m")
+    one_line_error(cli(method, *models, "--prefix_len", "64", "--streamingllm_budget", budget, "--sinks", "4"),
+                   f"--streamingllm_budget {budget} >= --prefix_len 64", "use a budget below the prefix length")
+
+
+@pytest.mark.parametrize("budget", ["8", "4"])
+def test_budget_not_above_sinks(budget):
+    one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", "--streamingllm_budget", budget, "--sinks", "8"),
+                   f"--streamingllm_budget {budget} must exceed --sinks 8", "recent window")
+
+
+def test_gamma_zero():
+    one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", "--streamingllm_budget", "32", "--gamma", "0"),
+                   "--gamma must be at least 1", "got 0")
+
+
+def test_draft_with_other_vocabulary_fails_fast():
+    """Llama-3.1-8B (128256 tokens) drafted by TinyLlama (32000): refused from the configs, before any weights."""
+    t0 = time.monotonic()
+    one_line_error(cli("longspec", "--random_weights", "--model_name", "meta-llama/Meta-Llama-3.1-8B",
+                             "--draft_name", "TinyLlama/TinyLlama_v1.1"),
+                         "draft vocabulary (32000) differs from the target's (128256)", "share the target's tokenizer")
+    assert time.monotonic() - t0 < 60
+    peak_child_rss_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux
+    assert peak_child_rss_gib < 4  # never built the 8B target (32 GB in fp32) nor the 1.1B draft
+
+
+def test_draft_with_other_tokenizer(tiny, jsonl):
+    """Same vocabulary size, the same 256 strings, different ids: caught by encoding a probe text with both."""
+    one_line_error(cli("longspec", *tiny_args(jsonl, "--target", str(tiny["target"]), "--model",
+                                              str(tiny["permuted"]), *SPEC_ARGS)),
+                   "draft and target tokenizers differ", "pick a draft trained with the target's tokenizer")
+
+
+def test_draft_with_other_word_tokenizer(tiny, jsonl, tmp_path):
+    data = tmp_path / "words.jsonl"
+    gen = torch.Generator().manual_seed(0)
+    data.write_text(json.dumps({"text": " ".join(WORDS[i] for i in torch.randint(0, 253, (600,), generator=gen))}))
+    one_line_error(cli("longspec", *tiny_args(data, "--target", str(tiny["word_target"]), "--model",
+                                              str(tiny["word_permuted"]), *SPEC_ARGS, "--gen_len", "4")),
+                   "draft and target tokenizers differ")
+
+
+def test_baseline_json_with_other_batch(tmp_path):
+    base = tmp_path / "base.json"
+    baseline_benchmark.run([*SMALL, "--prefix_len", "32", "--device", "cpu", "--no_progress", "--output", str(base)])
+    msg = one_line_error(cli("selfspec", *LLAMA68M, "--B", "2", "--gen_len", "4", "--prefix_len", "32",
+                             "--streamingllm_budget", "16", "--sinks", "4", "--baseline_json", str(base)),
+                         "was run with B=1, this run has 2", "compare like with like")
+    assert str(base) in msg
+
+
+def test_baseline_json_checked_before_loading(tmp_path, monkeypatch):
+    from magicdec import runs
+    from magicdec.errors import MagicDecError
+
+    base = tmp_path / "base.json"
+    baseline_benchmark.run([*SMALL, "--prefix_len", "32", "--device", "cpu", "--no_progress", "--output", str(base)])
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights loaded before --baseline_json was checked")
+
+    monkeypatch.setattr(runs.bench, "load_weights", no_weights)
+    with pytest.raises(MagicDecError, match="was run with B=1"):
+        selfspec_benchmark.run([*LLAMA68M, "--B", "2", "--gen_len", "4", "--prefix_len", "32", "--streamingllm_budget",
+                                "16", "--sinks", "4", "--baseline_json", str(base), "--device", "cpu", "--no_progress"])
+
+
+@pytest.mark.parametrize("value", ["1.5", "-0.1"])
+def test_synthetic_acceptance_out_of_range(value):
+    one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", "--streamingllm_budget", "32",
+                       "--synthetic_acceptance", value), "--synthetic_acceptance must be in [0, 1]", f"got {value}")
+
+
+@pytest.mark.parametrize("change", ["device", "model"])
+def test_baseline_json_from_other_device_or_model(tiny, jsonl, tiny_baseline, tmp_path, change):
+    from magicdec.errors import MagicDecError
+
+    record = json.loads(json.dumps(tiny_baseline))
+    if change == "device":
+        record["args"]["device"] = "cuda:0"
+        record["environment"] |= {"device": "cuda:0", "gpu": "NVIDIA H100 80GB HBM3"}
+    else:
+        record["args"]["model"] = str(tiny["draft"])
+        record["model_config"]["n_layers"] = 1
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(record))
+    with pytest.raises(MagicDecError, match=change):
+        selfspec_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), *SPEC_ARGS, "--baseline_json",
+                                         str(base)))
+
+
+def test_synthetic_acceptance_with_temperature_is_not_reported_as_sampled():
+    from magicdec.errors import MagicDecError
+
+    try:
+        record = selfspec_benchmark.run([*LLAMA68M, "--synthetic_acceptance", "0.5", "--temperature", "0.6",
+                                         "--top_p", "0.9", "--B", "2", "--prefix_len", "32", "--gen_len", "8",
+                                         "--streamingllm_budget", "16", "--sinks", "4", "--device", "cpu",
+                                         "--no_progress"])
+    except MagicDecError as e:  # refusing the combination is a fix too
+        assert "--synthetic_acceptance" in str(e)
+        return
+    assert not record["decoding"].startswith("sampled"), record["decoding"]
+
+
+# ------------------------------------------------------------------ llama2.c: tokenizer.bin beside model.pth
+
+STORIES = DATA / "models" / "stories260K"
+
+
+@pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(), reason=f"no stories260K in {STORIES}")
+def test_selfspec_llama2c_tokenizer_bin(jsonl, tmp_path):
+    """convert_llama2c writes tokenizer.bin beside model.pth; load_tokenizer reads it (the dir or the file), so the
+    benchmark scripts cut real-text prompts with it, and self-speculation reproduces the baseline's ids."""
+    from magicdec.checkpoint import Llama2cTokenizer, convert_llama2c
+    from magicdec.errors import MagicDecError
+    from magicdec.tokenizer import load_tokenizer
+
+    model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
+    ref = Llama2cTokenizer(STORIES / "tok512.bin")
+    for where in (model.parent, model.parent / "tokenizer.bin", STORIES / "tok512.bin"):
+        tok = load_tokenizer(where)
+        assert isinstance(tok, Llama2cTokenizer) and (tok.bos_id, tok.eos_id, tok.vocab_size) == (1, 2, 512)
+        text = "Once upon a time, there was a little girl"
+        assert tok.encode(text) == ref.encode(text)
+    truncated = tmp_path / "cut.bin"
+    truncated.write_bytes((STORIES / "tok512.bin").read_bytes()[:2000])
+    with pytest.raises(MagicDecError, match="truncated or corrupt") as e:
+        load_tokenizer(truncated)
+    assert "\n" not in str(e.value)
+
+    common = ["--model", str(model), "--dataset", str(jsonl), "--skip_tokens", "0", "--B", "2", "--prefix_len", "64",
+              "--gen_len", "24", "--device", "cpu", "--no_progress", "--save_tokens"]
+    record = selfspec_benchmark.run(common + list(SPEC_ARGS))
+    check_spec_record(record, "selfspec", 2, 24, GAMMA, with_baseline=False)
+    prompts = record["prompt_ids"]
+    assert all(p[0] == 1 for p in prompts)
+    doc = json.loads(jsonl.read_text().splitlines()[0])["text"]
+    assert ref.decode(prompts[0][1:]) in doc  # the prompt is the document's text, tokenized by tokenizer.bin
+    assert_lossless(record, baseline_benchmark.run(common))
