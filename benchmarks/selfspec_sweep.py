@@ -145,7 +145,7 @@ with torch.inference_mode():
                 first = next_token(logits, sampling.temperature, sampling.top_p, sampling.top_k)
                 cache.rollback(torch.full_like(cache.lengths, P))
                 base = Decoder(target, sampling, cuda_graphs=graphs)
-                _, counts, secs = runs.timed_generation(base, cache, None, first, prompts[:, -1], run_args, [], False)
+                _, counts, secs = runs.timed_generation(base, cache, first, prompts[:, -1], run_args, [], False)
                 base_m = runs.generation_metrics(counts, secs, run_args, base.stats)
                 base_m.update(runs.bandwidth_metrics(target, config, run_args, dtype, secs, copy_bw))
                 record("baseline", B, P, mode, base_m)
@@ -154,7 +154,7 @@ with torch.inference_mode():
                         cache.rollback(torch.full_like(cache.lengths, P))
                         dec = Decoder(target, sampling, draft=Draft(target, dc), gamma=gamma, cuda_graphs=graphs,
                                       synthetic_acceptance=cli.synthetic_acceptance)
-                        _, counts, secs = runs.timed_generation(dec, cache, dc, first, prompts[:, -1], run_args, [], False)
+                        _, counts, secs = runs.timed_generation(dec, cache, first, prompts[:, -1], run_args, [], False)
                         m = runs.generation_metrics(counts, secs, run_args, dec.stats)
                         m.update(runs.speculation_metrics(m, dec.stats, base_m, gamma))
                         record("selfspec", B, P, mode, m, budget, gamma)

@@ -110,7 +110,7 @@ def ring_extra_for(gen_len: int, gamma: int) -> int:
     return max(DRAFT_PREFILL_CHUNK, max(gen_len, 4 * (gamma + 1)) + 2 * gamma + 4)
 
 
-def timed_generation(decoder, target_cache, draft_cache, first, prev, args, eos, progress):
+def timed_generation(decoder, target_cache, first, prev, args, eos, progress):
     """Warm up (compilation, CUDA-graph capture) then roll both caches back to the prompt and time a full run."""
     prompt_lengths = target_cache.lengths.clone()
     torch.manual_seed(args.seed + 1)
@@ -181,7 +181,7 @@ def run(method: str, argv=None) -> dict:
         baseline = None
         if method == "baseline" or args.baseline:
             base_decoder = Decoder(target, sampling, compile=args.compile, cuda_graphs=args.cuda_graphs)
-            b_out, b_counts, b_s = timed_generation(base_decoder, cache, None, first, prev, args, eos, progress)
+            b_out, b_counts, b_s = timed_generation(base_decoder, cache, first, prev, args, eos, progress)
             baseline = generation_metrics(b_counts, b_s, args, base_decoder.stats)
             baseline.update(bandwidth_metrics(target, target_cfg, args, dtype, b_s, copy_bw))
             out, counts = b_out, b_counts
@@ -189,7 +189,7 @@ def run(method: str, argv=None) -> dict:
             cache.rollback(torch.full_like(cache.lengths, args.prefix_len))
             decoder = Decoder(target, sampling, compile=args.compile, draft=draft, gamma=gamma,
                               synthetic_acceptance=args.synthetic_acceptance, cuda_graphs=args.cuda_graphs)
-            out, counts, s = timed_generation(decoder, cache, draft.cache, first, prev, args, eos, progress)
+            out, counts, s = timed_generation(decoder, cache, first, prev, args, eos, progress)
             metrics = generation_metrics(counts, s, args, decoder.stats)
     if not spec:
         metrics = baseline
