@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import time
@@ -51,6 +50,8 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--attn_backend", default="auto", help="auto | sdpa | flex | flash")
     p.add_argument("--prefill_chunk", type=positive_int, default=None,
                    help="prefill tokens per sequence per forward (default: 16384 / B)")
+    p.add_argument("--skip_prefill", action="store_true",
+                   help="random-weight speed runs only: fill the KV caches with random values instead of a prefill")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step with CUDA graphs")
     p.add_argument("--cuda_graphs", action="store_true",
                    help="capture the decode step in CUDA graphs without torch.compile (no fusion, no compile time)")
@@ -66,8 +67,6 @@ def common_parser(description: str) -> argparse.ArgumentParser:
 
 def resolve_common(args) -> None:
     """Check flags that need no model; fill defaults that depend on the device."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise MagicDecError("tensor parallelism is not implemented yet (issue #4): launch with --nproc_per_node=1 or plain python")
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
         raise MagicDecError("need --temperature >= 0, 0 < --top_p <= 1 and --top_k >= 0")
     if args.skip_tokens < 0:
@@ -79,6 +78,8 @@ def resolve_common(args) -> None:
         raise MagicDecError("--device cuda but no CUDA device is visible; use --device cpu")
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device.type == "cuda" else "float32"
+    if args.skip_prefill and not args.random_weights:
+        raise MagicDecError("--skip_prefill fills the caches with random values: only for --random_weights runs")
     if args.cuda_graphs and args.device.type != "cuda":
         raise MagicDecError("--cuda_graphs needs a CUDA device")
     if args.prefill_chunk is None:
@@ -100,13 +101,13 @@ def model_source(args):
     return ModelArgs.from_checkpoint_dir(args.model.parent), args.model
 
 
-def load_weights(args, config, checkpoint):
+def load_weights(args, config, checkpoint, shard=None):
     from magicdec.model import build_model, load_model
 
     dtype = DTYPES[args.dtype]
     if checkpoint is None:
-        return build_model(config, args.device, dtype, random_seed=args.seed)
-    return load_model(checkpoint, args.device, dtype)
+        return build_model(config, args.device, dtype, random_seed=args.seed, shard=shard)
+    return load_model(checkpoint, args.device, dtype, shard)
 
 
 def load_prompts_for(args, config, checkpoint):
@@ -224,7 +225,12 @@ def environment(device: torch.device) -> dict:
 
 
 def peak_memory(device: torch.device) -> int | None:
-    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    """Peak bytes allocated on the GPU, or the process's peak resident memory on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def write_record(path: Path | None, record: dict) -> None:

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from magicdec.kv_cache import KVCache
@@ -29,8 +30,9 @@ class Sampling:
 class Draft:
     """A draft strategy: the model that proposes tokens and the cache it reads. Self-speculation is the target's
     own weights with a StreamingCache; a standalone draft is a small model with a StreamingCache or a full KVCache."""
-    model: Transformer
-    cache: KVCache
+    model: Transformer | None  # None on ranks that do not run the draft
+    cache: KVCache | None
+    ranks: list[int] | None = None  # the ranks running a standalone draft, when not every rank does
 
 
 def prefill(model: Transformer, cache, prompts: torch.Tensor, chunk: int, progress: bool = False) -> torch.Tensor:
@@ -162,7 +164,7 @@ class Decoder:
 
     def _distribution(self, logits):
         s = self.sampling
-        if s.greedy or self.synthetic is not None:
+        if self._greedy:
             return logits.argmax(-1)
         return probabilities(logits, s.temperature, s.top_p, s.top_k)
 
@@ -173,7 +175,27 @@ class Decoder:
         return self._distribution(self.draft.model(tokens, cache, logits="last")[:, -1])
 
     def _propose(self, hist, m, base, n_new):
-        """gamma draft tokens per sequence, and the draft's distributions q [B, gamma, V] when sampling."""
+        """gamma draft tokens per sequence, and the draft's distributions q [B, gamma, V] when sampling. A draft on
+        some ranks only broadcasts them from its first rank."""
+        ranks = self.draft.ranks
+        if ranks is None or dist.get_rank() in ranks:
+            tokens, q = self._draft_tokens(hist, m, base, n_new)
+        if ranks is None:
+            return tokens, q
+        B, V = hist.shape[0], self.model.args.vocab_size
+        if dist.get_rank() not in ranks:
+            tokens = torch.empty(B, self.gamma, dtype=torch.long, device=hist.device)
+            q = None if self._greedy else torch.empty(B, self.gamma, V, device=hist.device)
+        dist.broadcast(tokens, src=ranks[0])
+        if q is not None:
+            dist.broadcast(q, src=ranks[0])
+        return tokens, q
+
+    @property
+    def _greedy(self) -> bool:
+        return self.sampling.greedy or self.synthetic is not None
+
+    def _draft_tokens(self, hist, m, base, n_new):
         cache = self.draft.cache
         # Re-feed the last two committed tokens: after full acceptance the draft has not yet seen its own last
         # token, otherwise re-writing it is a no-op. Always two keeps the shapes fixed (CUDA graphs, no host sync).
@@ -226,6 +248,11 @@ class Decoder:
             t1 = timer.stamp()
             verified = self.verify_step(torch.cat([hist.gather(1, (m - 1)[:, None]), drafted], 1), cache).clone()
             accepted, nxt = self._verify(verified, drafted, q)
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                # Every rank holds the same logits, but random draws may differ (a draft on some ranks uses the RNG
+                # there): rank 0 decides, everyone follows, so no rank can diverge or wait on another.
+                dist.broadcast(accepted, src=0)
+                dist.broadcast(nxt, src=0)
             t2 = timer.stamp()
             # Commit drafted[:accepted] + nxt at hist[m : m + accepted + 1]; stop a sequence at EOS or n_new.
             active = ~done

@@ -43,6 +43,13 @@ class KVCache:
     def attend(self, T: int):
         return make_attend(self.backend, self.positions(T), None, self.max_len)
 
+    def fill_random(self, length: int, seed: int) -> None:
+        """Stand in for a prefill of `length` tokens (random-weight speed runs only): random K/V, lengths set."""
+        gen = torch.Generator(device=self.lengths.device).manual_seed(seed)
+        for t in (*self.k, *self.v):
+            t.normal_(generator=gen)
+        self.lengths.fill_(length)
+
     def advance(self, n) -> None:
         """Keep n more tokens per sequence (an int, or a [B] tensor for ragged acceptance)."""
         self.lengths += n
@@ -94,3 +101,10 @@ class StreamingCache(KVCache):
         pos = self.positions(T)
         self.key_pos[self._rows, self.slots(pos)] = pos
         return make_attend(self.backend, pos, self.key_pos, self.max_len, self.sinks, self.window)
+
+    def fill_random(self, length: int, seed: int) -> None:
+        super().fill_random(length, seed)
+        # The slots a real prefill would leave filled: the sinks and the last `window` positions.
+        pos = torch.cat([torch.arange(min(self.sinks, length)), torch.arange(max(self.sinks, length - self.window), length)])
+        pos = pos.to(self.key_pos.device)
+        self.key_pos[:, self.slots(pos)] = pos

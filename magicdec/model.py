@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from magicdec import tp
 from magicdec.attention import Attend
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
@@ -85,10 +86,13 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, shard: tp.Shard | None = None):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        q, kv = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+        kv0, kv1 = shard.kv if shard else (0, args.n_kv_heads)
+        # Under tensor parallelism this rank holds KV heads kv0..kv1 and the query heads that share them.
+        self.n_kv_heads, self.head_dim = kv1 - kv0, args.head_dim
+        self.n_heads = self.n_kv_heads * (args.n_heads // args.n_kv_heads)
+        q, kv = self.n_heads * args.head_dim, self.n_kv_heads * args.head_dim
         # One fused q/k/v matmul; checkpoints store wq/wk/wv apart and are fused on load.
         self.wqkv = nn.Linear(args.dim, q + 2 * kv, bias=args.attention_bias)
         self.wo = nn.Linear(q, args.dim, bias=False)
@@ -113,40 +117,49 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, shard: tp.Shard | None = None):
         super().__init__()
-        self.w1 = nn.Linear(args.dim, args.intermediate_size, bias=False)  # gate
-        self.w3 = nn.Linear(args.dim, args.intermediate_size, bias=False)  # up
-        self.w2 = nn.Linear(args.intermediate_size, args.dim, bias=False)  # down
+        f0, f1 = shard.ffn if shard else (0, args.intermediate_size)
+        self.w1 = nn.Linear(args.dim, f1 - f0, bias=False)  # gate
+        self.w3 = nn.Linear(args.dim, f1 - f0, bias=False)  # up
+        self.w2 = nn.Linear(f1 - f0, args.dim, bias=False)  # down
 
     def forward(self, x):
         return self.w2(_ops["swiglu"](self.w1(x), self.w3(x)))
 
 
 class Block(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, shard: tp.Shard | None = None):
         super().__init__()
-        self.attention = Attention(args)
-        self.feed_forward = FeedForward(args)
+        self.shard = shard
+        self.attention = Attention(args, shard)
+        self.feed_forward = FeedForward(args, shard)
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
     def forward(self, x, cos, sin, cache, layer, attend):
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, attend)
-        return x + self.feed_forward(self.ffn_norm(x))
+        # Each rank's heads / MLP units give a partial sum of the output projection: all-reduce it.
+        x = x + tp.all_reduce(self.attention(self.attention_norm(x), cos, sin, cache, layer, attend), self.shard)
+        return x + tp.all_reduce(self.feed_forward(self.ffn_norm(x)), self.shard)
 
 
 class Transformer(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, shard: tp.Shard | None = None):
         super().__init__()
-        self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.args, self.shard = args, shard
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)  # replicated: a lookup reads B rows
+        self.layers = nn.ModuleList(Block(args, shard) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        v0, v1 = shard.vocab if shard else (0, args.vocab_size)
+        self.output = nn.Linear(args.dim, v1 - v0, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
-        if args.tie_embeddings:
+        if args.tie_embeddings and shard is None:
             self.output.weight = self.tok_embeddings.weight
+
+    @property
+    def n_kv_heads(self) -> int:
+        """KV heads held by this rank (all of them without tensor parallelism): what its caches store."""
+        return self.layers[0].attention.n_kv_heads
 
     def forward(self, tokens: torch.Tensor, cache, logits: str = "all") -> torch.Tensor | None:
         """Run `tokens` [B, T] as the next T tokens of each sequence in `cache`.
@@ -168,7 +181,7 @@ class Transformer(nn.Module):
             return None
         if logits == "last":
             x = x[:, -1:]
-        return self.output(self.norm(x))
+        return tp.gather_vocab(self.output(self.norm(x)), self.shard, self.args.vocab_size)
 
     def weight_bytes(self) -> int:
         """Bytes read from weights by one decode step (the embedding table is only gathered, unless tied)."""
@@ -181,42 +194,60 @@ class Transformer(nn.Module):
         return total
 
 
-def build_model(args: ModelArgs, device, dtype, random_seed: int | None = None) -> Transformer:
-    """A model with random weights (for real-shape speed runs): normal(0, 0.02) like HF's initializer."""
-    with torch.device(device):
-        model = Transformer(args).to(dtype)
-    if random_seed is not None:
-        gen = torch.Generator(device=device).manual_seed(random_seed)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                else:
-                    p.normal_(0.0, 0.02, generator=gen)
+def random_state_dict(args: ModelArgs, seed: int, device, dtype, shard: tp.Shard | None = None) -> dict:
+    """Random weights at a model's real shapes, normal(0, 0.02) like HF's initializer, norms at 1. Each tensor has
+    its own generator (seeded by seed and its name's rank in order), so every rank of a tensor-parallel job slices
+    exactly the tensors one unsharded process would make."""
+    from magicdec.checkpoint import expected_shapes
+
+    state = {}
+    for i, (name, shape) in enumerate(sorted(expected_shapes(args).items())):
+        if name.endswith("norm.weight"):
+            full = torch.ones(shape, device=device, dtype=dtype)
+        else:
+            gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i)
+            full = torch.empty(shape, device=device, dtype=dtype).normal_(0.0, 0.02, generator=gen)
+        state[name] = tp.slice_tensor(name, full, args, shard).clone()  # clone: free the full tensor now
+    return state
+
+
+def build_model(args: ModelArgs, device, dtype, random_seed: int | None = None, shard: tp.Shard | None = None):
+    """A model with random weights (real-shape speed runs); random_seed None leaves PyTorch's default init."""
+    if random_seed is None:
+        with torch.device(device):
+            model = Transformer(args, shard).to(dtype)
+    else:
+        model = from_state_dict(args, random_state_dict(args, random_seed, device, dtype), device, dtype, shard,
+                                "random weights")
     model.inv_freq = rope_inv_freq(args).to(device)
     return model.eval().requires_grad_(False)
 
 
-def load_model(checkpoint: str | Path, device, dtype) -> Transformer:
+def from_state_dict(args: ModelArgs, state: dict, device, dtype, shard: tp.Shard | None, source) -> Transformer:
+    """A model from checkpoint-named tensors (sliced here for this rank when sharded), moved to device and dtype."""
+    with torch.device("meta"):
+        model = Transformer(args, shard)
+    state = {k: v for k, v in state.items() if "rotary" not in k}
+    if args.tie_embeddings and "output.weight" not in state and "tok_embeddings.weight" in state:
+        state["output.weight"] = state["tok_embeddings.weight"]
+    state = {k: tp.slice_tensor(k, v, args, shard) for k, v in state.items()}
+    try:
+        model.load_state_dict(state, assign=True, strict=True)
+    except RuntimeError as e:
+        first = str(e).splitlines()[0] if str(e) else "mismatch"
+        raise MagicDecError(f"checkpoint {source} does not match its config.json ({first}); re-convert it") from None
+    if args.tie_embeddings and shard is None:
+        model.output.weight = model.tok_embeddings.weight
+    model.inv_freq = rope_inv_freq(args)  # a non-persistent buffer: still on meta after loading
+    model = model.to(device=device, dtype=dtype)  # copies only this rank's slices out of the mmap'd file
+    model.inv_freq = rope_inv_freq(args).to(device)  # keep fp32 whatever the model dtype
+    return model.eval().requires_grad_(False)
+
+
+def load_model(checkpoint: str | Path, device, dtype, shard: tp.Shard | None = None) -> Transformer:
     """Load `DIR/model.pth` (made by convert_hf_checkpoint.py) with the config in `DIR/config.json`."""
     from magicdec.checkpoint import load_state_dict
 
     checkpoint = Path(checkpoint)
     args = ModelArgs.from_checkpoint_dir(checkpoint.parent)
-    state = load_state_dict(checkpoint)
-    with torch.device("meta"):
-        model = Transformer(args)
-    state = {k: v for k, v in state.items() if "rotary" not in k}
-    if args.tie_embeddings and "output.weight" not in state and "tok_embeddings.weight" in state:
-        state["output.weight"] = state["tok_embeddings.weight"]
-    try:
-        model.load_state_dict(state, assign=True, strict=True)
-    except RuntimeError as e:
-        first = str(e).splitlines()[0] if str(e) else "mismatch"
-        raise MagicDecError(f"checkpoint {checkpoint} does not match its config.json ({first}); re-convert it") from None
-    if args.tie_embeddings:
-        model.output.weight = model.tok_embeddings.weight
-    model.inv_freq = rope_inv_freq(args)  # a non-persistent buffer: still on meta after loading
-    model = model.to(device=device, dtype=dtype)
-    model.inv_freq = rope_inv_freq(args).to(device)  # keep fp32 whatever the model dtype
-    return model.eval().requires_grad_(False)
+    return from_state_dict(args, load_state_dict(checkpoint), device, dtype, shard, checkpoint)

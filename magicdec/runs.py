@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from magicdec import benchmark as bench
+from magicdec import tp
 from magicdec.attention import resolve_backend
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
@@ -69,6 +70,38 @@ def sources(args, method):
     return tc, tk, dc, dk
 
 
+def shards(args, method, rank, world, target_cfg, draft_cfg):
+    """Tensor-parallel shards of the target and draft for this rank (None when single-process), and the draft's ranks."""
+    if world == 1:
+        if args.rank_group not in ([0], list(range(len(args.rank_group)))) or len(args.rank_group) > 1:
+            raise MagicDecError(f"--rank_group {args.rank_group} needs {len(args.rank_group)} processes: launch with "
+                                f"torchrun --nproc_per_node={len(args.rank_group)}")
+        return None, None, [0]
+    if sorted(args.rank_group) != list(range(world)):
+        raise MagicDecError(f"--rank_group {args.rank_group} must list every rank of this {world}-process job (0..{world - 1})")
+    target_group = tp.group_for(args.rank_group, world)
+    target_shard = tp.make_shard(target_cfg, args.rank_group, target_group)
+    draft_ranks = (getattr(args, "draft_ranks", None) or args.rank_group) if method == "longspec" else args.rank_group
+    draft_group = tp.group_for(draft_ranks, world) if method == "longspec" else target_group
+    draft_shard = None
+    if method == "selfspec":
+        draft_shard = target_shard
+    elif method == "longspec" and rank in draft_ranks:
+        draft_shard = tp.make_shard(draft_cfg, draft_ranks, draft_group) if len(draft_ranks) > 1 else None
+    return target_shard, draft_shard, sorted(draft_ranks)
+
+
+def local_config(config, shard):
+    """The config of this rank's slice (for memory estimates)."""
+    if shard is None:
+        return config
+    from dataclasses import replace
+
+    kv = shard.kv[1] - shard.kv[0]
+    return replace(config, n_kv_heads=kv, n_heads=kv * (config.n_heads // config.n_kv_heads),
+                   intermediate_size=shard.ffn[1] - shard.ffn[0], head_dim=config.head_dim)
+
+
 def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
     if args.gamma < 1:
         raise MagicDecError(f"--gamma must be at least 1, got {args.gamma}")
@@ -127,7 +160,9 @@ def run(method: str, argv=None) -> dict:
     args = parser(method).parse_args(argv)
     bench.resolve_common(args)
     spec = method != "baseline"
+    rank, world = tp.init_distributed(args.device)
     target_cfg, target_ckpt, draft_cfg, draft_ckpt = sources(args, method)
+    target_shard, draft_shard, draft_ranks = shards(args, method, rank, world, target_cfg, draft_cfg)
     gamma = args.gamma if spec else 0
     bench.check_context(target_cfg, args.prefix_len, args.gen_len + gamma + 1 if spec else args.gen_len,
                         "gen_len + gamma + 1" if spec else "gen_len")
@@ -138,31 +173,33 @@ def run(method: str, argv=None) -> dict:
     cache_len = args.prefix_len + args.gen_len + gamma + 2
     # The draft's ring holds a prefill chunk, and everything a warm-up run writes before rolling back to the prompt.
     ring_extra = ring_extra_for(args.gen_len, gamma)
-    parts = [(target_cfg, True, cache_len)]
-    if spec:
+    parts = [(local_config(target_cfg, target_shard), True, cache_len)]
+    if spec and rank in draft_ranks:
         budget = args.streamingllm_budget
         draft_slots = cache_len if budget == 0 else budget + ring_extra
-        parts.append((draft_cfg, method == "longspec", draft_slots))
+        parts.append((local_config(draft_cfg, draft_shard), method == "longspec", draft_slots))
     bench.check_fits(bench.memory_needed(args.B, args.prefill_chunk, dtype, parts), args.device, args.B, args.prefix_len)
     prompts, tokenizer = bench.load_prompts_for(args, target_cfg, target_ckpt)
     copy_bw = bench.copy_bandwidth(args.device)
     torch.manual_seed(args.seed)
-    target = bench.load_weights(args, target_cfg, target_ckpt)
+    target = bench.load_weights(args, target_cfg, target_ckpt, target_shard)
     if args.device.type == "cuda" and not args.compile and not args.no_fuse:
         fuse_kernels()
     backend = resolve_backend(args.attn_backend, args.device)
-    cache = KVCache(target_cfg.n_layers, args.B, target_cfg.n_kv_heads, cache_len, target_cfg.head_dim, dtype,
+    cache = KVCache(target_cfg.n_layers, args.B, target.n_kv_heads, cache_len, target_cfg.head_dim, dtype,
                     args.device, backend)
     draft = None
     if spec:
-        draft_model = target if method == "selfspec" else bench.load_weights(args, draft_cfg, draft_ckpt)
-        c = draft_cfg
-        if args.streamingllm_budget == 0:
-            draft_cache = KVCache(c.n_layers, args.B, c.n_kv_heads, cache_len, c.head_dim, dtype, args.device, backend)
-        else:
-            draft_cache = StreamingCache(c.n_layers, args.B, c.n_kv_heads, args.streamingllm_budget, args.sinks,
-                                         ring_extra, c.head_dim, dtype, args.device, backend)
-        draft = Draft(draft_model, draft_cache)
+        draft_model, draft_cache = None, None
+        if rank in draft_ranks:
+            draft_model = target if method == "selfspec" else bench.load_weights(args, draft_cfg, draft_ckpt, draft_shard)
+            c, heads = draft_cfg, draft_model.n_kv_heads
+            if args.streamingllm_budget == 0:
+                draft_cache = KVCache(c.n_layers, args.B, heads, cache_len, c.head_dim, dtype, args.device, backend)
+            else:
+                draft_cache = StreamingCache(c.n_layers, args.B, heads, args.streamingllm_budget, args.sinks,
+                                             ring_extra, c.head_dim, dtype, args.device, backend)
+        draft = Draft(draft_model, draft_cache, None if len(draft_ranks) == world else draft_ranks)
         draft_chunk = args.prefill_chunk if args.streamingllm_budget == 0 else min(args.prefill_chunk, DRAFT_PREFILL_CHUNK)
     sampling = Sampling(args.temperature, args.top_p, args.top_k)
     progress = not args.no_progress
@@ -170,11 +207,19 @@ def run(method: str, argv=None) -> dict:
     eos = [] if args.ignore_eos else target_cfg.eos_ids
 
     with torch.inference_mode():
-        logits, prefill_s = bench.timed(lambda: prefill(target, cache, prompts, args.prefill_chunk, progress), args.device)
-        draft_prefill_s = None
-        if draft is not None:  # the draft's own prefill: its KV is what its (StreamingLLM) attention produces
-            _, draft_prefill_s = bench.timed(
-                lambda: prefill(draft.model, draft.cache, prompts, draft_chunk, progress), args.device)
+        if args.skip_prefill:  # random weights and ids: KV contents carry no meaning, the bytes read are the same
+            cache.fill_random(args.prefix_len, args.seed)
+            logits, prefill_s = target(prompts[:, -1:], cache, logits="last")[:, -1], None
+            draft_prefill_s = None
+            if draft is not None and draft.model is not None:
+                draft.cache.fill_random(args.prefix_len, args.seed + 1)
+        else:
+            logits, prefill_s = bench.timed(lambda: prefill(target, cache, prompts, args.prefill_chunk, progress),
+                                            args.device)
+            draft_prefill_s = None
+            if draft is not None and draft.model is not None:  # its KV is what its (StreamingLLM) attention produces
+                _, draft_prefill_s = bench.timed(
+                    lambda: prefill(draft.model, draft.cache, prompts, draft_chunk, progress), args.device)
         torch.manual_seed(args.seed)
         first = next_token(logits, args.temperature, args.top_p, args.top_k)
         prev = prompts[:, -1]
@@ -206,6 +251,7 @@ def run(method: str, argv=None) -> dict:
         "model_config": target_cfg.to_dict(),
         "draft_config": draft_cfg.to_dict() if method == "longspec" else None,
         "random_weights": bool(args.random_weights),
+        "prefill": "skipped: KV caches filled with random values" if args.skip_prefill else "computed",
         "synthetic_acceptance": getattr(args, "synthetic_acceptance", None),
         "decoding": "greedy" if sampling.greedy else f"sampled (temperature {args.temperature}, top_p {args.top_p}, top_k {args.top_k})",
         "prompt_source": args.prompt_source,
@@ -216,6 +262,13 @@ def run(method: str, argv=None) -> dict:
     }
     if args.save_tokens:
         record.update(prompt_ids=prompts.tolist(), generated_ids=out.tolist(), generated_counts=counts.tolist())
+    if world > 1:  # per-rank memory, and one writer
+        peaks = [None] * world
+        torch.distributed.all_gather_object(peaks, metrics["peak_memory_GiB"])
+        record["tensor_parallel"] = {"world": world, "rank_group": args.rank_group, "draft_ranks": draft_ranks,
+                                     "peak_memory_GiB_per_rank": peaks}
+        if rank != 0:
+            return record
     print_summary(method, record, target_cfg, args)
     if args.printoutput and tokenizer is not None:
         for b in range(args.B):
@@ -240,7 +293,8 @@ def bandwidth_metrics(model, config, args, dtype, seconds, copy_bw) -> dict:
     steps = args.gen_len - 1
     if not steps:
         return {}
-    kv_token = KVCache.nbytes_for(config.n_layers, 1, config.n_kv_heads, 1, config.head_dim, dtype)
+    # Per rank under tensor parallelism: its weight slice and its KV heads, against its own GPU's copy bandwidth.
+    kv_token = KVCache.nbytes_for(config.n_layers, 1, model.n_kv_heads, 1, config.head_dim, dtype)
     kv_read = kv_token * args.B * sum(args.prefix_len + i + 1 for i in range(steps)) / steps
     step_bytes = model.weight_bytes() + kv_read
     achieved = step_bytes / (seconds / steps)
@@ -284,7 +338,7 @@ def print_summary(method, record, config, args) -> None:
     m = record["metrics"]
     rows = [("method", method), ("model", config.name + (" (random weights)" if args.random_weights else "")),
             ("device", record["environment"].get("gpu", str(args.device))), ("decoding", record["decoding"]),
-            ("B x prefix", f"{args.B} x {args.prefix_len}"), ("prefill s", m["prefill_s"]),
+            ("B x prefix", f"{args.B} x {args.prefix_len}"), ("prefill s", m["prefill_s"] or "skipped"),
             ("decode tokens/s", m.get("decode_tokens_per_s") or 0.0), ("ms / token", m.get("ms_per_token") or 0.0)]
     if method == "baseline":
         rows.append(("ms / step", m.get("ms_per_step") or 0.0))

@@ -283,3 +283,15 @@ def test_streaming_window_changes_the_result(model):
     windowed = model(X, WindowedFullCache(a.n_layers, 1, a.n_kv_heads, 150, a.head_dim, torch.float32, "cpu"))
     assert (full[:, BUDGET:] - windowed[:, BUDGET:]).abs().max() > 1e-2
     torch.testing.assert_close(full[:, :BUDGET], windowed[:, :BUDGET], atol=ATOL, rtol=0)
+
+
+def test_fill_random_stands_in_for_a_prefill():
+    """Random-weight speed runs skip the prefill: the full cache holds `length` tokens, the StreamingLLM cache the
+    positions a prefill would have left: the sinks and the last window."""
+    full = KVCache(2, 3, 2, 128, 16, torch.float32, "cpu")
+    full.fill_random(100, seed=0)
+    assert full.lengths.tolist() == [100] * 3 and full.k[0].std() > 0.5
+    ring = StreamingCache(2, 3, 2, 24, 4, 16, 16, torch.float32, "cpu")
+    ring.fill_random(100, seed=0)
+    held = sorted(p for p in ring.key_pos[0].tolist() if p < 2**62)
+    assert held == [0, 1, 2, 3] + list(range(80, 100))

@@ -395,3 +395,13 @@ def test_selfspec_llama2c_tokenizer_bin(jsonl, tmp_path):
     doc = json.loads(jsonl.read_text().splitlines()[0])["text"]
     assert ref.decode(prompts[0][1:]) in doc  # the prompt is the document's text, tokenized by tokenizer.bin
     assert_lossless(record, baseline_benchmark.run(common))
+
+
+def test_skip_prefill_is_for_random_weights_only(tmp_path):
+    record = selfspec_benchmark.run([*LLAMA68M, "--B", "2", "--prefix_len", "300", "--gen_len", "8",
+                                     "--streamingllm_budget", "32", "--sinks", "4", "--skip_prefill",
+                                     "--synthetic_acceptance", "0.8", "--baseline", "--device", "cpu", "--no_progress"])
+    assert record["prefill"].startswith("skipped") and record["metrics"]["prefill_s"] is None
+    assert record["metrics"]["measured_speedup"] > 0
+    one_line_error(cli("baseline", "--B", "1", "--prefix_len", "64", "--skip_prefill"), "--skip_prefill",
+                   "only for --random_weights")

@@ -1,0 +1,109 @@
+"""Tensor parallelism over torch.distributed (NCCL on GPU, gloo on CPU); no communication layer of our own.
+
+Attention is split by KV head (each KV head's query heads follow it; uneven splits when the heads don't divide by
+the group size), the MLP's gate/up by rows and down by columns, the LM head by vocabulary. Two all-reduces per layer
+(after the attention output and after the MLP) restore the full hidden state; the vocabulary shards of the logits
+are gathered, so every rank holds the same logits and takes the same decisions as one unsharded process.
+Each rank keeps only its slice of every weight (sliced from the mmap'd checkpoint before it is copied).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from magicdec.config import ModelArgs
+from magicdec.errors import MagicDecError
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int  # this rank's position in its group
+    size: int
+    group: object  # a torch.distributed process group
+    kv: tuple[int, int]  # [start, end) of the KV heads held here
+    ffn: tuple[int, int]  # [start, end) of the MLP's intermediate units
+    vocab: tuple[int, int]  # [start, end) of the vocabulary rows of the LM head
+    vocab_max: int  # the largest vocabulary slice of the group (all_gather needs equal sizes)
+
+
+def even_split(n: int, parts: int, index: int) -> tuple[int, int]:
+    """Part `index` of n items cut into `parts` as evenly as possible (the first n % parts get one more)."""
+    base, extra = divmod(n, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (index < extra)
+
+
+def make_shard(args: ModelArgs, ranks: list[int], group) -> Shard:
+    size, index = len(ranks), ranks.index(dist.get_rank())
+    if args.n_kv_heads < size:
+        raise MagicDecError(f"{args.name or 'the model'} has {args.n_kv_heads} KV heads, fewer than the {size} ranks "
+                            f"it is split over; use at most {args.n_kv_heads} ranks for it")
+    return Shard(index, size, group, even_split(args.n_kv_heads, size, index),
+                 even_split(args.intermediate_size, size, index), even_split(args.vocab_size, size, index),
+                 -(-args.vocab_size // size))
+
+
+def slice_tensor(name: str, t: torch.Tensor, args: ModelArgs, shard: Shard | None) -> torch.Tensor:
+    """This rank's part of checkpoint tensor `name` (a view: nothing is copied yet)."""
+    if shard is None:
+        return t
+    g, d = args.n_heads // args.n_kv_heads, args.head_dim
+    (k0, k1), (f0, f1), (v0, v1) = shard.kv, shard.ffn, shard.vocab
+    if name.endswith(("attention.wq.weight", "attention.wq.bias")):
+        return t[k0 * g * d:k1 * g * d]
+    if name.endswith(("attention.wk.weight", "attention.wv.weight", "attention.wk.bias", "attention.wv.bias")):
+        return t[k0 * d:k1 * d]
+    if name.endswith("attention.wo.weight"):
+        return t[:, k0 * g * d:k1 * g * d]
+    if name.endswith(("feed_forward.w1.weight", "feed_forward.w3.weight")):
+        return t[f0:f1]
+    if name.endswith("feed_forward.w2.weight"):
+        return t[:, f0:f1]
+    if name == "output.weight":
+        return t[v0:v1]
+    return t  # embeddings and norms are replicated
+
+
+def all_reduce(x: torch.Tensor, shard: Shard | None) -> torch.Tensor:
+    if shard is not None:
+        dist.all_reduce(x, group=shard.group)
+    return x
+
+
+def gather_vocab(logits: torch.Tensor, shard: Shard | None, vocab_size: int) -> torch.Tensor:
+    """Full logits [..., V] on every rank from each rank's [..., V_local] slice."""
+    if shard is None:
+        return logits
+    pad = shard.vocab_max - logits.shape[-1]
+    if pad:
+        logits = torch.nn.functional.pad(logits, (0, pad))
+    parts = [torch.empty_like(logits) for _ in range(shard.size)]
+    dist.all_gather(parts, logits.contiguous(), group=shard.group)
+    pieces = [p[..., :even_split(vocab_size, shard.size, i)[1] - even_split(vocab_size, shard.size, i)[0]]
+              for i, p in enumerate(parts)]
+    return torch.cat(pieces, dim=-1)
+
+
+def init_distributed(device: torch.device) -> tuple[int, int]:
+    """Join the torchrun job (rank, world size); plain `python` stays a single process (0, 1)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    if not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            # NVLink multicast stays off on shared hosts (see the device notes in README.md).
+            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+            os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def group_for(ranks: list[int], world: int):
+    """The process group of `ranks` (every rank must call this, in the same order, for the same lists)."""
+    if sorted(set(ranks)) != sorted(ranks) or min(ranks) < 0 or max(ranks) >= world:
+        raise MagicDecError(f"ranks {ranks} are not distinct ranks of this {world}-process job")
+    return dist.group.WORLD if len(ranks) == world else dist.new_group(ranks)

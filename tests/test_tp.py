@@ -1,0 +1,108 @@
+"""Tensor parallelism (magicdec/tp.py): shards cover every weight exactly once, and `torchrun --nproc_per_node=2`
+on the CPU (gloo) produces the same greedy tokens as one process — baseline, self-speculation on a model whose 3 KV
+heads split 2 + 1, and a standalone draft running on 1 of the 2 ranks."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import DATA, REPO, needs_smollm2
+from magicdec import tp
+from magicdec.checkpoint import expected_shapes
+from magicdec.config import ModelArgs
+
+
+@pytest.mark.parametrize("n,parts", [(8, 2), (3, 2), (7, 3), (4, 4)])
+def test_even_split_covers_everything_once(n, parts):
+    pieces = [tp.even_split(n, parts, i) for i in range(parts)]
+    assert pieces[0][0] == 0 and pieces[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+    assert max(e - s for s, e in pieces) - min(e - s for s, e in pieces) <= 1
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_shards_reassemble_every_tensor(size):
+    """Concatenating the ranks' slices along the split axis gives back each checkpoint tensor; KV heads of 3 split
+    unevenly, and every query head lands with its KV head."""
+    args = ModelArgs(vocab_size=101, dim=48, n_layers=1, n_heads=6, n_kv_heads=3, intermediate_size=50,
+                     attention_bias=True)
+    shards = [tp.Shard(i, size, None, tp.even_split(3, size, i), tp.even_split(50, size, i),
+                       tp.even_split(101, size, i), -(-101 // size)) for i in range(size)]
+    for name, shape in expected_shapes(args).items():
+        full = torch.randn(shape)
+        parts = [tp.slice_tensor(name, full, args, s) for s in shards]
+        axis = 1 if name.endswith(("wo.weight", "w2.weight")) else 0
+        if all(p.shape == full.shape for p in parts):  # replicated
+            assert all(torch.equal(p, full) for p in parts), name
+        else:
+            assert torch.equal(torch.cat(parts, axis), full), name
+    # query rows of KV head h are rows [h*G*D, (h+1)*G*D): the rank holding KV heads kv0..kv1 holds exactly those
+    g, d = 2, 8
+    for s in shards:
+        q = tp.slice_tensor("layers.0.attention.wq.weight", torch.arange(48)[:, None].float(), args, s)
+        assert q[:, 0].tolist() == list(range(s.kv[0] * g * d, s.kv[1] * g * d))
+
+
+def torchrun(script, out: Path, *argv):
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
+                        "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "tests" / script),
+           "--device", "cpu", "--no_progress", "--save_tokens", "--rank_group", "0", "1", "--output", str(out), *argv]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def single(script, out: Path, *argv):
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, str(REPO / "tests" / script), "--device", "cpu", "--no_progress", "--save_tokens",
+                        "--output", str(out), *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def same_tokens(tmp_path, script, *argv):
+    one = single(script, tmp_path / "one.json", *argv)
+    two = torchrun(script, tmp_path / "two.json", *argv)
+    assert two["generated_ids"] == one["generated_ids"]
+    assert two["tensor_parallel"]["world"] == 2
+    assert all(m and m > 0 for m in two["tensor_parallel"]["peak_memory_GiB_per_rank"])
+    return one, two
+
+
+LLAMA68M = ("--random_weights", "--model_name", "JackFram/llama-68m", "--B", "2", "--prefix_len", "160", "--gen_len", "16")
+
+
+def test_baseline_two_ranks(tmp_path):
+    same_tokens(tmp_path, "baseline_benchmark.py", *LLAMA68M)
+
+
+@needs_smollm2
+def test_selfspec_two_ranks_uneven_kv_heads(tmp_path, smol_dir, monkeypatch):
+    """SmolLM2 has 3 KV heads: rank 0 holds 2 of them (6 query heads), rank 1 holds 1 (3 query heads)."""
+    monkeypatch.setenv("MAGICDEC_CACHE", str(smol_dir.parent))
+    one, _ = same_tokens(tmp_path, "selfspec_benchmark.py", "--B", "2", "--prefix_len", "200", "--gen_len", "20",
+                         "--dataset", str(DATA / "gutenberg"), "--streamingllm_budget", "64", "--gamma", "3")
+    assert 0 < one["metrics"]["alpha"] < 1  # real, ragged speculation, not a trivial case
+
+
+@pytest.mark.parametrize("budget", ["0", "64"])
+def test_standalone_draft_on_one_of_two_ranks(tmp_path, budget):
+    """The draft runs on rank 0 alone and broadcasts its tokens; budget 0 gives it the target's weights and a full
+    cache, so everything is accepted."""
+    one, two = same_tokens(tmp_path, "longspec_benchmark.py", *LLAMA68M, "--draft_name", "JackFram/llama-68m",
+                           "--draft_ranks", "0", "--streamingllm_budget", budget, "--gamma", "3")
+    assert two["tensor_parallel"]["draft_ranks"] == [0]
+    if budget == "0":
+        assert one["metrics"]["alpha"] == 1.0 and two["metrics"]["alpha"] == 1.0
+
+
+def test_rank_group_must_match_the_launch(tmp_path):
+    from conftest import one_line_error, run_cli
+
+    one_line_error(run_cli(REPO / "tests" / "baseline_benchmark.py", *LLAMA68M, "--rank_group", "0", "1"),
+                   "needs 2 processes", "torchrun --nproc_per_node=2")
