@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from magicdec import tp
 from magicdec.kv_cache import KVCache
 from magicdec.model import Transformer
 from magicdec.sampling import probabilities, sample_from
@@ -162,17 +163,18 @@ class Decoder:
         self.draft_step = wrap(self._draft_step)
         self.stats = Stats(self.gamma)
 
-    def _distribution(self, logits):
+    def _distribution(self, model, tokens, cache, logits: str):
+        """Greedy: argmax ids (across vocabulary shards without gathering them); sampling: probabilities."""
         s = self.sampling
         if self._greedy:
-            return logits.argmax(-1)
-        return probabilities(logits, s.temperature, s.top_p, s.top_k)
+            return tp.vocab_argmax(model(tokens, cache, logits=logits, gather=False), model.shard)
+        return probabilities(model(tokens, cache, logits=logits), s.temperature, s.top_p, s.top_k)
 
     def _verify_step(self, tokens, cache):
-        return self._distribution(self.model(tokens, cache, logits="all"))
+        return self._distribution(self.model, tokens, cache, "all")
 
     def _draft_step(self, tokens, cache):
-        return self._distribution(self.draft.model(tokens, cache, logits="last")[:, -1])
+        return self._distribution(self.draft.model, tokens, cache, "last")[:, -1]
 
     def _propose(self, hist, m, base, n_new):
         """gamma draft tokens per sequence, and the draft's distributions q [B, gamma, V] when sampling. A draft on

@@ -161,7 +161,7 @@ class Transformer(nn.Module):
         """KV heads held by this rank (all of them without tensor parallelism): what its caches store."""
         return self.layers[0].attention.n_kv_heads
 
-    def forward(self, tokens: torch.Tensor, cache, logits: str = "all") -> torch.Tensor | None:
+    def forward(self, tokens: torch.Tensor, cache, logits: str = "all", gather: bool = True) -> torch.Tensor | None:
         """Run `tokens` [B, T] as the next T tokens of each sequence in `cache`.
 
         Sequence b's tokens take positions cache.lengths[b] + 0..T-1 and attend to that sequence's cache and
@@ -181,7 +181,9 @@ class Transformer(nn.Module):
             return None
         if logits == "last":
             x = x[:, -1:]
-        return tp.gather_vocab(self.output(self.norm(x)), self.shard, self.args.vocab_size)
+        out = self.output(self.norm(x))
+        # Under tensor parallelism each rank has a vocabulary slice; gather=False leaves it so (see tp.vocab_argmax).
+        return tp.gather_vocab(out, self.shard, self.args.vocab_size) if gather else out
 
     def weight_bytes(self) -> int:
         """Bytes read from weights by one decode step (the embedding table is only gathered, unless tied)."""

@@ -87,6 +87,21 @@ def gather_vocab(logits: torch.Tensor, shard: Shard | None, vocab_size: int) -> 
     return torch.cat(pieces, dim=-1)
 
 
+def vocab_argmax(local: torch.Tensor, shard: Shard | None) -> torch.Tensor:
+    """argmax over the whole vocabulary from each rank's slice of the logits, exchanging only (max, index) pairs.
+    Ties go to the lowest global index, as torch.argmax on the full logits does: ranks hold ascending slices, and
+    the first rank with the largest value wins."""
+    value, index = local.float().max(dim=-1)
+    if shard is None:
+        return index
+    index = index + shard.vocab[0]
+    values, indices = [torch.empty_like(value) for _ in range(shard.size)], [torch.empty_like(index) for _ in range(shard.size)]
+    dist.all_gather(values, value, group=shard.group)
+    dist.all_gather(indices, index, group=shard.group)
+    best = torch.stack(values).argmax(dim=0, keepdim=True)
+    return torch.stack(indices).gather(0, best)[0]
+
+
 def init_distributed(device: torch.device) -> tuple[int, int]:
     """Join the torchrun job (rank, world size); plain `python` stays a single process (0, 1)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))

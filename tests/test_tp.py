@@ -106,3 +106,30 @@ def test_rank_group_must_match_the_launch(tmp_path):
 
     one_line_error(run_cli(REPO / "tests" / "baseline_benchmark.py", *LLAMA68M, "--rank_group", "0", "1"),
                    "needs 2 processes", "torchrun --nproc_per_node=2")
+
+
+def _argmax_worker(rank, init_file, logits, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    V = logits.shape[-1]
+    lo, hi = tp.even_split(V, 2, rank)
+    shard = tp.Shard(rank, 2, dist.group.WORLD, (0, 1), (0, 1), (lo, hi), -(-V // 2))
+    out[rank] = tp.vocab_argmax(logits[..., lo:hi], shard)
+    dist.destroy_process_group()
+
+
+def test_vocab_argmax_equals_argmax_on_full_logits(tmp_path):
+    """Two gloo processes each hold half of a 7-token vocabulary (4 + 3); ties inside a shard and across the shard
+    boundary resolve to the lowest index, like torch.argmax on the full logits."""
+    import torch.multiprocessing as mp
+
+    logits = torch.tensor([[[0.0, 5.0, 1.0, 2.0, 5.0, 0.0, 1.0],    # tie across shards -> 1
+                            [0.0, 1.0, 2.0, 3.0, 3.0, 9.0, 9.0],    # tie inside shard 1 -> 5
+                            [7.0, 1.0, 7.0, 0.0, 0.0, 0.0, 0.0]]])  # tie inside shard 0 -> 0
+    logits = torch.cat([logits, torch.randn(1, 5, 7)], dim=1)
+    out = mp.Manager().dict()
+    mp.spawn(_argmax_worker, args=(str(tmp_path / "init"), logits, out), nprocs=2)
+    expected = logits.argmax(-1)
+    assert out[0].tolist() == out[1].tolist() == expected.tolist()
+    assert expected[0, :3].tolist() == [1, 5, 0]
