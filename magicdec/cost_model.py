@@ -1,0 +1,71 @@
+"""MagicDec's analysis as code: bytes and FLOPs of a step, predicted step times from a device's measured memory
+bandwidth and matmul rate, the predicted speedup Omega / (gamma * T_D/T_T + T_V/T_T), and the critical sequence
+length beyond which self-speculation pays.
+
+A step reads every weight once and each sequence's KV once; it is as slow as the larger of its bytes over the
+bandwidth and its FLOPs over the matmul rate, plus a fixed cost per layer (kernel launches and latency, which is
+what dominates small models). Tensor parallelism divides weights and KV by the number of ranks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from magicdec.config import ModelArgs
+
+
+@dataclass(frozen=True)
+class Device:
+    bandwidth: float  # bytes/s, measured (a device-to-device copy: bytes read + written over time)
+    matmul_flops: float  # FLOP/s, measured (a large bf16 matmul)
+    layer_overhead_s: float = 0.0  # fixed seconds per layer per step (launches, small kernels)
+    ranks: int = 1  # tensor-parallel ranks sharing the work
+
+
+def weight_bytes(c: ModelArgs, item: int = 2) -> int:
+    """Bytes of weights a step reads: every matrix once; the embedding table only as the tied LM head."""
+    h, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    per_layer = c.dim * (h + 2 * kv) + h * c.dim + 3 * c.dim * c.intermediate_size
+    return item * (c.n_layers * per_layer + c.vocab_size * c.dim + c.dim * (2 * c.n_layers + 1))  # + RMSNorm weights
+
+
+def kv_bytes_per_token(c: ModelArgs, item: int = 2) -> int:
+    return item * 2 * c.n_layers * c.n_kv_heads * c.head_dim
+
+
+def step_flops(c: ModelArgs, B: int, context: int, T: int) -> float:
+    """Matmul FLOPs of T new tokens for B sequences with `context` cached tokens each (attention's QK and PV)."""
+    return 2 * B * T * (weight_bytes(c, 1) + 2 * c.n_layers * c.n_heads * c.head_dim * context)
+
+
+def step_time(c: ModelArgs, d: Device, B: int, context: int, T: int = 1) -> float:
+    """Seconds for one forward of T tokens per sequence over `context` cached tokens."""
+    bytes_read = weight_bytes(c) + B * context * kv_bytes_per_token(c)
+    return max(bytes_read / d.bandwidth, step_flops(c, B, context, T) / d.matmul_flops) / d.ranks \
+        + c.n_layers * d.layer_overhead_s
+
+
+def omega(alpha: float, gamma: int) -> float:
+    """Expected tokens per verification when each drafted token is accepted with probability alpha."""
+    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha: float, budget: int,
+            draft: ModelArgs | None = None) -> dict:
+    """Predicted T_T, T_D, T_V and speedup; draft None means self-speculation (the target with a `budget` cache)."""
+    t_t = step_time(target, d, B, prefix, 1)
+    t_d = step_time(draft or target, d, B, budget if budget else prefix, 1)
+    t_v = step_time(target, d, B, prefix, gamma + 1)
+    om = omega(alpha, gamma)
+    return {"T_T": t_t, "T_D": t_d, "T_V": t_v, "T_D_over_T_T": t_d / t_t, "T_V_over_T_T": t_v / t_t,
+            "omega": om, "speedup": om / (gamma * t_d / t_t + t_v / t_t)}
+
+
+def critical_length(target: ModelArgs, d: Device, B: int, gamma: int, alpha: float, budget: int,
+                    draft: ModelArgs | None = None, limit: int = 1 << 20) -> int | None:
+    """Shortest prefix (a multiple of 256) at which speculation is predicted to beat the baseline, or None."""
+    prefix = max(budget, 256)
+    while prefix <= limit:
+        if predict(target, d, B, prefix, gamma, alpha, budget, draft)["speedup"] > 1:
+            return prefix
+        prefix += 256
+    return None

@@ -1,0 +1,52 @@
+"""The cost model against hand-computed values and against step times measured on GPUs (committed records)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from magicdec import cost_model as cm
+from magicdec.config import ModelArgs
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+L31 = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
+
+
+def test_bytes_by_hand():
+    # Llama-3.1-8B: 8.03e9 parameters; the LM head (128256 x 4096) counts once, the embedding lookup not at all.
+    assert cm.weight_bytes(L31) == 2 * (8_030_261_248 - 128256 * 4096)
+    assert cm.kv_bytes_per_token(L31) == 2 * 2 * 32 * 8 * 128  # 128 KiB per token
+
+
+def test_omega():
+    assert cm.omega(0.0, 3) == 1.0 and cm.omega(1.0, 3) == 4.0
+    assert cm.omega(0.8, 3) == pytest.approx(1 + 0.8 + 0.64 + 0.512)
+
+
+def test_long_context_makes_speculation_pay():
+    """KV reads grow with the context while the draft's stay at the budget: the speedup rises with prefix and B,
+    and there is a critical length below which self-speculation loses (MagicDec's central claim)."""
+    d = cm.Device(bandwidth=3e12, matmul_flops=7e14)
+    s = [cm.predict(L31, d, 32, p, 3, 0.8, 512)["speedup"] for p in (2048, 8192, 32768, 100_000)]
+    assert s == sorted(s) and s[0] < 1 < s[-1]
+    crit = cm.critical_length(L31, d, 32, 3, 0.8, 512)
+    assert cm.predict(L31, d, 32, crit, 3, 0.8, 512)["speedup"] > 1 > cm.predict(L31, d, 32, crit - 256, 3, 0.8, 512)["speedup"]
+
+
+def measured(path):
+    return json.loads((RESULTS / path).read_text())
+
+
+@pytest.mark.parametrize("path,B,prefix,ranks", [
+    ("issue3/llama31_8b_synthetic/baseline_P32768_B13_greedy.json", 13, 32768, 1),  # H100
+    ("issue2/llama31_8b_B8_32k.json", 8, 32768, 1),  # H100
+    ("issue2/llama31_8b_B7_64k.json", 7, 65536, 1),  # H100
+])
+def test_bandwidth_bound_steps_match_the_gpu(path, B, prefix, ranks):
+    """With the copy bandwidth measured in the same run, the predicted step time of the bandwidth-bound baseline is
+    within 10% of the measured one."""
+    r = measured(path)
+    m = r["metrics"]
+    d = cm.Device(bandwidth=m.get("copy_bandwidth_GBps", r.get("copy_bandwidth_GBps")) * 1e9, matmul_flops=7e14,
+                  ranks=ranks)
+    predicted = cm.step_time(L31, d, B, prefix + 32)  # mid-generation context
+    assert predicted == pytest.approx(m["ms_per_step"] / 1e3, rel=0.10)
