@@ -360,5 +360,12 @@ def print_summary(method, record, config, args) -> None:
 def main(method: str) -> None:
     from magicdec.errors import one_line_errors
 
-    with one_line_errors():
-        run(method)
+    try:
+        with one_line_errors():
+            run(method)
+            if torch.distributed.is_initialized():
+                torch.distributed.barrier()  # every rank done with its collectives
+    finally:
+        # Leaving with the process group alive lets gloo/NCCL threads die at interpreter exit (SIGABRT on some ranks).
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
