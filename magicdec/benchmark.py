@@ -136,10 +136,11 @@ def check_context(config: ModelArgs, prefix_len: int, new_tokens: int, what: str
 
 
 def weight_bytes(config: ModelArgs, dtype) -> int:
+    """Bytes of weights allocated: what a step reads (cost_model) plus the embedding table when it is untied."""
+    from magicdec.cost_model import weight_bytes as read_bytes
+
     item = torch.empty((), dtype=dtype).element_size()
-    d, f, h = config.dim, config.intermediate_size, config.n_heads * config.head_dim
-    return item * (config.vocab_size * d * (1 if config.tie_embeddings else 2)
-                   + config.n_layers * (d * (h + 2 * config.n_kv_heads * config.head_dim) + h * d + 3 * d * f))
+    return read_bytes(config, item) + (0 if config.tie_embeddings else item * config.vocab_size * config.dim)
 
 
 def memory_needed(B: int, chunk: int, dtype, parts) -> dict:

@@ -295,7 +295,8 @@ class Decoder:
         self.stats.verifications = int(verifications)
         self.stats.time = timer.totals()
         if lead:
-            first = int(torch.nonzero(torch.stack(lead) >= n_new)[0, 0]) if bool(torch.stack(lead).max() >= n_new) else len(lead) - 1
+            reached_n = torch.stack(lead) >= n_new  # iterations after which some sequence had all n_new tokens
+            first = int(reached_n.nonzero()[0, 0]) if bool(reached_n.any()) else len(lead) - 1
             self.stats.first_done = {"iterations": first + 1, "tokens": int(produced[first]),
                                      "seconds": sum(timer.totals(3 * (first + 1)).values())}
         return out, count

