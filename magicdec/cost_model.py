@@ -69,3 +69,54 @@ def critical_length(target: ModelArgs, d: Device, B: int, gamma: int, alpha: flo
             return prefix
         prefix += 256
     return None
+
+
+def measure_device(device, dtype=None, kernels_per_layer: float = 0.0) -> Device:
+    """This device's copy bandwidth and matmul rate, timed here (not datasheet numbers), and the fixed cost per layer:
+    `kernels_per_layer` (see count_kernels_per_layer) times the time one tiny kernel takes inside a CUDA graph."""
+    import time
+
+    import torch
+
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
+
+    def seconds(fn, repeats):
+        fn()  # warm-up
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) / repeats
+
+    n = (1 << 30 if cuda else 1 << 26) // 4
+    src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
+    bandwidth = 2 * src.nbytes / seconds(lambda: dst.copy_(src), 20)
+    k = 8192 if cuda else 512
+    a, b = torch.randn(k, k, device=device, dtype=dtype), torch.randn(k, k, device=device, dtype=dtype)
+    flops = 2 * k ** 3 / seconds(lambda: a @ b, 20)
+    overhead = 0.0
+    if cuda and kernels_per_layer:
+        x, graph = torch.zeros(1, device=device), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(200):
+                x.add_(1)
+        overhead = kernels_per_layer * seconds(graph.replay, 20) / 200
+    return Device(bandwidth=bandwidth, matmul_flops=flops, layer_overhead_s=overhead)
+
+
+def count_kernels_per_layer(model, cache, tokens) -> float:
+    """GPU kernels one decode step of `model` launches per layer (its fixed cost scales with them), counted by the
+    profiler on one eager step; the step's KV write is undone by the caller's rollback."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model(tokens, cache, logits="last")
+        torch.cuda.synchronize()
+    kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return kernels / model.args.n_layers

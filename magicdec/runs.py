@@ -16,6 +16,7 @@ from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
 from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
+from magicdec.planner import AutoGamma
 from magicdec.sampling import next_token
 
 
@@ -38,7 +39,11 @@ def parser(method: str) -> argparse.ArgumentParser:
     p = bench.common_parser(DESCRIPTIONS[method])
     if method == "baseline":
         return p
-    p.add_argument("--gamma", type=int, default=3, help="tokens drafted per verification")
+    p.add_argument("--gamma", type=gamma_arg, default=3,
+                   help="tokens drafted per verification, or 'auto': chosen per verification from step times measured "
+                        "on the batch and the acceptance measured so far, 0 (speculation off) included")
+    p.add_argument("--max_gamma", type=int, default=5, help="--gamma auto: candidates 1..max_gamma")
+    p.add_argument("--alpha_prior", type=float, default=0.8, help="--gamma auto: acceptance rate assumed at the start")
     p.add_argument("--streamingllm_budget", type=int, default=256,
                    help="draft KV budget: sinks + recent window" + (" (0 = full cache)" if method == "longspec" else ""))
     p.add_argument("--sinks", type=int, default=16, help="StreamingLLM sink tokens kept at the start")
@@ -52,6 +57,14 @@ def parser(method: str) -> argparse.ArgumentParser:
         p.add_argument("--draft_name", default=None, help="draft repo id, for --random_weights shapes")
         p.add_argument("--draft_ranks", type=int, nargs="+", default=None, help="ranks running the draft (issue #4)")
     return p
+
+
+def gamma_arg(text: str):
+    return text if text == "auto" else int(text)
+
+
+def max_gamma(args) -> int:
+    return args.max_gamma if args.gamma == "auto" else args.gamma
 
 
 def sources(args, method):
@@ -104,8 +117,11 @@ def local_config(config, shard):
 
 
 def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
-    if args.gamma < 1:
-        raise MagicDecError(f"--gamma must be at least 1, got {args.gamma}")
+    if max_gamma(args) < 1:
+        what = "--max_gamma" if args.gamma == "auto" else "--gamma"
+        raise MagicDecError(f"{what} must be at least 1, got {max_gamma(args)}")
+    if args.gamma == "auto" and not 0 < args.alpha_prior < 1:
+        raise MagicDecError(f"--alpha_prior must be in (0, 1), got {args.alpha_prior}")
     budget, sinks = args.streamingllm_budget, args.sinks
     if sinks < 0:
         raise MagicDecError(f"--sinks must be >= 0, got {sinks}")
@@ -132,7 +148,7 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
         # The draft's keys keep their absolute positions (see StreamingCache), so with real weights a draft must
         # have been trained on contexts this long; random-weight speed runs only need the shapes.
         if not args.random_weights:
-            bench.check_context(draft, args.prefix_len, args.gen_len + args.gamma + 1, "gen_len + gamma + 1 (draft)")
+            bench.check_context(draft, args.prefix_len, args.gen_len + max_gamma(args) + 1, "gen_len + gamma + 1 (draft)")
 
 
 DRAFT_PREFILL_CHUNK = 256  # the draft's ring must hold one prefill chunk: small chunks keep the ring (and its reads) small
@@ -142,6 +158,29 @@ def ring_extra_for(gen_len: int, gamma: int) -> int:
     """Ring slots beyond the window: a draft prefill chunk, or what generating gen_len tokens (and a warm-up of
     4*(gamma+1)) writes before rolling back to the prompt — never overwriting a prompt key the window still needs."""
     return max(DRAFT_PREFILL_CHUNK, max(gen_len, 4 * (gamma + 1)) + 2 * gamma + 4)
+
+
+def profile_gammas(decoder, target_cache, first, prev, args, eos) -> float:
+    """--gamma auto: seconds per verification for every candidate gamma and for the plain step (gamma 0), measured
+    on this batch and context before it is timed, as a server profiles each batch shape once. Rank 0's numbers are
+    everyone's, so all ranks choose alike. Returns the seconds profiling took."""
+    import time
+
+    policy, prompt_lengths, start = decoder.policy, target_cache.lengths.clone(), time.perf_counter()
+    for g in [0] + policy.gammas:
+        policy.forced = g
+        n = min(args.gen_len, 8 * (g + 1))  # about 8 verifications whatever the acceptance
+        decode(decoder, target_cache, first, n, eos, prev=prev)  # warm-up (graph capture)
+        target_cache.rollback(prompt_lengths)
+        _, seconds = bench.timed(lambda: decode(decoder, target_cache, first, n, eos, prev=prev), args.device)
+        target_cache.rollback(prompt_lengths)
+        policy.costs[g] = seconds / decoder.stats.iterations
+    policy.forced = None
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        costs = [policy.costs]
+        torch.distributed.broadcast_object_list(costs, src=0)
+        policy.costs = costs[0]
+    return time.perf_counter() - start
 
 
 def timed_generation(decoder, target_cache, first, prev, args, eos, progress):
@@ -164,7 +203,7 @@ def run(method: str, argv=None) -> dict:
     rank, world = tp.init_distributed(args.device)
     target_cfg, target_ckpt, draft_cfg, draft_ckpt = sources(args, method)
     target_shard, draft_shard, draft_ranks = shards(args, method, rank, world, target_cfg, draft_cfg)
-    gamma = args.gamma if spec else 0
+    gamma = max_gamma(args) if spec else 0
     bench.check_context(target_cfg, args.prefix_len, args.gen_len + gamma + 1 if spec else args.gen_len,
                         "gen_len + gamma + 1" if spec else "gen_len")
     if spec:
@@ -233,8 +272,11 @@ def run(method: str, argv=None) -> dict:
             out, counts = b_out, b_counts
         if spec:
             cache.rollback(torch.full_like(cache.lengths, args.prefix_len))
+            policy = AutoGamma(range(1, gamma + 1), args.alpha_prior) if args.gamma == "auto" else None
             decoder = Decoder(target, sampling, compile=args.compile, draft=draft, gamma=gamma,
-                              synthetic_acceptance=args.synthetic_acceptance, cuda_graphs=args.cuda_graphs)
+                              synthetic_acceptance=args.synthetic_acceptance, cuda_graphs=args.cuda_graphs,
+                              policy=policy)
+            profile_s = profile_gammas(decoder, cache, first, prev, args, eos) if policy else None
             out, counts, s = timed_generation(decoder, cache, first, prev, args, eos, progress)
             metrics = generation_metrics(counts, s, args, decoder.stats)
     if not spec:
@@ -243,6 +285,7 @@ def run(method: str, argv=None) -> dict:
         baseline = baseline_given
     if spec:
         metrics.update(speculation_metrics(metrics, decoder.stats, baseline, gamma))
+        metrics["auto_gamma_profile_s"] = profile_s
     metrics.update(prefill_s=prefill_s, draft_prefill_s=draft_prefill_s,
                    copy_bandwidth_GBps=copy_bw / 1e9 if copy_bw else None,
                    peak_memory_GiB=(bench.peak_memory(args.device) or 0) / 2**30 or None)
@@ -311,10 +354,10 @@ def speculation_metrics(metrics, stats, baseline, gamma) -> dict:
     alpha, omega = stats.alpha, stats.omega
     if baseline and baseline.get("ms_per_step") and stats.iterations:
         t_t = baseline["ms_per_step"] / 1e3
-        t_d = stats.time.get("draft", 0.0) / (stats.iterations * gamma) / t_t
+        t_d = stats.time.get("draft", 0.0) / stats.drafted / t_t if stats.drafted else 0.0
         t_v = stats.time.get("verify", 0.0) / stats.iterations / t_t
         out.update(T_D_over_T_T=t_d, T_V_over_T_T=t_v)
-        if alpha is not None:
+        if alpha is not None and stats.policy is None:  # with --gamma auto gamma varies: no single-gamma formula
             out["predicted_speedup"] = cost_model.omega(alpha, gamma) / (gamma * t_d + t_v)
         if metrics.get("decode_tokens_per_s") and baseline.get("decode_tokens_per_s"):
             out["measured_speedup"] = metrics["decode_tokens_per_s"] / baseline["decode_tokens_per_s"]
@@ -329,7 +372,7 @@ def speculation_metrics(metrics, stats, baseline, gamma) -> dict:
         # so stragglers make this lower than omega, and the speedup follows this one.
         b = metrics["generated_tokens"] / metrics["batch_size"]
         out["omega_effective"] = (b - 1) / metrics["iterations"]
-        if "T_D_over_T_T" in out:
+        if "T_D_over_T_T" in out and stats.policy is None:
             out["predicted_speedup_effective"] = out["omega_effective"] / (gamma * out["T_D_over_T_T"] + out["T_V_over_T_T"])
     return out
 

