@@ -226,6 +226,7 @@ def run(method: str, argv=None) -> dict:
     if args.device.type == "cuda" and not args.compile and not args.no_fuse:
         fuse_kernels()
     backend = resolve_backend(args.attn_backend, args.device)
+    all_reduce = tp.enable_fast_all_reduce(target_shard, args.device, dtype)
     cache = KVCache(target_cfg.n_layers, args.B, target.n_kv_heads, cache_len, target_cfg.head_dim, dtype,
                     args.device, backend)
     draft = None
@@ -309,7 +310,7 @@ def run(method: str, argv=None) -> dict:
     if world > 1:  # per-rank memory, and one writer
         peaks = [None] * world
         torch.distributed.all_gather_object(peaks, metrics["peak_memory_GiB"])
-        record["tensor_parallel"] = {"world": world, "rank_group": args.rank_group, "draft_ranks": draft_ranks,
+        record["tensor_parallel"] = {"world": world, "rank_group": args.rank_group, "draft_ranks": draft_ranks, "all_reduce": all_reduce,
                                      "peak_memory_GiB_per_rank": peaks}
         if rank != 0:
             return record

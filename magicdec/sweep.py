@@ -102,7 +102,7 @@ def points_of(cfg: dict, P: int, B: int) -> list[tuple]:
 class Sweep:
     def __init__(self, cfg: dict, out_dir: Path, device: torch.device, progress: bool = True):
         self.cfg, self.out, self.device, self.progress = cfg, out_dir, device, progress
-        self.cuda, self.command = device.type == "cuda", "python -m magicdec.sweep"
+        self.cuda, self.command, self.config_text = device.type == "cuda", "python -m magicdec.sweep", ""
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
         self.args = SimpleNamespace(
             model=cfg["model"] and Path(cfg["model"]), model_name=cfg["model_name"], random_weights=cfg["random_weights"],
@@ -165,6 +165,7 @@ class Sweep:
         if not total:
             return 0
         self.load()
+        (self.out / "sweep.toml").write_text(self.config_text)  # the grid itself, beside its records
         with open(self.out / "commands.txt", "a") as f:  # what made these records, for the report
             f.write(f"{self.command}  # {self.env.get('gpu', self.env['device'])}, {time.strftime('%Y-%m-%d %H:%M')}\n")
         bar = tqdm(total=total, desc="sweep", disable=not self.progress)
@@ -175,7 +176,8 @@ class Sweep:
                 break
             if not self.fits(B, P):
                 for p in pts:
-                    self.write(point_name(p[0], P, B, *p[1:]), {"point": point_name(p[0], P, B, *p[1:]),
+                    self.write(point_name(p[0], P, B, *p[1:]), {"point": point_name(p[0], P, B, *p[1:]), "method": p[0],
+                               "decoding": p[1], "budget": p[2], "gamma": p[3],
                                "skipped": f"B={B} x prefix {P} does not fit in memory", **self.meta(P, B)})
                 bar.update(len(pts))
                 continue
@@ -203,7 +205,7 @@ class Sweep:
         self.env = bench.environment(self.device)
 
     def meta(self, P, B) -> dict:
-        return {"prefix_len": P, "B": B, "model": self.config.name, "draft_model": self.draft_config and self.draft_config.name,
+        return {"prefix_len": P, "B": B, "sampling": {m: vars(s) for m, s in MODES.items() if m in self.cfg["modes"]}, "model": self.config.name, "draft_model": self.draft_config and self.draft_config.name,
                 "random_weights": self.cfg["random_weights"], "synthetic_acceptance": synthetic_alpha(self.cfg, P),
                 "gen_len": self.cfg["gen_len"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],
                 "cuda_graphs": self.cuda, "prompt_source": getattr(self, "prompt_source", None),
@@ -349,6 +351,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     with one_line_errors():
         sweep = Sweep(load_config(a.config), a.output_dir, torch.device(a.device), not a.no_progress)
+        sweep.config_text = a.config.read_text()
         sweep.command = " ".join(["python -m magicdec.sweep"] + (argv if argv is not None else sys.argv[1:]))
         return 1 if sweep.run(a.max_minutes) and a.max_minutes is None else 0
 

@@ -121,6 +121,7 @@ def run_cli(script: Path, *argv: str, launcher: tuple[str, ...] = (), timeout: i
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     if launcher:
         env["OMP_NUM_THREADS"] = "1"  # several ranks share two cores
+        env["ENABLE_INTRA_NODE_COMM"] = "1"  # as the seed's launches set it
     return subprocess.run([sys.executable, *launcher, str(script), "--device", "cpu", "--no_progress", *argv], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=timeout)
 

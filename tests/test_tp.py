@@ -58,6 +58,8 @@ def same_tokens(tmp_path, script, *argv):
     two = run_json(tmp_path / "two.json", script, "--rank_group", "0", "1", *argv, launcher=TORCHRUN)
     assert two["generated_ids"] == one["generated_ids"]
     assert two["tensor_parallel"]["world"] == 2
+    # the seed's ENABLE_INTRA_NODE_COMM=1 (set in run_cli's env below) falls back to gloo on the CPU, and says so
+    assert two["tensor_parallel"]["all_reduce"] == "gloo (symmetric memory needs CUDA)"
     assert all(m and m > 0 for m in two["tensor_parallel"]["peak_memory_GiB_per_rank"])
     return one, two
 
