@@ -2,6 +2,7 @@
 keep a per-sequence number of them. The baseline is this loop with no draft (gamma = 0: a plain decode step)."""
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -136,8 +137,15 @@ class GraphedStep:
             torch.cuda.current_stream().wait_stream(side)
             self.pool = self.pool or torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                static_out = self.fn(static_in, cache)
+            # Python's garbage collector must not run inside a capture: collecting an old Decoder (a reference cycle)
+            # destroys its graphs, which CUDA forbids while a stream captures, and the capture is invalidated.
+            gc.collect()
+            gc.disable()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool):
+                    static_out = self.fn(static_in, cache)
+            finally:
+                gc.enable()
             self.graphs[key] = (graph, static_in, static_out, cache)  # holding the cache keeps its id unique
         graph, static_in, static_out, _ = self.graphs[key]
         static_in.copy_(tokens)

@@ -41,6 +41,7 @@ DEFAULTS = dict(
     draft=None, draft_name=None,  # longspec: a draft model.pth, or its repo id for random weights
     prefix_lens=[4096], batch_sizes=[1], budgets=[256, 512], gammas=[1, 2, 3, 4], methods=["baseline", "selfspec"],
     modes=["greedy", "sampled"], gen_len=64, sinks=16, seed=0,
+    repeats=1,  # timed runs per point, the median kept (small models' runs are short and noisy)
     synthetic_acceptance=None,  # a number, or {prefix: alpha}: interpolated in log(prefix) between given points
     alpha_prior=0.8,  # auto: acceptance assumed for a budget before any point of it was measured
     skip_prefill=False,  # random weights only: caches filled with random KV
@@ -107,7 +108,7 @@ class Sweep:
         self.args = SimpleNamespace(
             model=cfg["model"] and Path(cfg["model"]), model_name=cfg["model_name"], random_weights=cfg["random_weights"],
             tokenizer=cfg["tokenizer"] and Path(cfg["tokenizer"]), dataset=cfg["dataset"], skip_tokens=cfg["skip_tokens"],
-            seed=cfg["seed"], gen_len=cfg["gen_len"], compile=False, cuda_graphs=self.cuda, device=device,
+            seed=cfg["seed"], gen_len=cfg["gen_len"], repeats=cfg["repeats"], compile=False, cuda_graphs=self.cuda, device=device,
             dtype="bfloat16" if self.cuda else "float32")
         self.config, self.checkpoint = bench.model_source(self.args)
         self.draft_config = self.draft_checkpoint = None
@@ -207,7 +208,7 @@ class Sweep:
     def meta(self, P, B) -> dict:
         return {"prefix_len": P, "B": B, "sampling": {m: vars(s) for m, s in MODES.items() if m in self.cfg["modes"]}, "model": self.config.name, "draft_model": self.draft_config and self.draft_config.name,
                 "random_weights": self.cfg["random_weights"], "synthetic_acceptance": synthetic_alpha(self.cfg, P),
-                "gen_len": self.cfg["gen_len"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],
+                "gen_len": self.cfg["gen_len"], "repeats": self.cfg["repeats"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],
                 "cuda_graphs": self.cuda, "prompt_source": getattr(self, "prompt_source", None),
                 "environment": getattr(self, "env", None)}
 
@@ -282,6 +283,7 @@ class Sweep:
                 self.log(rec)
                 bar.update(1)
                 del dec
+                gc.collect()  # its CUDA graphs and their memory go now, not at some later capture
             drafts.clear()  # free the draft caches before the next group allocates its own
 
     def baseline(self, args, cache, first, prompts, mode, synthetic):
