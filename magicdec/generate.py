@@ -260,8 +260,9 @@ class Decoder:
         produced, lead = [], []  # per iteration, kept on the device (no sync): tokens so far, longest sequence
         bar = tqdm(total=n_new, desc="decode", disable=not progress, leave=False)
         progress_at = 1
+        left = [n_new - 1, B]  # tokens the slowest active sequence still needs, active sequences (for the policy)
         while not bool(done.all()):  # the one host sync per iteration
-            g = self.policy.choose() if self.policy else G
+            g = self.policy.choose(*left) if self.policy else G
             cols = all_cols[:g + 1]
             t0 = timer.stamp()
             drafted, q = self._propose(hist, m, base, n_new, g) if g else (hist[:, :0], None)
@@ -295,7 +296,10 @@ class Decoder:
                 reached[:g] += reached_now
                 kept[:g] += kept_now
                 if self.policy:  # the loop syncs once per iteration anyway; this moves the wait, adds none
-                    self.policy.observe(*torch.stack([kept_now.sum(), reached_now.sum()]).tolist())
+                    still = n_new + 1 - torch.where(done, n_new + 1, m)
+                    kept_n, reached_n, *left = torch.stack([kept_now.sum(), reached_now.sum(), still.max(),
+                                                            (~done).sum()]).tolist()
+                    self.policy.observe(kept_n, reached_n)
             verifications += active.sum()
             produced.append(torch.clamp(m - 1, max=n_new).sum())
             lead.append((m - 1).max())

@@ -3,9 +3,13 @@
 on this very batch and the acceptance measured so far, switching speculation off when it stops paying.
 
 Throughput of one choice is tokens per verification over seconds per verification: Omega(alpha, gamma) / c(gamma),
-where c(0) is a plain decode step (Omega = 1) and c(gamma) = gamma*T_D + T_V(gamma) + bookkeeping.
+where c(0) is a plain decode step (Omega = 1) and c(gamma) = gamma*T_D + T_V(gamma) + bookkeeping. A batch, though,
+runs until its slowest sequence is done: at run time the policy minimizes the expected time until the last of the
+active sequences has its remaining tokens, which at large B favours a smaller gamma than Omega alone.
 """
 from __future__ import annotations
+
+import math
 
 from dataclasses import dataclass
 
@@ -66,17 +70,29 @@ class AutoGamma:
     def alpha(self) -> float:
         return (self.kept + self.prior_weight * self.alpha_prior) / (self.reached + self.prior_weight)
 
-    def rate(self, gamma: int) -> float:
-        """Predicted tokens per second per sequence with this gamma (0: the baseline)."""
-        return cm.omega(self.alpha, gamma) / self.costs[gamma] if gamma else 1.0 / self.costs[0]
+    def finish_time(self, gamma: int, remaining: int, active: int) -> float:
+        """Expected seconds until every one of `active` sequences has `remaining` more tokens with this gamma.
 
-    def choose(self) -> int:
+        Tokens per verification X: k with probability alpha^(k-1) (1 - alpha) for k <= gamma, gamma + 1 with
+        probability alpha^gamma. The verifications a sequence needs for r tokens are about normal (renewal theory:
+        mean r / E[X], variance r Var[X] / E[X]^3), and the largest of n such is about mean + sd * sqrt(2 ln n)."""
+        if gamma == 0:
+            return remaining * self.costs[0]
+        a = self.alpha
+        probs = [a ** (k - 1) * (1 - a) for k in range(1, gamma + 1)] + [a ** gamma]
+        mean = sum(p * k for k, p in enumerate(probs, 1))
+        var = sum(p * k * k for k, p in enumerate(probs, 1)) - mean ** 2
+        iterations = remaining / mean + math.sqrt(remaining * var / mean ** 3) * math.sqrt(2 * math.log(max(active, 1)))
+        return iterations * self.costs[gamma]
+
+    def choose(self, remaining: int = 64, active: int = 1) -> int:
         if self.forced is not None:
             g = self.forced
         elif self.off or not self.costs:
             g = 0 if self.off else self.max_gamma
         else:
-            g = max([0] + [g for g in self.gammas if g in self.costs], key=self.rate)
+            g = min([0] + [g for g in self.gammas if g in self.costs],
+                    key=lambda g: self.finish_time(g, remaining, active))
             self.off = g == 0
         self.history.append(g)
         return g

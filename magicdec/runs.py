@@ -169,12 +169,16 @@ def profile_gammas(decoder, target_cache, first, prev, args, eos) -> float:
     policy, prompt_lengths, start = decoder.policy, target_cache.lengths.clone(), time.perf_counter()
     for g in [0] + policy.gammas:
         policy.forced = g
-        n = min(args.gen_len, 8 * (g + 1))  # about 8 verifications whatever the acceptance
-        decode(decoder, target_cache, first, n, eos, prev=prev)  # warm-up (graph capture)
+        decode(decoder, target_cache, first, min(args.gen_len, 4 * (g + 1)), eos, prev=prev)  # warm-up, graph capture
         target_cache.rollback(prompt_lengths)
-        _, seconds = bench.timed(lambda: decode(decoder, target_cache, first, n, eos, prev=prev), args.device)
-        target_cache.rollback(prompt_lengths)
-        policy.costs[g] = seconds / decoder.stats.iterations
+        timings = []
+        for n in (min(args.gen_len, 4 * (g + 1)), min(args.gen_len, 12 * (g + 1))):
+            _, seconds = bench.timed(lambda: decode(decoder, target_cache, first, n, eos, prev=prev), args.device)
+            target_cache.rollback(prompt_lengths)
+            timings.append((seconds, decoder.stats.iterations))
+        # the difference of a short and a longer run: a generation's fixed costs (setup, final sync) cancel out
+        (s0, i0), (s1, i1) = timings
+        policy.costs[g] = (s1 - s0) / (i1 - i0) if i1 > i0 else s1 / i1
     policy.forced = None
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         costs = [policy.costs]

@@ -100,6 +100,11 @@ def points_of(cfg: dict, P: int, B: int) -> list[tuple]:
     return out
 
 
+def same_device(a: dict | None, b: dict) -> bool:
+    """Records from another call on the same kind of GPU and software compare (the host name may differ)."""
+    return a is not None and {k: v for k, v in a.items() if k != "host"} == {k: v for k, v in b.items() if k != "host"}
+
+
 class Sweep:
     def __init__(self, cfg: dict, out_dir: Path, device: torch.device, progress: bool = True):
         self.cfg, self.out, self.device, self.progress = cfg, out_dir, device, progress
@@ -259,7 +264,7 @@ class Sweep:
                 cache.rollback(torch.full_like(cache.lengths, P))
                 if mode not in base:  # this mode's baseline: recorded by an earlier slice, or run now
                     rec = self.done(point_name("baseline", P, B, mode))
-                    if rec is None or rec.get("environment") != self.env or "metrics" not in rec:
+                    if rec is None or "metrics" not in rec or not same_device(rec.get("environment"), self.env):
                         rec = self.baseline(args, cache, first, prompts, mode, synthetic)
                     base[mode] = rec["metrics"]
                 if method == "baseline":

@@ -50,6 +50,26 @@ def test_auto_gamma_maximizes_omega_over_cost():
     assert p.choose() == 1  # Omega(0.5, 1) / 1.3 = 1.15 beats 1.0 and the longer drafts
 
 
+def test_finish_time_matches_simulation_and_large_batches_wait_for_stragglers():
+    """The expected time until the slowest of B sequences is done, against a Monte-Carlo simulation of the loop;
+    at B = 256 it favours a shorter draft than at B = 1."""
+    costs = {0: 1.0, 1: 1.25, 2: 1.5, 3: 1.75, 4: 2.0, 5: 2.25, 6: 2.5}
+    p = policy_with(costs, 0.8, weight=1e9)  # alpha held at 0.8
+    gen = torch.Generator().manual_seed(0)
+    for B in (1, 16, 256):
+        for g in (2, 5):
+            sims = []
+            for _ in range(200):
+                left, its = torch.full((B,), 64), 0
+                while (left > 0).any():
+                    keep = (torch.rand(B, g, generator=gen) < 0.8).long().cumprod(1).sum(1)
+                    left = left - (keep + 1)
+                    its += 1
+                sims.append(its)
+            assert p.finish_time(g, 64, B) == pytest.approx(sum(sims) / len(sims) * costs[g], rel=0.12), (B, g)
+    assert policy_with(costs, 0.8, 1e9).choose(64, 1) > policy_with(costs, 0.8, 1e9).choose(64, 256)
+
+
 def test_auto_gamma_switches_off_when_acceptance_drops_and_stays_off():
     p = policy_with({0: 1.0, 1: 1.3, 2: 1.6, 3: 1.9}, 0.8, weight=8)
     assert p.choose() == 3
@@ -99,7 +119,7 @@ def test_auto_gamma_generation_equals_plain_greedy(tiny, costs):
         if costs[1] > 2:
             assert set(used) == {0} and decoder.stats.drafted == 0
         else:
-            assert 0 not in used and 4 not in used or costs[4] < 2
+            assert 4 not in used or costs[4] < 2  # (near the end, off may win: a few tokens left)
             assert decoder.stats.drafted == sum(g * n for g, n in used.items())
         if costs[4] < 2:
             assert len(used) > 1, used  # the tiny model's acceptance is middling: the choice moved

@@ -1,0 +1,423 @@
+"""magicdec beside transformers in one run: the same weights, prompts and device through both libraries, greedy.
+
+Batch 1 (for each prefix): our baseline, self-speculation (StreamingLLM draft cache) and a standalone draft (the
+target's first --draft_layers layers + final norm + head, full KV cache) against transformers' greedy `generate`
+with a dynamic cache, a static cache, a static cache + torch.compile (where it works), assisted generation with the
+same truncated draft, and prompt-lookup decoding. Batch B > 1: our baseline against transformers' batched greedy
+`generate` (static cache, compiled where it works; equal-length prompts, no padding). Decode tokens/s only (prefill
+excluded on both sides) and each method's token agreement with our baseline. Both libraries run the very same
+tensors: transformers' state dict, renamed by checkpoint._hf_name, is our model's. Writes summary.json under
+--output_dir (rewritten after every measurement) and prints a markdown table.
+
+    python benchmarks/transformers_side_by_side.py --prefix_lens 1024 4096 8000 --batch_sizes 1 8 16 32 64 \
+        --output_dir results/side_by_side/smollm2
+    python benchmarks/transformers_side_by_side.py --random_weights --model_name meta-llama/Meta-Llama-3.1-8B \
+        --prefix_lens 8192 16384 --batch_sizes 8 16 --hf_prefill_chunk 2048 --output_dir results/side_by_side/llama8b
+"""
+import argparse
+import copy
+import gc
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from magicdec import benchmark as bench  # noqa: E402
+from magicdec import data, runs  # noqa: E402
+from magicdec.attention import resolve_backend  # noqa: E402
+from magicdec.checkpoint import _hf_name, load_state_dict, smollm2_checkpoint  # noqa: E402
+from magicdec.config import ModelArgs  # noqa: E402
+from magicdec.generate import Decoder, Draft, Sampling, prefill  # noqa: E402
+from magicdec.kv_cache import KVCache, StreamingCache  # noqa: E402
+from magicdec.model import from_state_dict  # noqa: E402
+
+GREEDY = Sampling()
+TIMING = {"magicdec": "decode only: runs.timed_generation after a warm-up run, prefill done before and not timed",
+          "transformers": "decode only: t(generate max_new_tokens=n) - t(generate max_new_tokens=1), both timed after "
+                          "one warm-up generate(n); tokens/s = B*(n-1) / difference; static caches: one "
+                          "StaticCache(prefix + n) passed to every call and reset before it"}
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, help="model.pth with its config.json (default: SmolLM2-135M, real weights)")
+    p.add_argument("--model_name", help="with --random_weights: the shapes (magicdec/config.py KNOWN_MODELS)")
+    p.add_argument("--random_weights", action="store_true")
+    p.add_argument("--random_prompts", action="store_true", help="random prompt ids even with a tokenizer")
+    p.add_argument("--tokenizer", type=Path)
+    p.add_argument("--dataset", default="auto")
+    p.add_argument("--skip_tokens", type=int, default=8000)
+    p.add_argument("--prefix_lens", type=int, nargs="+", default=[1024])
+    p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8], help="1: every method; >1: baselines")
+    p.add_argument("--gen_len", type=int, default=64)
+    p.add_argument("--draft_layers", type=int, default=None, help="standalone draft: the first K layers (n_layers/4)")
+    p.add_argument("--budgets", type=int, nargs="+", default=[256, 512])
+    p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4])
+    p.add_argument("--sinks", type=int, default=16)
+    p.add_argument("--prompt_lookup", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    p.add_argument("--hf_attn", default="sdpa", help="transformers' attn_implementation (sdpa or eager)")
+    p.add_argument("--hf_compile", choices=["auto", "dynamic", "off"], default="auto",
+                   help="static caches on GPU: auto = transformers' default CompileConfig (dynamic=None: static first, "
+                        "dynamic after a change of shape); dynamic = CompileConfig(dynamic=True)")
+    p.add_argument("--hf_prefill_chunk", type=int, default=None,
+                   help="transformers' prefill_chunk_size for the uncompiled static cache, e.g. when the compiled run "
+                        "is out of memory at large B x prefix (prefill is not timed)")
+    p.add_argument("--no_fuse", action="store_true", help="plain PyTorch elementwise ops on our side")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save_tokens", action="store_true", help="prompt and generated ids in the records")
+    p.add_argument("--no_progress", action="store_true")
+    p.add_argument("--output_dir", type=Path, required=True)
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------- one set of tensors, two libraries
+
+def hf_config_for(a: ModelArgs, attn: str):
+    """transformers' config for a known model's shapes (random weights: there is no config.json to read)."""
+    return transformers.LlamaConfig(
+        vocab_size=a.vocab_size, hidden_size=a.dim, num_hidden_layers=a.n_layers, num_attention_heads=a.n_heads,
+        num_key_value_heads=a.n_kv_heads, head_dim=a.head_dim, intermediate_size=a.intermediate_size,
+        rms_norm_eps=a.norm_eps, rope_theta=a.rope_base, rope_scaling=copy.deepcopy(a.rope_scaling),
+        max_position_embeddings=a.max_seq_len, tie_word_embeddings=a.tie_embeddings, attention_bias=a.attention_bias,
+        bos_token_id=a.bos_id, eos_token_id=a.eos_id, attn_implementation=attn)
+
+
+def build_hf(config, device, dtype, state=None):
+    """transformers' model made directly on the device (random init: normal(0, initializer_range), norms 1), or
+    with `state` (HF names) assigned in place of its weights: the tensors are shared, not copied."""
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if state is not None:
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        if unexpected or set(missing) - ({"lm_head.weight"} if config.tie_word_embeddings else set()):
+            raise SystemExit(f"weights do not fit transformers' model: missing {missing}, unexpected {unexpected}")
+        if config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+    # Every method makes exactly n tokens: ours ignores EOS, so transformers must not stop (or bias) at one.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+    return model.eval().requires_grad_(False)
+
+
+def ours_from_hf(hf, args: ModelArgs, device, dtype):
+    """Our Transformer on transformers' own tensors, renamed by checkpoint._hf_name (only the fused wqkv is new)."""
+    state = {ours: t for name, t in hf.state_dict().items() if (ours := _hf_name(name)) is not None}
+    return from_state_dict(args, state, device, dtype, None, "transformers' model")
+
+
+def load_models(cli, device, dtype):
+    """(our config, checkpoint or None, transformers' target, ours) holding identical weights."""
+    if cli.random_weights:
+        if not cli.model_name:
+            raise SystemExit("--random_weights needs --model_name (shapes)")
+        args = ModelArgs.from_name(cli.model_name)
+        torch.manual_seed(cli.seed)
+        hf = build_hf(hf_config_for(args, cli.hf_attn), device, dtype)
+        return args, None, hf, ours_from_hf(hf, args, device, dtype)
+    ckpt = cli.model or smollm2_checkpoint()
+    args = ModelArgs.from_checkpoint_dir(ckpt.parent)
+    config = transformers.AutoConfig.from_pretrained(ckpt.parent, attn_implementation=cli.hf_attn)
+    with torch.device("meta"):  # only to learn transformers' names: their inverse is _hf_name
+        names = transformers.AutoModelForCausalLM.from_config(config).state_dict()
+    to_hf = {_hf_name(k): k for k in names}
+    # Cast by the target dtype once, here; ours then takes these very tensors.
+    state = {to_hf[k]: v.to(device=device, dtype=dtype) for k, v in load_state_dict(ckpt).items()}
+    hf = build_hf(config, device, dtype, state)
+    return args, ckpt, hf, ours_from_hf(hf, args, device, dtype)
+
+
+def first_layers(hf, args: ModelArgs, k: int, device, dtype):
+    """The standalone draft for both libraries: the target's first k layers, final norm and LM head (same tensors)."""
+    config = copy.deepcopy(hf.config)
+    config.num_hidden_layers = k
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:k]
+    keep = {n: t for n, t in hf.state_dict().items() if not n.startswith("model.layers.") or int(n.split(".")[2]) < k}
+    draft = build_hf(config, device, dtype, keep)
+    return draft, ours_from_hf(draft, replace(args, n_layers=k), device, dtype)
+
+
+# ---------------------------------------------------------------- what is timed
+
+def release(device):
+    gc.collect()  # Decoders and their CUDA graphs form reference cycles
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+class Ours:
+    """Our side at one (B, prefix): the target's cache prefilled once; every method rolls it back to the prompt."""
+
+    def __init__(self, target, prompts, cli, device, dtype):
+        self.target, self.prompts, self.cli, self.device, self.dtype = target, prompts, cli, device, dtype
+        self.graphs = device.type == "cuda"
+        self.decode_backend = resolve_backend("auto", device)
+        self.B, self.P = prompts.shape
+        self.chunk = max(16, 16384 // self.B)
+        self.slots = self.P + cli.gen_len + max(cli.gammas) + 2
+        self.cache = self.new_cache(target.args, self.slots)
+        self.first = prefill(target, self.cache, prompts, self.chunk).argmax(-1)
+        self.cache.backend = self.decode_backend
+        self.run_args = SimpleNamespace(seed=cli.seed, compile=False, cuda_graphs=self.graphs, gen_len=cli.gen_len,
+                                        B=self.B, device=device)
+
+    def new_cache(self, a, slots, budget=None):
+        # Prefill with sdpa (no compile per shape), decode with the GPU kernel: as benchmarks/selfspec_sweep.py does.
+        if budget is None:
+            return KVCache(a.n_layers, self.B, a.n_kv_heads, slots, a.head_dim, self.dtype, self.device, "sdpa")
+        return StreamingCache(a.n_layers, self.B, a.n_kv_heads, budget, self.cli.sinks,
+                              runs.ring_extra_for(self.cli.gen_len, max(self.cli.gammas)), a.head_dim, self.dtype,
+                              self.device, "sdpa")
+
+    def draft_cache(self, model, budget=None):
+        cache = self.new_cache(model.args, self.slots, budget)
+        prefill(model, cache, self.prompts, self.chunk if budget is None else min(self.chunk, runs.DRAFT_PREFILL_CHUNK))
+        cache.backend = self.decode_backend
+        return cache
+
+    def decode_rate(self, draft=None, gamma=0, baseline=None):
+        """Tokens and metrics of one timed greedy generation (runs.timed_generation: warm-up, roll back, time)."""
+        self.cache.rollback(torch.full_like(self.cache.lengths, self.P))
+        dec = Decoder(self.target, GREEDY, draft=draft, gamma=gamma, cuda_graphs=self.graphs)
+        out, counts, secs = runs.timed_generation(dec, self.cache, self.first, self.prompts[:, -1], self.run_args, [],
+                                                  False)
+        m = runs.generation_metrics(counts, secs, self.run_args, dec.stats)
+        if draft is not None:
+            m.update(runs.speculation_metrics(m, dec.stats, baseline, gamma))
+        return out, m
+
+
+def hf_decode_rate(model, ids, n, device, static=False, compiled=None, prefill_chunk_size=None, **kw):
+    """transformers' greedy generate, decode only: t(n new tokens) - t(1 new token), after one warm-up of n. A static
+    cache is made once for prefix + n and reset before each call, as its docs do for repeated calls: fixed shapes and
+    addresses, so no recompilation or CUDA-graph re-capture inside the timed calls."""
+    cache = transformers.StaticCache(config=model.config, max_cache_len=ids.shape[1] + n) if static else None
+
+    def generate(k):
+        if cache is not None:
+            cache.reset()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=k, do_sample=False,
+                             past_key_values=cache, disable_compile=compiled is None,
+                             compile_config=compiled,
+                             prefill_chunk_size=prefill_chunk_size, **kw)
+        return out[:, ids.shape[1]:]
+
+    generate(n)
+    tokens, t_n = bench.timed(lambda: generate(n), device)
+    _, t_1 = bench.timed(lambda: generate(1), device)
+    decoded = ids.shape[0] * (n - 1)
+    return tokens, {"decode_s": t_n - t_1, "decode_tokens_per_s": decoded / (t_n - t_1), "generate_n_s": t_n,
+                    "generate_1_s": t_1, "generated_tokens": tokens.numel(), "batch_size": ids.shape[0]}
+
+
+# ---------------------------------------------------------------- the run
+
+def main(argv=None):
+    start = time.perf_counter()
+    cli = parse(argv)
+    transformers.logging.set_verbosity_error()  # its per-call advice would bury the progress and the table
+    device = torch.device(cli.device)
+    gpu = device.type == "cuda"
+    dtype = torch.bfloat16 if gpu else torch.float32
+    if hasattr(torch._dynamo.config, "recompile_limit"):  # transformers' compiled forward recompiles as shapes change
+        torch._dynamo.config.recompile_limit = 64
+    cli.output_dir.mkdir(parents=True, exist_ok=True)
+    args, ckpt, hf, target = load_models(cli, device, dtype)
+    if gpu and not cli.no_fuse:
+        runs.fuse_kernels()
+    k = cli.draft_layers or max(1, args.n_layers // 4)
+    want_b1 = 1 in cli.batch_sizes
+    hf_draft, draft = first_layers(hf, args, k, device, dtype) if want_b1 else (None, None)
+    summary = {"model": args.name, "model_config": args.to_dict(), "random_weights": cli.random_weights,
+               "checkpoint": str(ckpt) if ckpt else None, "draft_layers": k, "dtype": str(dtype),
+               "hf_attn_implementation": cli.hf_attn, "environment": bench.environment(device), "timing": TIMING,
+               "args": {key: str(v) if isinstance(v, Path) else v for key, v in vars(cli).items()}, "records": []}
+    records = summary["records"]
+
+    def emit(B, P, library, method, tokens, metrics, reference, **extra):
+        rec = {"B": B, "prefix_len": P, "gen_len": cli.gen_len, "library": library, "method": method, **extra,
+               "run_elapsed_s": time.perf_counter() - start}  # compile and prefill included: for planning runs
+        if tokens is not None:
+            t = min(tokens.shape[1], reference.shape[1])  # a method that stopped early agrees on fewer tokens
+            same = (tokens[:, :t].cpu() == reference[:, :t].cpu()).long().cumprod(1).sum(1)  # common prefix per row
+            rec["agreement_with_our_baseline"] = float(same.float().mean()) / cli.gen_len
+            if cli.save_tokens:
+                rec["tokens"] = tokens.tolist()
+        rec["metrics"] = metrics
+        records.append(rec)
+        (cli.output_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        return rec
+
+    def attempt(B, P, library, method, reference, fn, **extra):
+        """Run fn() -> (tokens, metrics); a failure (compile error, out of memory) is one line, not fatal."""
+        try:
+            tokens, metrics = fn()
+        except Exception as e:  # noqa: BLE001 - "where it works": say why not and go on
+            if gpu:
+                torch._dynamo.reset()
+            release(device)
+            return emit(B, P, library, method, None, None, reference, error=one_line(e), **extra)
+        return emit(B, P, library, method, tokens, metrics, reference, **extra)
+
+    # transformers compiles generate on CUDA only; its default CompileConfig (dynamic=None) lets torch recompile with
+    # dynamic shapes after the first change of shape; dynamic=True compiles for every shape at once.
+    compiled = {"auto": transformers.CompileConfig(), "dynamic": transformers.CompileConfig(dynamic=True)}.get(
+        cli.hf_compile) if gpu else None
+    summary["hf_compile_config"] = repr(compiled)
+    # No prefill chunking when compiled: transformers then runs the chunks through the compiled forward, and with
+    # transformers 5.17 / torch 2.11 that crashed (segfault in cudagraph_trees), which no except clause can catch.
+    hf_static = {"static": True, "compiled": compiled}
+    hf_eager = {"static": True, "compiled": None, "prefill_chunk_size": cli.hf_prefill_chunk}
+    plan = [(P, B) for P in sorted(cli.prefix_lens) for B in sorted(cli.batch_sizes)]
+    # Every prefix's prompts first (too little text fails now, not after minutes); each B takes the first B rows.
+    all_prompts = {P: prompts_for(cli, args, ckpt, P, max(cli.batch_sizes)) for P in cli.prefix_lens}
+    summary["prompt_source"] = all_prompts[plan[0][0]][1]
+    with torch.inference_mode():
+        for P, B in tqdm(plan, desc="side by side", disable=cli.no_progress):
+            prompts = all_prompts[P][0][:B].to(device)
+            if cli.save_tokens:
+                summary.setdefault("prompts", {})[f"P{P}_B{B}"] = prompts.tolist()
+            ours = Ours(target, prompts, cli, device, dtype)
+            ref, base = ours.decode_rate()
+            emit(B, P, "magicdec", "baseline", ref, base, ref, cuda_graphs=gpu)
+            if B == 1:
+                batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, device, gpu, hf_static,
+                       hf_eager)
+            del ours
+            release(device)  # free our caches before transformers allocates its own
+            if B > 1:
+                rec = None
+                if compiled is not None:
+                    rec = attempt(B, P, "transformers", "static+compiled", ref,
+                                  lambda: hf_decode_rate(hf, prompts, cli.gen_len, device, **hf_static))
+                if rec is None or "error" in rec:  # uncompiled (CPU, --hf_compile off, or the compiled run failed)
+                    attempt(B, P, "transformers", "static", ref,
+                            lambda: hf_decode_rate(hf, prompts, cli.gen_len, device, **hf_eager),
+                            prefill_chunk_size=cli.hf_prefill_chunk)
+            release(device)
+    print_table(records, summary)
+    print(f"wrote {cli.output_dir / 'summary.json'}")
+    return summary
+
+
+def prompts_for(cli, args, ckpt, P, B):
+    """The same prompt ids for both libraries: text through the checkpoint's tokenizer, or seeded random ids."""
+    if cli.random_prompts or (ckpt is None and cli.tokenizer is None):
+        return (data.random_prompts(args.vocab_size, B, P, cli.seed, args.bos_id or 0),
+                "random token ids" + (" (random weights)" if cli.random_weights else ""))
+    ns = SimpleNamespace(tokenizer=cli.tokenizer, dataset=cli.dataset, skip_tokens=cli.skip_tokens, B=B, prefix_len=P,
+                         seed=cli.seed)
+    prompts, _ = bench.load_prompts_for(ns, args, ckpt)
+    return prompts, ns.prompt_source
+
+
+def batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, device, gpu, hf_static, hf_eager):
+    """Every method at batch 1: our speculation beside transformers' generate, assisted and prompt-lookup decoding."""
+    P, n = prompts.shape[1], cli.gen_len
+    best = {}  # our method -> (tokens/s, gamma)
+    for budget in cli.budgets:
+        if not cli.sinks < budget < P:
+            emit(1, P, "magicdec", "selfspec", None, None, ref, budget=budget,
+                 error=f"budget must be in ({cli.sinks}, {P})")
+            continue
+        dc = ours.draft_cache(ours.target, budget)
+        for gamma in cli.gammas:
+            out, m = ours.decode_rate(Draft(ours.target, dc), gamma, base)
+            emit(1, P, "magicdec", "selfspec", out, m, ref, budget=budget, gamma=gamma)
+            best["selfspec"] = max(best.get("selfspec", (0, None, None)), (m["decode_tokens_per_s"], gamma, budget))
+        del dc
+    dc = ours.draft_cache(draft)
+    for gamma in cli.gammas:
+        out, m = ours.decode_rate(Draft(draft, dc), gamma, base)
+        emit(1, P, "magicdec", "standalone_draft", out, m, ref, gamma=gamma, draft_layers=draft.args.n_layers)
+        best["standalone_draft"] = max(best.get("standalone_draft", (0, None, None)),
+                                       (m["decode_tokens_per_s"], gamma, None))
+    del dc
+    for method, (rate, gamma, budget) in best.items():
+        emit(1, P, "magicdec", f"{method} (best)", None, {"decode_tokens_per_s": rate}, ref, gamma=gamma, budget=budget)
+    release(device)
+
+    def hf_rate(model=hf, **kw):
+        return lambda: hf_decode_rate(model, prompts, n, device, **kw)
+
+    attempt(1, P, "transformers", "dynamic", ref, hf_rate())
+    attempt(1, P, "transformers", "static", ref, hf_rate(**hf_eager), prefill_chunk_size=cli.hf_prefill_chunk)
+    if hf_static["compiled"]:
+        attempt(1, P, "transformers", "static+compiled", ref, hf_rate(**hf_static))
+    else:
+        emit(1, P, "transformers", "static+compiled", None, None, ref,
+             error="skipped: transformers compiles generate on CUDA only" if not gpu else "skipped: --hf_compile off")
+    # Assisted generation with the same truncated draft: with transformers' own defaults, then constant at our best
+    # gamma with its confidence-based early stop off, i.e. the schedule our standalone draft runs.
+    defaults = hf_draft.generation_config._get_default_generation_params()
+    own = {key: getattr(hf_draft.generation_config, key, None) or defaults.get(key) for key in
+           ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+    attempt(1, P, "transformers", "assisted (its defaults)", ref, hf_rate(assistant_model=hf_draft),
+            assistant_settings=own, draft_layers=draft.args.n_layers)
+    gamma = best["standalone_draft"][1]
+    mine = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0}
+    saved = {key: getattr(hf_draft.generation_config, key, None) for key in mine}
+    for key, value in mine.items():
+        setattr(hf_draft.generation_config, key, value)
+    attempt(1, P, "transformers", f"assisted (gamma {gamma})", ref, hf_rate(assistant_model=hf_draft),
+            assistant_settings=mine, draft_layers=draft.args.n_layers)
+    for key, value in saved.items():
+        setattr(hf_draft.generation_config, key, value)
+    attempt(1, P, "transformers", "prompt_lookup", ref, hf_rate(prompt_lookup_num_tokens=cli.prompt_lookup),
+            prompt_lookup_num_tokens=cli.prompt_lookup)
+    release(device)
+
+
+def print_table(records, summary):
+    """Every record, with its speed relative to our baseline at the same (B, prefix): above 1 is faster than it."""
+    base = {(r["B"], r["prefix_len"]): r["metrics"]["decode_tokens_per_s"] for r in records
+            if r["library"] == "magicdec" and r["method"] == "baseline"}
+    env = summary["environment"]
+    print(f"\n{summary['model']}{' (random weights)' if summary['random_weights'] else ''}, "
+          f"{env.get('gpu', env['device'])}, {summary['dtype']}, torch {env['torch']}, transformers "
+          f"{env['transformers']}, gen_len {records[0]['gen_len'] if records else '-'}; "
+          "decode tokens/s, prefill excluded\n")
+    print("| B | prefix | library | method | tokens/s | / our baseline | agreement | note |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in records:
+        m, note = r.get("metrics") or {}, r.get("error", "")
+        if m and r.get("prefill_chunk_size"):
+            note = f"transformers prefill_chunk_size {r['prefill_chunk_size']}"
+        if m and r.get("budget") is not None:
+            note = f"budget {r['budget']}, gamma {r['gamma']}"
+        elif m and r.get("gamma") is not None:
+            note = f"gamma {r['gamma']}"
+        if m.get("alpha") is not None:
+            note += f", alpha {m['alpha']:.2f}"
+        rate, agree = m.get("decode_tokens_per_s"), r.get("agreement_with_our_baseline")
+        relative = rate / base[(r["B"], r["prefix_len"])] if rate else None
+        print(f"| {r['B']} | {r['prefix_len']} | {r['library']} | {r['method']} | {f'{rate:.1f}' if rate else '-'} | "
+              f"{f'{relative:.2f}' if relative else '-'} | {f'{agree:.3f}' if agree is not None else '-'} | {note} |")
+    # The issue's goal: our baseline >= 2x transformers' batched generate at B >= 8 and prefix >= 8K.
+    theirs = [r for r in records if r["library"] == "transformers" and r["B"] > 1 and r.get("metrics")]
+    if theirs:
+        print("\n| B | prefix | transformers method | our baseline / transformers |\n|---|---|---|---|")
+        for r in theirs:
+            print(f"| {r['B']} | {r['prefix_len']} | {r['method']} | "
+                  f"{base[(r['B'], r['prefix_len'])] / r['metrics']['decode_tokens_per_s']:.2f} |")
+
+
+if __name__ == "__main__":
+    from magicdec.errors import one_line_errors
+
+    with one_line_errors():  # bad input (too little text, unknown model, ...): one line, exit status 2
+        main()

@@ -1,0 +1,97 @@
+"""benchmarks/transformers_side_by_side.py on CPU (fp32): every greedy method of both libraries — our baseline,
+self-speculation and standalone draft; transformers' dynamic and static cache, assisted generation and prompt lookup;
+both batched baselines — produces exactly the tokens of transformers' plain greedy generate, computed here from the
+same prompts as the independent reference, and every measurement has its tokens/s."""
+from __future__ import annotations
+
+import json
+
+import torch
+import transformers
+
+from conftest import REPO, run_cli
+
+SCRIPT = REPO / "benchmarks" / "transformers_side_by_side.py"
+N = 16
+SMALL = ("--random_prompts", "--prefix_lens", "64", "--batch_sizes", "1", "2", "--gen_len", str(N), "--budgets", "24",
+         "--sinks", "4", "--gammas", "2", "--save_tokens")
+OURS = {"baseline", "selfspec", "standalone_draft"}
+THEIRS_B1 = {"dynamic", "static", "assisted (its defaults)", "prompt_lookup"}
+
+
+def run(tmp_path, *argv) -> dict:
+    p = run_cli(SCRIPT, *SMALL, "--output_dir", str(tmp_path), *argv)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "| B | prefix | library | method |" in p.stdout  # the markdown table
+    return json.loads((tmp_path / "summary.json").read_text())
+
+
+def greedy_reference(hf, prompts: torch.Tensor) -> list:
+    """transformers' own greedy generate, EOS ignored (all methods make N tokens)."""
+    with torch.no_grad():
+        out = hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=N, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)
+    return out[:, prompts.shape[1]:].tolist()
+
+
+def check(summary: dict, hf) -> None:
+    assert summary["environment"]["transformers"] == transformers.__version__
+    records = summary["records"]
+    for B in (1, 2):
+        expected = greedy_reference(hf, torch.tensor(summary["prompts"][f"P64_B{B}"]))
+        assert len(expected[0]) == N
+        timed = [r for r in records if r["B"] == B and "tokens" in r]
+        methods = {(r["library"], r["method"].split(" (gamma")[0]) for r in timed}
+        if B == 1:
+            assert {("magicdec", m) for m in OURS} | {("transformers", m) for m in THEIRS_B1} <= methods, methods
+            assert ("transformers", "assisted") in methods  # at our best gamma
+        else:
+            assert methods == {("magicdec", "baseline"), ("transformers", "static")}, methods
+        for r in timed:
+            assert r["tokens"] == expected, (r["library"], r["method"])
+            assert r["agreement_with_our_baseline"] == 1.0
+            assert r["metrics"]["decode_tokens_per_s"] > 0, r
+    compiled = [r for r in records if r["method"] == "static+compiled"]
+    assert compiled and all("CUDA only" in r["error"] for r in compiled)  # no compile on CPU, and it says why
+    assert all(r.get("error") or r["metrics"]["decode_tokens_per_s"] > 0 for r in records)
+
+
+def test_checkpoint_side_by_side(tiny_hf, tmp_path):
+    """A converted checkpoint: transformers loads our model.pth through the inverse rename, ours shares its tensors."""
+    hf, path = tiny_hf("llama", num_hidden_layers=4)
+    summary = run(tmp_path, "--model", str(path), "--draft_layers", "1")
+    assert summary["random_weights"] is False and summary["draft_layers"] == 1
+    check(summary, hf)
+
+
+def test_random_weights_side_by_side(tmp_path, monkeypatch):
+    """--random_weights: transformers' model is built at a known model's shapes (here a tiny one with Llama-3.1's
+    RoPE scaling and tied embeddings, registered for the test) and ours gets its tensors by the rename. The reference
+    rebuilds transformers' model from the same seed and its own config, independently of the script."""
+    import importlib.util
+
+    from magicdec.config import KNOWN_MODELS, ModelArgs
+
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16}  # head_dim 16: every branch of the scaling is used by 64 tokens
+    tiny = ModelArgs(vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, intermediate_size=96,
+                     rope_base=10000.0, rope_scaling=rope, max_seq_len=512, tie_embeddings=True, bos_id=1, eos_id=2)
+    monkeypatch.setitem(KNOWN_MODELS, "test/tiny-llama3", tiny)
+    spec = importlib.util.spec_from_file_location("side_by_side", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    verbosity = transformers.logging.get_verbosity()
+    try:
+        summary = script.main([*SMALL, "--random_weights", "--model_name", "test/tiny-llama3", "--device", "cpu",
+                               "--no_progress", "--output_dir", str(tmp_path)])
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    assert summary["random_weights"] is True and summary["draft_layers"] == 1
+    assert json.loads((tmp_path / "summary.json").read_text())["records"] == json.loads(json.dumps(summary["records"]))
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=96, rope_theta=10000.0,
+                                      rope_scaling=dict(rope), max_position_embeddings=512, tie_word_embeddings=True,
+                                      attn_implementation="eager")
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    check(summary, hf)
