@@ -14,9 +14,15 @@ case "$1" in
     python3 -m zipfile -e .carry/b/gguf-*.whl /tmp/site
     rm -rf /tmp/books && cp -r .carry/b/books /tmp/books
     python3 convert_hf_checkpoint.py --gguf /tmp/smol.gguf --checkpoint_dir /tmp/smol ;;
+  side_by_side)  # $2: output name, then the script's flags
+    name=$2; shift 2
+    python3 benchmarks/transformers_side_by_side.py --output_dir "results/issue5/side_by_side/$name" --no_progress "$@" \
+      2>&1 | tee "/tmp/$name.sbs.log" | grep -v "^$" | tail -30 || true
+    cp "/tmp/$name.sbs.log" "results/issue5/side_by_side/$name/log.txt"
+    tar czf "$OUT/$name.tgz" -C results/issue5/side_by_side "$name" ;;
   sweep)
     python3 -m magicdec.sweep "benchmarks/sweeps/$2.toml" --output_dir "results/issue5/$2" --max_minutes "$3" \
-      --no_progress 2>&1 | tee -a "/tmp/$2.log" | grep -v "^$" | tail -40 || true
-    cp "/tmp/$2.log" "results/issue5/$2/log.txt"
+      --no_progress 2>&1 | tee "/tmp/$2.call.log" | grep -v "^$" | tail -40 || true
+    mkdir -p "results/issue5/$2" && cat "/tmp/$2.call.log" >> "results/issue5/$2/log.txt"
     tar czf "$OUT/$2.tgz" -C results/issue5 "$2" ;;
 esac
