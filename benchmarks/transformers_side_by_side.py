@@ -175,7 +175,7 @@ class Ours:
                                         B=self.B, device=device)
 
     def new_cache(self, a, slots, budget=None):
-        # Prefill with sdpa (no compile per shape), decode with the GPU kernel: as benchmarks/selfspec_sweep.py does.
+        # Prefill with sdpa (no compile per shape), decode with the GPU kernel: as magicdec/sweep.py does.
         if budget is None:
             return KVCache(a.n_layers, self.B, a.n_kv_heads, slots, a.head_dim, self.dtype, self.device, "sdpa")
         return StreamingCache(a.n_layers, self.B, a.n_kv_heads, budget, self.cli.sinks,
