@@ -35,7 +35,7 @@ from magicdec.attention import resolve_backend  # noqa: E402
 from magicdec.checkpoint import _hf_name, load_state_dict, smollm2_checkpoint  # noqa: E402
 from magicdec.config import ModelArgs  # noqa: E402
 from magicdec.generate import Decoder, Draft, Sampling, prefill  # noqa: E402
-from magicdec.kv_cache import KVCache, StreamingCache  # noqa: E402
+from magicdec.kv_cache import KVCache  # noqa: E402
 from magicdec.model import from_state_dict  # noqa: E402
 
 GREEDY = Sampling()
@@ -168,23 +168,20 @@ class Ours:
         self.B, self.P = prompts.shape
         self.chunk = max(16, 16384 // self.B)
         self.slots = self.P + cli.gen_len + max(cli.gammas) + 2
-        self.cache = self.new_cache(target.args, self.slots)
+        a = target.args  # prefill with sdpa (no compile per shape), decode with the GPU kernel, as magicdec/sweep.py
+        self.cache = KVCache(a.n_layers, self.B, a.n_kv_heads, self.slots, a.head_dim, self.dtype, self.device, "sdpa")
         self.first = prefill(target, self.cache, prompts, self.chunk).argmax(-1)
         self.cache.backend = self.decode_backend
         self.run_args = SimpleNamespace(seed=cli.seed, compile=False, cuda_graphs=self.graphs, gen_len=cli.gen_len,
                                         B=self.B, device=device)
 
-    def new_cache(self, a, slots, budget=None):
-        # Prefill with sdpa (no compile per shape), decode with the GPU kernel: as magicdec/sweep.py does.
-        if budget is None:
-            return KVCache(a.n_layers, self.B, a.n_kv_heads, slots, a.head_dim, self.dtype, self.device, "sdpa")
-        return StreamingCache(a.n_layers, self.B, a.n_kv_heads, budget, self.cli.sinks,
-                              runs.ring_extra_for(self.cli.gen_len, max(self.cli.gammas)), a.head_dim, self.dtype,
-                              self.device, "sdpa")
-
-    def draft_cache(self, model, budget=None):
-        cache = self.new_cache(model.args, self.slots, budget)
-        prefill(model, cache, self.prompts, self.chunk if budget is None else min(self.chunk, runs.DRAFT_PREFILL_CHUNK))
+    def draft_cache(self, model, budget=0):
+        """budget 0: the draft's full cache (as transformers' assisted generation keeps), else a StreamingLLM ring."""
+        a = model.args
+        cache = runs.new_draft_cache(a, self.B, a.n_kv_heads, budget, self.cli.sinks,
+                                     runs.ring_extra_for(self.cli.gen_len, max(self.cli.gammas)), self.slots,
+                                     self.dtype, self.device, "sdpa")
+        prefill(model, cache, self.prompts, runs.draft_prefill_chunk(self.chunk, budget))
         cache.backend = self.decode_backend
         return cache
 

@@ -74,38 +74,33 @@ def critical_length(target: ModelArgs, d: Device, B: int, gamma: int, alpha: flo
 def measure_device(device, dtype=None, kernels_per_layer: float = 0.0) -> Device:
     """This device's copy bandwidth and matmul rate, timed here (not datasheet numbers), and the fixed cost per layer:
     `kernels_per_layer` (see count_kernels_per_layer) times the time one tiny kernel takes inside a CUDA graph."""
-    import time
-
     import torch
+
+    from magicdec.benchmark import copy_bandwidth, timed
 
     device = torch.device(device)
     cuda = device.type == "cuda"
     dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
 
-    def seconds(fn, repeats):
+    def seconds(fn, repeats=20):
         fn()  # warm-up
-        if cuda:
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        if cuda:
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - start) / repeats
+        return timed(lambda: [fn() for _ in range(repeats)], device)[1] / repeats
 
-    n = (1 << 30 if cuda else 1 << 26) // 4
-    src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
-    bandwidth = 2 * src.nbytes / seconds(lambda: dst.copy_(src), 20)
+    bandwidth = copy_bandwidth(device)  # the same measure every run record carries
+    if bandwidth is None:  # not on a GPU: a smaller copy timed on the wall clock
+        src = torch.randn(1 << 24, device=device)
+        dst = torch.empty_like(src)
+        bandwidth = 2 * src.nbytes / seconds(lambda: dst.copy_(src))
     k = 8192 if cuda else 512
     a, b = torch.randn(k, k, device=device, dtype=dtype), torch.randn(k, k, device=device, dtype=dtype)
-    flops = 2 * k ** 3 / seconds(lambda: a @ b, 20)
+    flops = 2 * k ** 3 / seconds(lambda: a @ b)
     overhead = 0.0
     if cuda and kernels_per_layer:
         x, graph = torch.zeros(1, device=device), torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(200):
                 x.add_(1)
-        overhead = kernels_per_layer * seconds(graph.replay, 20) / 200
+        overhead = kernels_per_layer * seconds(graph.replay) / 200
     return Device(bandwidth=bandwidth, matmul_flops=flops, layer_overhead_s=overhead)
 
 

@@ -160,6 +160,20 @@ def ring_extra_for(gen_len: int, gamma: int) -> int:
     return max(DRAFT_PREFILL_CHUNK, max(gen_len, 4 * (gamma + 1)) + 2 * gamma + 4)
 
 
+def new_draft_cache(config, B, n_kv_heads, budget, sinks, ring_extra, full_len, dtype, device, backend):
+    """The draft's cache: a full KVCache of `full_len` slots for budget 0, else a StreamingLLM ring of `budget`
+    (sinks + recent window) with `ring_extra` slots for what a prefill chunk or a generation writes."""
+    if budget == 0:
+        return KVCache(config.n_layers, B, n_kv_heads, full_len, config.head_dim, dtype, device, backend)
+    return StreamingCache(config.n_layers, B, n_kv_heads, budget, sinks, ring_extra, config.head_dim, dtype, device,
+                          backend)
+
+
+def draft_prefill_chunk(chunk: int, budget: int) -> int:
+    """A ring cache must hold a whole prefill chunk, so it is prefilled in small ones; a full cache in `chunk`s."""
+    return chunk if budget == 0 else min(chunk, DRAFT_PREFILL_CHUNK)
+
+
 def profile_gammas(decoder, target_cache, first, prev, args, eos) -> float:
     """--gamma auto: seconds per verification for every candidate gamma and for the plain step (gamma 0), measured
     on this batch and context before it is timed, as a server profiles each batch shape once. Rank 0's numbers are
@@ -193,7 +207,6 @@ def timed_generation(decoder, target_cache, first, prev, args, eos, progress):
     torch.manual_seed(args.seed + 1)
     warm = 4 * (decoder.gamma + 1) if (args.compile or args.cuda_graphs) else 2
     decode(decoder, target_cache, first, min(args.gen_len, warm), eos, prev=prev)
-    target_cache.rollback(prompt_lengths)
     timings = []
     for _ in range(getattr(args, "repeats", 1)):  # the median of several timed runs, each from the prompt
         target_cache.rollback(prompt_lengths)
@@ -243,14 +256,10 @@ def run(method: str, argv=None) -> dict:
         draft_model, draft_cache = None, None
         if rank in draft_ranks:
             draft_model = target if method == "selfspec" else bench.load_weights(args, draft_cfg, draft_ckpt, draft_shard)
-            c, heads = draft_cfg, draft_model.n_kv_heads
-            if args.streamingllm_budget == 0:
-                draft_cache = KVCache(c.n_layers, args.B, heads, cache_len, c.head_dim, dtype, args.device, backend)
-            else:
-                draft_cache = StreamingCache(c.n_layers, args.B, heads, args.streamingllm_budget, args.sinks,
-                                             ring_extra, c.head_dim, dtype, args.device, backend)
+            draft_cache = new_draft_cache(draft_cfg, args.B, draft_model.n_kv_heads, args.streamingllm_budget,
+                                          args.sinks, ring_extra, cache_len, dtype, args.device, backend)
         draft = Draft(draft_model, draft_cache, None if len(draft_ranks) == world else draft_ranks)
-        draft_chunk = args.prefill_chunk if args.streamingllm_budget == 0 else min(args.prefill_chunk, DRAFT_PREFILL_CHUNK)
+        draft_chunk = draft_prefill_chunk(args.prefill_chunk, args.streamingllm_budget)
     sampling = Sampling(args.temperature, args.top_p, args.top_k)
     progress = not args.no_progress
     prompts = prompts.to(args.device)

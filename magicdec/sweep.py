@@ -31,7 +31,7 @@ from magicdec import runs
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError, one_line_errors
 from magicdec.generate import Decoder, Draft, Sampling, prefill
-from magicdec.kv_cache import KVCache, StreamingCache
+from magicdec.kv_cache import KVCache
 from magicdec.planner import AutoGamma, plan
 from magicdec.sampling import next_token
 
@@ -132,6 +132,9 @@ class Sweep:
         self.draft_method = "longspec" if self.draft_config is not None else "selfspec"  # what auto drafts with
         out_dir.mkdir(parents=True, exist_ok=True)
 
+    def recorded(self, P, B, point) -> bool:
+        return (self.out / f"{point_name(point[0], P, B, *point[1:])}.json").exists()
+
     def done(self, name: str) -> dict | None:
         f = self.out / f"{name}.json"
         return json.loads(f.read_text()) if f.exists() else None
@@ -164,8 +167,7 @@ class Sweep:
         """Run every missing point (or until the time limit); returns how many are still missing."""
         cfg, start = self.cfg, time.monotonic()
         groups = [(P, B) for P in cfg["prefix_lens"] for B in cfg["batch_sizes"]]
-        todo = {(P, B): [p for p in points_of(cfg, P, B) if not self.done(point_name(p[0], P, B, *p[1:]))]
-                for P, B in groups}
+        todo = {(P, B): [p for p in points_of(cfg, P, B) if not self.recorded(P, B, p)] for P, B in groups}
         total = sum(map(len, todo.values()))
         print(f"{total} of {sum(len(points_of(cfg, P, B)) for P, B in groups)} points to run", flush=True)
         if not total:
@@ -189,7 +191,7 @@ class Sweep:
                 continue
             self.group(P, B, pts, bar, start, max_minutes)
         bar.close()
-        left = sum(1 for P, B in groups for p in points_of(cfg, P, B) if not self.done(point_name(p[0], P, B, *p[1:])))
+        left = sum(1 for P, B in groups for p in points_of(cfg, P, B) if not self.recorded(P, B, p))
         print(f"{left} points left" + ("; run the same command again to resume" if left else ""), flush=True)
         return left
 
@@ -211,7 +213,8 @@ class Sweep:
         self.env = bench.environment(self.device)
 
     def meta(self, P, B) -> dict:
-        return {"prefix_len": P, "B": B, "sampling": {m: vars(s) for m, s in MODES.items() if m in self.cfg["modes"]}, "model": self.config.name, "draft_model": self.draft_config and self.draft_config.name,
+        return {"prefix_len": P, "B": B, "sampling": {m: vars(s) for m, s in MODES.items() if m in self.cfg["modes"]},
+                "model": self.config.name, "draft_model": self.draft_config and self.draft_config.name,
                 "random_weights": self.cfg["random_weights"], "synthetic_acceptance": synthetic_alpha(self.cfg, P),
                 "gen_len": self.cfg["gen_len"], "repeats": self.cfg["repeats"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],
                 "cuda_graphs": self.cuda, "prompt_source": getattr(self, "prompt_source", None),
@@ -233,16 +236,12 @@ class Sweep:
                 if (method, budget) not in drafts:
                     model = self.target if method == "selfspec" else self.draft_model
                     a = model.args
-                    if budget == 0:
-                        dc = KVCache(a.n_layers, B, a.n_kv_heads, self.slots(P), a.head_dim, self.dtype, dev,
-                                     cfg["prefill_backend"])
-                    else:
-                        dc = StreamingCache(a.n_layers, B, a.n_kv_heads, budget, cfg["sinks"], self.ring_extra(),
-                                            a.head_dim, self.dtype, dev, cfg["prefill_backend"])
+                    dc = runs.new_draft_cache(a, B, a.n_kv_heads, budget, cfg["sinks"], self.ring_extra(),
+                                              self.slots(P), self.dtype, dev, cfg["prefill_backend"])
                     if cfg["skip_prefill"]:
                         dc.fill_random(P, cfg["seed"] + 1)
                     else:
-                        prefill(model, dc, prompts, chunk if budget == 0 else min(chunk, runs.DRAFT_PREFILL_CHUNK))
+                        prefill(model, dc, prompts, runs.draft_prefill_chunk(chunk, budget))
                     dc.backend = backend
                     drafts[method, budget] = Draft(model, dc)
                 return drafts[method, budget]
@@ -253,7 +252,7 @@ class Sweep:
             else:
                 logits = prefill(self.target, cache, prompts, chunk)
             cache.backend = backend
-            base = {}
+            base, base_here = {}, set()  # per mode: baseline metrics, and whether timed in this process
             for method, mode, budget, gamma in pts:
                 if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
                     return
@@ -267,12 +266,14 @@ class Sweep:
                     fresh = rec is None or "metrics" not in rec or not same_device(rec.get("environment"), self.env)
                     if fresh:
                         rec = self.baseline(args, cache, first, prompts, mode, synthetic)
-                    base[mode], base[mode, "here"] = rec["metrics"], fresh
-                if method == "auto" and not base[mode, "here"]:
+                    base[mode] = rec["metrics"]
+                    if fresh:
+                        base_here.add(mode)
+                if method == "auto" and mode not in base_here:
                     # auto must not lose 3% to the baseline: compare it with one timed in this process, on this host
                     # (another machine of the same kind differs by several percent where the host bounds a step)
                     base[mode] = self.baseline(args, cache, first, prompts, mode, synthetic, write=False)["metrics"]
-                    base[mode, "here"] = True
+                    base_here.add(mode)
                     cache.rollback(torch.full_like(cache.lengths, P))
                 if method == "baseline":
                     bar.update(1)
@@ -328,9 +329,9 @@ class Sweep:
     def plan_budget(self, P, B, mode, synthetic) -> tuple[int, dict]:
         """The planner's budget for an auto point: acceptance per budget as measured by earlier points of this sweep
         (any batch size: what a server has seen so far), else the prior; then the cost model's best option."""
-        method, alpha = self.draft_method, {}
+        method, alpha, records = self.draft_method, {}, list(self.records())  # read once, not once per budget
         for b in self.cfg["budgets"]:
-            seen = [r["metrics"]["alpha"] for r in self.records()
+            seen = [r["metrics"]["alpha"] for r in records
                     if r.get("method") == method and r.get("budget") == b and r.get("prefix_len") == P
                     and r.get("decoding") == mode and r.get("metrics", {}).get("alpha") is not None]
             alpha[b] = synthetic if synthetic is not None else (sum(seen) / len(seen) if seen else self.cfg["alpha_prior"])
