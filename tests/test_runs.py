@@ -211,6 +211,11 @@ def test_auto_gamma_needs_a_candidate():
                        "--max_gamma", "0"), "--max_gamma must be at least 1")
 
 
+def test_auto_gamma_prior_must_be_a_rate():
+    one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", "--streamingllm_budget", "32", "--gamma", "auto",
+                       "--alpha_prior", "1.5"), "--alpha_prior must be in (0, 1)", "got 1.5")
+
+
 @needs_smollm2
 def test_selfspec_smollm2_end_to_end(smol_dir, tmp_path, monkeypatch):
     """The default model on real text: self-speculation with a 64-token StreamingLLM budget over 256-token prompts
