@@ -15,7 +15,7 @@ from magicdec.kv_cache import KVCache
 from magicdec.model import Transformer
 from magicdec.planner import AutoGamma
 from magicdec.sampling import probabilities, sample_from
-from magicdec.verify import greedy_verify, speculative_sampling_verify, synthetic_verify
+from magicdec.verify import acceptance_landscape, greedy_verify, speculative_sampling_verify, synthetic_verify
 
 
 @dataclass
@@ -228,9 +228,10 @@ class Decoder:
             inp = tokens[-1][:, None]
         return torch.stack(tokens, 1), (torch.stack(qs, 1) if qs else None)
 
-    def _verify(self, verified, drafted, q):
+    def _verify(self, verified, drafted, q, at):
+        """`at` [B, gamma]: the hist columns of the drafted tokens (where the synthetic landscape is read)."""
         if self.synthetic is not None:
-            return synthetic_verify(verified, drafted, self.synthetic)
+            return synthetic_verify(verified, drafted, self.synthetic, self.landscape.gather(1, at))
         if verified.dim() == 2:
             return greedy_verify(verified, drafted)
         return speculative_sampling_verify(verified, verified[:, :0] if q is None else q, drafted)
@@ -255,6 +256,8 @@ class Decoder:
         kept = torch.zeros(G, dtype=torch.long, device=dev)
         verifications = torch.zeros((), dtype=torch.long, device=dev)
         timer, self.stats = PhaseTimer(dev), Stats(G)
+        if self.synthetic is not None:  # hist column i holds position base + i; stopped rows read inside it
+            self.landscape = acceptance_landscape(B, hist.shape[1], dev)
         if self.policy:
             self.policy.reset()
         produced, lead = [], []  # per iteration, kept on the device (no sync): tokens so far, longest sequence
@@ -268,7 +271,7 @@ class Decoder:
             drafted, q = self._propose(hist, m, base, n_new, g) if g else (hist[:, :0], None)
             t1 = timer.stamp()
             verified = self.verify_step(torch.cat([hist.gather(1, (m - 1)[:, None]), drafted], 1), cache).clone()
-            accepted, nxt = self._verify(verified, drafted, q)
+            accepted, nxt = self._verify(verified, drafted, q, torch.clamp(m, max=n_new)[:, None] + cols[None, :g])
             if dist.is_initialized() and dist.get_world_size() > 1:
                 # Every rank holds the same logits, but random draws may differ (a draft on some ranks uses the RNG
                 # there): rank 0 decides, everyone follows, so no rank can diverge or wait on another.

@@ -18,6 +18,7 @@ from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.planner import AutoGamma
 from magicdec.sampling import next_token
+from magicdec.verify import SYNTHETIC_DRAWS
 
 
 def fuse_kernels() -> None:
@@ -39,8 +40,9 @@ def parser(method: str) -> argparse.ArgumentParser:
     p = bench.common_parser(DESCRIPTIONS[method])
     if method == "baseline":
         return p
-    p.add_argument("--gamma", type=gamma_arg, default=3,
-                   help="tokens drafted per verification, or 'auto': chosen per verification from step times measured "
+    p.add_argument("--gamma", type=gamma_arg, nargs="+", default=[3],
+                   help="tokens drafted per verification; several values time each on the same loaded model, caches "
+                        "and baseline, and report the best; or 'auto': chosen per verification from step times measured "
                         "on the batch and the acceptance measured so far, 0 (speculation off) included")
     p.add_argument("--max_gamma", type=int, default=5, help="--gamma auto: candidates 1..max_gamma")
     p.add_argument("--alpha_prior", type=float, default=0.8, help="--gamma auto: acceptance rate assumed at the start")
@@ -63,8 +65,22 @@ def gamma_arg(text: str):
     return text if text == "auto" else int(text)
 
 
+def resolve_gamma(args) -> None:
+    """--gamma N stays a number, --gamma auto the string, several values a list of numbers."""
+    if "auto" in args.gamma and len(args.gamma) > 1:
+        raise MagicDecError(f"--gamma auto takes no other values, got {' '.join(map(str, args.gamma))}")
+    args.gamma = args.gamma[0] if len(args.gamma) == 1 else sorted(set(args.gamma))
+
+
+def gammas_to_time(args) -> list[int]:
+    """The fixed gammas a run times one after another (--gamma auto: one run, its policy's largest candidate)."""
+    if args.gamma == "auto":
+        return [args.max_gamma]
+    return args.gamma if isinstance(args.gamma, list) else [args.gamma]
+
+
 def max_gamma(args) -> int:
-    return args.max_gamma if args.gamma == "auto" else args.gamma
+    return max(gammas_to_time(args))
 
 
 def sources(args, method):
@@ -117,9 +133,9 @@ def local_config(config, shard):
 
 
 def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
-    if max_gamma(args) < 1:
+    if min(gammas_to_time(args)) < 1:
         what = "--max_gamma" if args.gamma == "auto" else "--gamma"
-        raise MagicDecError(f"{what} must be at least 1, got {max_gamma(args)}")
+        raise MagicDecError(f"{what} must be at least 1, got {min(gammas_to_time(args))}")
     if args.gamma == "auto" and not 0 < args.alpha_prior < 1:
         raise MagicDecError(f"--alpha_prior must be in (0, 1), got {args.alpha_prior}")
     budget, sinks = args.streamingllm_budget, args.sinks
@@ -221,6 +237,8 @@ def timed_generation(decoder, target_cache, first, prev, args, eos, progress):
 def run(method: str, argv=None) -> dict:
     args = parser(method).parse_args(argv)
     bench.resolve_common(args)
+    if method != "baseline":
+        resolve_gamma(args)
     spec = method != "baseline"
     rank, world = tp.init_distributed(args.device)
     target_cfg, target_ckpt, draft_cfg, draft_ckpt = sources(args, method)
@@ -249,6 +267,8 @@ def run(method: str, argv=None) -> dict:
         fuse_kernels()
     backend = resolve_backend(args.attn_backend, args.device)
     all_reduce = tp.enable_fast_all_reduce(target_shard, args.device, dtype)
+    if method == "longspec" and draft_shard is not None and draft_shard.group is not target_shard.group:
+        all_reduce += "; draft group: " + tp.enable_fast_all_reduce(draft_shard, args.device, dtype)
     cache = KVCache(target_cfg.n_layers, args.B, target.n_kv_heads, cache_len, target_cfg.head_dim, dtype,
                     args.device, backend)
     draft = None
@@ -289,22 +309,27 @@ def run(method: str, argv=None) -> dict:
             baseline = generation_metrics(b_counts, b_s, args, base_decoder.stats)
             baseline.update(bandwidth_metrics(target, target_cfg, args, dtype, b_s, copy_bw))
             out, counts = b_out, b_counts
-        if spec:
+        sweep = {}  # gamma -> metrics of its timed run
+        for g in gammas_to_time(args) if spec else []:
             cache.rollback(torch.full_like(cache.lengths, args.prefix_len))
-            policy = AutoGamma(range(1, gamma + 1), args.alpha_prior) if args.gamma == "auto" else None
-            decoder = Decoder(target, sampling, compile=args.compile, draft=draft, gamma=gamma,
+            policy = AutoGamma(range(1, g + 1), args.alpha_prior) if args.gamma == "auto" else None
+            decoder = Decoder(target, sampling, compile=args.compile, draft=draft, gamma=g,
                               synthetic_acceptance=args.synthetic_acceptance, cuda_graphs=args.cuda_graphs,
                               policy=policy)
             profile_s = profile_gammas(decoder, cache, first, prev, args, eos) if policy else None
             out, counts, s = timed_generation(decoder, cache, first, prev, args, eos, progress)
-            metrics = generation_metrics(counts, s, args, decoder.stats)
+            sweep[g] = generation_metrics(counts, s, args, decoder.stats)
+            sweep[g].update(speculation_metrics(sweep[g], decoder.stats, baseline_given or baseline, g))
+            sweep[g]["auto_gamma_profile_s"] = profile_s
+            del decoder  # its CUDA graphs' memory goes back before the next gamma captures its own
+            free_graph_memory(args.device)
     if not spec:
         metrics = baseline
-    elif baseline_given is not None:
-        baseline = baseline_given
-    if spec:
-        metrics.update(speculation_metrics(metrics, decoder.stats, baseline, gamma))
-        metrics["auto_gamma_profile_s"] = profile_s
+    else:
+        if baseline_given is not None:
+            baseline = baseline_given
+        best = max(sweep, key=lambda g: sweep[g].get("measured_speedup") or sweep[g]["decode_tokens_per_s"] or 0)
+        metrics = dict(sweep[best], gamma=best)
     metrics.update(prefill_s=prefill_s, draft_prefill_s=draft_prefill_s,
                    copy_bandwidth_GBps=copy_bw / 1e9 if copy_bw else None,
                    peak_memory_GiB=(bench.peak_memory(args.device) or 0) / 2**30 or None)
@@ -316,6 +341,7 @@ def run(method: str, argv=None) -> dict:
         "random_weights": bool(args.random_weights),
         "prefill": "skipped: KV caches filled with random values" if args.skip_prefill else "computed",
         "synthetic_acceptance": getattr(args, "synthetic_acceptance", None),
+        "synthetic_draws": SYNTHETIC_DRAWS if getattr(args, "synthetic_acceptance", None) is not None else None,
         "decoding": "greedy" if sampling.greedy else f"sampled (temperature {args.temperature}, top_p {args.top_p}, top_k {args.top_k})",
         "prompt_source": args.prompt_source,
         "attn_backend": backend,
@@ -323,6 +349,8 @@ def run(method: str, argv=None) -> dict:
         "metrics": metrics,
         "baseline_metrics": baseline if spec else None,
     }
+    if spec and len(sweep) > 1:
+        record["gamma_sweep"] = {str(g): m for g, m in sweep.items()}
     if args.save_tokens:
         record.update(prompt_ids=prompts.tolist(), generated_ids=out.tolist(), generated_counts=counts.tolist())
     if world > 1:  # per-rank memory, and one writer
@@ -338,6 +366,14 @@ def run(method: str, argv=None) -> dict:
             print(f"--- sequence {b}:", tokenizer.decode(out[b, :counts[b]].tolist()))
     bench.write_record(args.output, record)
     return record
+
+
+def free_graph_memory(device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def generation_metrics(counts, seconds, args, stats) -> dict:
@@ -408,7 +444,8 @@ def print_summary(method, record, config, args) -> None:
             rows += [("achieved GB/s", m.get("achieved_bandwidth_GBps", 0.0)), ("copy GB/s", m["copy_bandwidth_GBps"]),
                      ("fraction of copy", m.get("bandwidth_fraction_of_copy", 0.0))]
     else:
-        rows += [("gamma", args.gamma), ("budget", args.streamingllm_budget),
+        rows += [("gamma", args.gamma if "gamma_sweep" not in record else f"{m['gamma']} (best of {args.gamma})"),
+                 ("budget", args.streamingllm_budget),
                  ("alpha", m["alpha"] if m["alpha"] is not None else "n/a"), ("Omega", m["omega"] or 0.0)]
         for key in ("omega_effective", "T_D_over_T_T", "T_V_over_T_T", "predicted_speedup", "predicted_speedup_effective",
                     "measured_speedup", "measured_speedup_first_done"):
@@ -416,6 +453,9 @@ def print_summary(method, record, config, args) -> None:
                 rows.append((key, m[key]))
         if args.synthetic_acceptance is not None:
             rows.append(("synthetic acceptance", args.synthetic_acceptance))
+        for g, gm in record.get("gamma_sweep", {}).items():
+            rows.append((f"gamma {g}: speedup (first done)", "{:.3f} ({:.3f})".format(
+                gm.get("measured_speedup") or 0.0, gm.get("measured_speedup_first_done") or 0.0)))
     bench.print_table(rows)
 
 

@@ -34,6 +34,7 @@ from magicdec.generate import Decoder, Draft, Sampling, prefill
 from magicdec.kv_cache import KVCache
 from magicdec.planner import AutoGamma, plan
 from magicdec.sampling import next_token
+from magicdec.verify import SYNTHETIC_DRAWS
 
 MODES = {"greedy": Sampling(0.0), "sampled": Sampling(0.6, 0.9)}  # the sampled mode every real-model alpha reports
 DEFAULTS = dict(
@@ -141,7 +142,7 @@ class Sweep:
 
     def write(self, name: str, rec: dict) -> None:
         tmp = self.out / f".{name}.tmp"
-        tmp.write_text(json.dumps(rec, indent=1, default=str))
+        tmp.write_text(json.dumps(rec | {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1, default=str))
         tmp.replace(self.out / f"{name}.json")  # a crash never leaves half a record
 
     def slots(self, P):
@@ -216,6 +217,7 @@ class Sweep:
         return {"prefix_len": P, "B": B, "sampling": {m: vars(s) for m, s in MODES.items() if m in self.cfg["modes"]},
                 "model": self.config.name, "draft_model": self.draft_config and self.draft_config.name,
                 "random_weights": self.cfg["random_weights"], "synthetic_acceptance": synthetic_alpha(self.cfg, P),
+                "synthetic_draws": SYNTHETIC_DRAWS if synthetic_alpha(self.cfg, P) is not None else None,
                 "gen_len": self.cfg["gen_len"], "repeats": self.cfg["repeats"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],
                 "cuda_graphs": self.cuda, "prompt_source": getattr(self, "prompt_source", None),
                 "environment": getattr(self, "env", None)}

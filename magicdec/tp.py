@@ -86,9 +86,12 @@ class SymmetricAllReduce:
         return x.dtype == self.dtype and x.numel() <= self.buf.numel()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.numel()
+        # The kernel has a barrier at both ends: no rank writes its buffer while a peer still reads the last values.
+        n, ops = x.numel(), torch.ops.symm_mem
+        if hasattr(ops, "one_shot_all_reduce_copy"):  # copies x into the buffer inside the kernel: one launch
+            return ops.one_shot_all_reduce_copy(self.buf[:n], x.reshape(-1), "sum", self.name).view_as(x)
         self.buf[:n].copy_(x.reshape(-1))
-        return torch.ops.symm_mem.one_shot_all_reduce(self.buf[:n], "sum", self.name).view_as(x)
+        return ops.one_shot_all_reduce(self.buf[:n], "sum", self.name).view_as(x)
 
 
 def enable_fast_all_reduce(shard: Shard | None, device: torch.device, dtype, capacity_bytes: int = 8 << 20) -> str:
@@ -116,7 +119,22 @@ def enable_fast_all_reduce(shard: Shard | None, device: torch.device, dtype, cap
     except Exception as e:  # an older torch, no P2P between these GPUs, ...: say why, keep NCCL
         return f"{backend} (symmetric-memory all-reduce unavailable: {type(e).__name__}: {str(e).splitlines()[0][:120]})"
     _FAST[id(shard.group)] = fast
-    return f"symmetric-memory one-shot all-reduce up to {capacity_bytes >> 20} MiB, {backend} above"
+    fast_us, nccl_us = (all_reduce_microseconds(f, probe) for f in (fast, lambda x: dist.all_reduce(x, group=shard.group)))
+    return (f"symmetric-memory one-shot all-reduce up to {capacity_bytes >> 20} MiB, {backend} above "
+            f"(a 4 x 4096 {str(dtype).removeprefix('torch.')} all-reduce: {fast_us:.1f} us vs {backend} {nccl_us:.1f} us)")
+
+
+def all_reduce_microseconds(reduce, x: torch.Tensor, iters: int = 200) -> float:
+    """Mean time of one all-reduce of x, back to back on the stream (what a decode step's 2 per layer see)."""
+    for _ in range(10):
+        reduce(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        reduce(x)
+    end.record()
+    end.synchronize()
+    return 1e3 * start.elapsed_time(end) / iters
 
 
 def all_reduce(x: torch.Tensor, shard: Shard | None) -> torch.Tensor:

@@ -46,9 +46,24 @@ def speculative_sampling_verify(p: torch.Tensor, q: torch.Tensor, drafted: torch
     return accepted, sample_from(p_next)
 
 
-def synthetic_verify(best: torch.Tensor, drafted: torch.Tensor, alpha: float):
-    """For random-weight speed runs: keep each drafted token with probability alpha (torch's seeded generator),
-    so the real kernel work happens at a chosen acceptance rate. The next token is the target's argmax."""
-    keep = torch.rand(drafted.shape, device=drafted.device) < alpha
-    accepted = leading_true(keep)
+SYNTHETIC_DRAWS = "one uniform per (sequence, position), the same for every gamma (verify.acceptance_landscape)"
+
+
+def acceptance_landscape(B: int, length: int, device, seed: int = 0) -> torch.Tensor:
+    """For synthetic acceptance: one uniform number per (sequence, position), drawn once per generation from its own
+    seeded generator. A drafted token at position t of sequence b is accepted iff landscape[b, t] < alpha, so every
+    gamma (and the planner's per-verification choices) meets the same easy and hard positions, as it would on real
+    text: comparisons across gamma are then free of the luck of separate draws (common random numbers)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    # drawn position-major, so position t gets the same numbers however long the landscape (gamma sets its length)
+    return torch.rand(length, B, generator=generator, device=device).T.contiguous()
+
+
+def synthetic_verify(best: torch.Tensor, drafted: torch.Tensor, alpha: float, uniforms: torch.Tensor | None = None):
+    """For random-weight speed runs: keep each drafted token with probability alpha, so the real kernel work happens
+    at a chosen acceptance rate. `uniforms` [B, gamma]: the landscape at the drafted positions (fresh draws from
+    torch's seeded generator if None). The next token is the target's argmax."""
+    if uniforms is None:
+        uniforms = torch.rand(drafted.shape, device=drafted.device)
+    accepted = leading_true(uniforms < alpha)
     return accepted, best.gather(1, accepted[:, None])[:, 0]

@@ -45,7 +45,7 @@ def first_layers(model: Transformer, n: int) -> Transformer:
     return draft.eval()
 
 
-def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(), backend="sdpa"):
+def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(), backend="sdpa", synthetic=None):
     """Greedy speculative generation; returns (ids, counts, decoder)."""
     a, d, (B, P) = target.args, draft_model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma + 2, a.head_dim, torch.float32, "cpu", backend)
@@ -57,7 +57,8 @@ def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(
                               backend)
     logits = prefill(target, cache, prompts, 64)
     prefill(draft_model, draft_cache, prompts, 64)
-    decoder = Decoder(target, Sampling(), draft=Draft(draft_model, draft_cache), gamma=gamma, trace=True)
+    decoder = Decoder(target, Sampling(), draft=Draft(draft_model, draft_cache), gamma=gamma, trace=True,
+                      synthetic_acceptance=synthetic)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, eos, prev=prompts[:, -1])
     return out, counts, decoder
 
@@ -117,6 +118,38 @@ def test_eos_stops_each_sequence(tiny):
         assert counts[b] == stop
         assert out[b, :stop].tolist() == row[:stop]
         assert (out[b, stop:] == eos).all()
+
+
+def landscape_walk(uniforms, alpha: float, n_new: int, gamma: int) -> list[list[int]]:
+    """Accepted counts per verification, by hand: a sequence at committed length m drafts positions m..m+gamma-1,
+    keeps the leading ones whose uniform is below alpha, then adds the target's token: m grows by kept + 1."""
+    rows = []
+    for u in uniforms.tolist():
+        m, kept = 2, []
+        while m - 1 < n_new:
+            k = 0
+            while k < gamma and u[m + k] < alpha:
+                k += 1
+            kept.append(k)
+            m += k + 1
+        rows.append(kept)
+    return rows
+
+
+def test_synthetic_acceptance_reads_one_landscape_for_every_gamma(tiny):
+    """Random-weight speed runs accept a drafted token iff the landscape's number at its position is below alpha:
+    every gamma meets the same hard positions (common random numbers), and the loop reads the landscape exactly
+    where its tokens are (checked against a hand-written walk), whatever the target would have said."""
+    alpha, n_new, landscapes = 0.7, 60, []
+    for gamma in (1, 2, 4):
+        _, counts, decoder = speculate(tiny, tiny, tiny_prompts(), n_new, gamma, budget=20, synthetic=alpha)
+        assert counts.tolist() == [n_new] * 3
+        walk = landscape_walk(decoder.landscape, alpha, n_new, gamma)
+        traced = [[row[b] for row in decoder.trace if row[b] >= 0] for b in range(3)]
+        assert traced == walk
+        landscapes.append(decoder.landscape[:, :n_new])
+    assert all(torch.equal(landscapes[0], other) for other in landscapes[1:])
+    assert 0.55 < (landscapes[0] < alpha).double().mean() < 0.85  # ~180 uniform draws
 
 
 def test_flex_backend_speculates_identically(tiny):

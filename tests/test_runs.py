@@ -206,6 +206,27 @@ def test_auto_gamma_end_to_end(tiny, jsonl, tiny_baseline):
     assert_lossless(record, tiny_baseline)
 
 
+def test_several_gammas_in_one_run(tiny, jsonl, tiny_baseline):
+    """--gamma 1 2 4: each gamma is timed on the same loaded model, caches and baseline; the record's metrics are
+    the best measured speedup's, every gamma's are kept, and no gamma loses a token."""
+    record = selfspec_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), "--streamingllm_budget", "24",
+                                              "--sinks", "4", "--gamma", "4", "1", "2", "--baseline"))
+    sweep, m = record["gamma_sweep"], record["metrics"]
+    assert sorted(sweep) == ["1", "2", "4"] and record["args"]["gamma"] == [1, 2, 4]
+    for g, gm in sweep.items():
+        assert 1 <= gm["omega"] <= int(g) + 1 and gm["speculation"]["draft_steps"] == int(g) * gm["iterations"]
+        assert gm["measured_speedup"] == pytest.approx(gm["decode_tokens_per_s"]
+                                                       / record["baseline_metrics"]["decode_tokens_per_s"])
+    assert m["measured_speedup"] == max(gm["measured_speedup"] for gm in sweep.values())
+    assert sweep[str(m["gamma"])]["decode_s"] == m["decode_s"]
+    assert_lossless(record, tiny_baseline)
+
+
+def test_gamma_auto_takes_no_other_values():
+    one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", "--streamingllm_budget", "32", "--gamma", "auto", "3"),
+                   "--gamma auto takes no other values", "auto 3")
+
+
 def test_auto_gamma_needs_a_candidate():
     one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", "--streamingllm_budget", "32", "--gamma", "auto",
                        "--max_gamma", "0"), "--max_gamma must be at least 1")
