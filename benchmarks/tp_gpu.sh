@@ -24,8 +24,13 @@ run() {  # name, ENABLE_INTRA_NODE_COMM (1 = symmetric-memory all-reduce), nproc
   echo "== $name: $cmd" | tee -a "$RES/commands.txt"
   local t0; t0=$(date +%s)
   ENABLE_INTRA_NODE_COMM=$fast timeout 240 torchrun --standalone --nproc_per_node="$n" "tests/$script" \
-    --rank_group $ranks "$@" --output "$RES/$name.json" > "$RES/$name.log" 2>&1 \
-    || { echo "FAILED rc=$?"; grep -E "Error|error" "$RES/$name.log" | grep -v Warning | tail -3; }
+    --rank_group $ranks "$@" --output "$RES/$name.json" > "$RES/$name.log" 2>&1 &
+  local pid=$! waited=0
+  while kill -0 $pid 2>/dev/null; do  # a job that wrote its record but hangs on the way out is stopped after 20 s
+    sleep 1; [ -f "$RES/$name.json" ] && waited=$((waited + 1))
+    [ $waited -gt 20 ] && { echo "   (stopped: record written, exit hung)"; kill $pid; sleep 2; pkill -f "tests/$script"; }
+  done
+  wait $pid || { [ -f "$RES/$name.json" ] || { echo "FAILED"; grep -E "Error|error" "$RES/$name.log" | grep -v Warning | tail -3; }; }
   echo "   $(( $(date +%s) - t0 )) s"
   grep -E "^(ms / step|decode tokens|gamma|measured_speedup|alpha|T_D|T_V)" "$RES/$name.log"
   tar czf "$OUT/tp.tgz" results/tp

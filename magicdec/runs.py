@@ -462,12 +462,16 @@ def print_summary(method, record, config, args) -> None:
 def main(method: str) -> None:
     from magicdec.errors import one_line_errors
 
+    gloo = False
     try:
         with one_line_errors():
             run(method)
-            if torch.distributed.is_initialized():
+            gloo = torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo"
+            if gloo:
                 torch.distributed.barrier()  # every rank done with its collectives
     finally:
-        # Leaving with the process group alive lets gloo/NCCL threads die at interpreter exit (SIGABRT on some ranks).
-        if torch.distributed.is_initialized():
+        # Leaving with a gloo group alive lets its threads die at interpreter exit (SIGABRT on some ranks). An NCCL
+        # group is left to the exit: tearing it down while CUDA graphs that captured its collectives still exist hung
+        # every rank on 4 x H200.
+        if gloo:
             torch.distributed.destroy_process_group()

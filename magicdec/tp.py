@@ -67,6 +67,7 @@ def slice_tensor(name: str, t: torch.Tensor, args: ModelArgs, shard: Shard | Non
     return t  # embeddings and norms are replicated
 
 
+_INTRA_NODE = False  # ENABLE_INTRA_NODE_COMM=1 was set when the job started
 _FAST: dict[int, "SymmetricAllReduce"] = {}  # process group id -> its fast all-reduce, where enabled
 
 
@@ -101,7 +102,7 @@ def enable_fast_all_reduce(shard: Shard | None, device: torch.device, dtype, cap
     if shard is None:
         return "none (one process)"
     backend = dist.get_backend(shard.group)
-    if os.environ.get("ENABLE_INTRA_NODE_COMM") != "1":
+    if not (_INTRA_NODE or os.environ.get("ENABLE_INTRA_NODE_COMM") == "1"):
         return f"{backend} (set ENABLE_INTRA_NODE_COMM=1 for the symmetric-memory all-reduce)"
     if device.type != "cuda":
         return f"{backend} (symmetric memory needs CUDA)"
@@ -182,6 +183,10 @@ def init_distributed(device: torch.device) -> tuple[int, int]:
     if world == 1:
         return 0, 1
     if not dist.is_initialized():
+        global _INTRA_NODE
+        # The seed's ENABLE_INTRA_NODE_COMM=1 asks for the fast all-reduce (enable_fast_all_reduce). Left in the
+        # environment, torch 2.11's NCCL process group also reads it and fails to start its retired IntraNodeComm.
+        _INTRA_NODE = os.environ.pop("ENABLE_INTRA_NODE_COMM", None) == "1" or _INTRA_NODE
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             # NVLink multicast stays off on shared hosts (see the device notes in README.md).
