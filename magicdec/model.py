@@ -71,6 +71,9 @@ def fuse_elementwise(enabled: bool = True) -> None:
     launches, not bytes, set the step time even inside a CUDA graph. Whole-model torch.compile (--compile) fuses
     more but compiles again for every batch size and token count.
     """
+    # dynamic=True still guards on strides (a sliced last position is not contiguous): one process running many
+    # batch sizes and token counts (a sweep) would pass the default limit of 8 graphs and fall back to eager.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for name, fn in ELEMENTWISE.items():
         _ops[name] = torch.compile(fn, dynamic=True) if enabled else fn
 
