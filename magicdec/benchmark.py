@@ -164,14 +164,28 @@ def available_memory(device: torch.device) -> int:
     return int(info["MemAvailable"].split()[0]) * 1024
 
 
+def total_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    with open("/proc/meminfo") as f:
+        return int(dict(line.split(":", 1) for line in f)["MemTotal"].split()[0]) * 1024
+
+
+def headroom(device: torch.device) -> int:
+    """Memory a run uses beyond its weights, caches and activations: CUDA graph pools, NCCL buffers, attention
+    scratch, allocator slack. Peaks on 4 x H200 ran 6-8 GiB over the estimate (results/tp); one run that the
+    estimate alone let through ran out of memory."""
+    return max(2 << 30, int(0.06 * total_memory(device)))
+
+
 def check_fits(need: dict, device: torch.device, B: int, prefix_len: int) -> None:
-    free = available_memory(device)
-    if need["total"] > free:
+    free, spare = available_memory(device), headroom(device)
+    if need["total"] + spare > free:
         gib = 1 << 30
         raise MagicDecError(
             f"B={B} at prefix_len {prefix_len} needs about {need['total'] / gib:.1f} GiB (weights {need['weights'] / gib:.1f}, "
-            f"KV cache {need['kv_cache'] / gib:.1f}, activations {need['activations'] / gib:.1f}) but only {free / gib:.1f} GiB "
-            f"is free on {device}; lower --B or --prefix_len (or --prefill_chunk)")
+            f"KV cache {need['kv_cache'] / gib:.1f}, activations {need['activations'] / gib:.1f}) plus {spare / gib:.1f} GiB "
+            f"headroom but only {free / gib:.1f} GiB is free on {device}; lower --B or --prefix_len (or --prefill_chunk)")
 
 
 def sync(device: torch.device) -> None:

@@ -116,7 +116,9 @@ def enable_fast_all_reduce(shard: Shard | None, device: torch.device, dtype, cap
         ok = torch.tensor(float(torch.allclose(got.float(), expected.float(), rtol=2e-2, atol=2e-2)), device=device)
         dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=shard.group)  # every rank agrees on the outcome
         if not ok.item():
-            return f"{backend} (symmetric-memory all-reduce disagreed with {backend}: not used)"
+            worst = (got.float() - expected.float()).abs().max().item()
+            return (f"{backend} (symmetric-memory all-reduce disagreed with {backend}: max difference {worst:.3g} on "
+                    f"rank {dist.get_rank()} of {dist.get_world_size(shard.group)}; not used)")
     except Exception as e:  # an older torch, no P2P between these GPUs, ...: say why, keep NCCL
         return f"{backend} (symmetric-memory all-reduce unavailable: {type(e).__name__}: {str(e).splitlines()[0][:120]})"
     _FAST[id(shard.group)] = fast

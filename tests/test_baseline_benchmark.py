@@ -205,6 +205,31 @@ def test_beyond_context():
     assert "--prefix_len" in msg or "--gen_len" in msg
 
 
+def test_batch_that_cannot_fit_fails_before_allocating():
+    """Llama-3.1-8B at B=64 x 100K needs ~1.6 TB of fp32 KV on the CPU: refused from the estimate, before any weight or cache."""
+    t0 = time.monotonic()
+    msg = one_line_error(cli("--random_weights", "--model_name", "meta-llama/Meta-Llama-3.1-8B", "--B", "64",
+                             "--prefix_len", "100000", "--gen_len", "8"), "needs about", "headroom", "lower --B")
+    assert "KV cache 1562.7" in msg and time.monotonic() - t0 < 60
+
+
+def test_headroom_is_kept_free(monkeypatch):
+    """An estimate that fits in free memory but not with the headroom (graph pools, NCCL, allocator slack) is
+    refused: a 4 x H200 run that the bare estimate let through ran out of memory."""
+    from magicdec import benchmark as bench
+    from magicdec.errors import MagicDecError
+
+    gib = 1 << 30
+    monkeypatch.setattr(bench, "available_memory", lambda device: 138 * gib)
+    monkeypatch.setattr(bench, "total_memory", lambda device: 140 * gib)
+    need = {"weights": 3.5 * gib, "kv_cache": 128.3 * gib, "activations": 3.4 * gib}
+    need["total"] = sum(need.values())  # 135.2 GiB: under 138 free, over it with 8.4 GiB (6% of 140) kept
+    with pytest.raises(MagicDecError, match="plus 8.4 GiB headroom but only 138.0 GiB is free"):
+        bench.check_fits(need, torch.device("cpu"), 32, 32000)
+    need["total"] = 129 * gib
+    bench.check_fits(need, torch.device("cpu"), 32, 32000)  # fits with its headroom
+
+
 def test_batch_larger_than_dataset(tmp_path):
     data = tmp_path / "tiny.jsonl"
     words = "the quick brown fox jumps over the lazy dog and runs far away "
