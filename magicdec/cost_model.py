@@ -44,6 +44,15 @@ def step_time(c: ModelArgs, d: Device, B: int, context: int, T: int = 1) -> floa
         + c.n_layers * d.layer_overhead_s
 
 
+def rescale_ranks(measured_s: float, c: ModelArgs, d: Device, B: int, context: int, T: int, ranks_from: int,
+                  ranks_to: int) -> float:
+    """A step measured on `ranks_from` tensor-parallel ranks, predicted on `ranks_to`: the bytes/FLOPs part divides
+    by the ranks; the rest of the measured time (launches, all-reduces, everything the model does not count) is
+    kept as it was, which is optimistic where all-reduces grow with the ranks."""
+    work = step_time(c, Device(d.bandwidth, d.matmul_flops), B, context, T)
+    return work / ranks_to + max(measured_s - work / ranks_from, 0.0)
+
+
 def omega(alpha: float, gamma: int) -> float:
     """Expected tokens per verification when each drafted token is accepted with probability alpha."""
     return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)

@@ -50,3 +50,14 @@ def test_bandwidth_bound_steps_match_the_gpu(path, B, prefix, ranks):
                   ranks=ranks)
     predicted = cm.step_time(L31, d, B, prefix + 32)  # mid-generation context
     assert predicted == pytest.approx(m["ms_per_step"] / 1e3, rel=0.10)
+
+
+def test_rescale_ranks_keeps_the_unmodelled_time():
+    """A step measured at TP=4 moved to TP=8: the bytes part halves (by hand: 2 * 8 * 128 KiB * 32 * 32768 of KV
+    plus the weights, over the bandwidth), the time the model does not count stays."""
+    d = cm.Device(bandwidth=4e12, matmul_flops=8e14)
+    work = (cm.weight_bytes(L31) + 32 * 32768 * 131072) / 4e12  # bandwidth-bound at one token per sequence
+    measured = work / 4 + 0.002
+    assert cm.rescale_ranks(measured, L31, d, 32, 32768, 1, 4, 8) == pytest.approx(work / 8 + 0.002)
+    assert cm.rescale_ranks(measured, L31, d, 32, 32768, 1, 4, 4) == pytest.approx(measured)
+    assert cm.rescale_ranks(work / 8, L31, d, 32, 32768, 1, 4, 8) == pytest.approx(work / 8)  # faster than the model: no negative rest
