@@ -120,7 +120,8 @@ def scaling_table(recs: dict) -> list[str]:
               "tp4_baseline_B8_32k_nccl"):
         if n not in recs:
             continue
-        r, world = recs[n], int(n[2])
+        r = recs[n]
+        world = (r.get("tensor_parallel") or {}).get("world", 1)
         m = r["metrics"]
         ar = (r.get("tensor_parallel") or {}).get("all_reduce", "none (one process)")
         peak = (r.get("tensor_parallel") or {}).get("peak_memory_GiB_per_rank", [m["peak_memory_GiB"]])[0]

@@ -16,7 +16,6 @@ tensors: transformers' state dict, renamed by checkpoint._hf_name, is our model'
 """
 import argparse
 import copy
-import gc
 import json
 import sys
 import time
@@ -147,12 +146,6 @@ def first_layers(hf, args: ModelArgs, k: int, device, dtype):
 
 # ---------------------------------------------------------------- what is timed
 
-def release(device):
-    gc.collect()  # Decoders and their CUDA graphs form reference cycles
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
@@ -265,7 +258,7 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001 - "where it works": say why not and go on
             if gpu:
                 torch._dynamo.reset()
-            release(device)
+            bench.release_memory(device)
             return emit(B, P, library, method, None, None, reference, error=one_line(e), **extra)
         return emit(B, P, library, method, tokens, metrics, reference, **extra)
 
@@ -294,7 +287,7 @@ def main(argv=None):
                 batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, device, gpu, hf_static,
                        hf_eager)
             del ours
-            release(device)  # free our caches before transformers allocates its own
+            bench.release_memory(device)  # free our caches before transformers allocates its own
             if B > 1:
                 rec = None
                 if compiled is not None:
@@ -304,7 +297,7 @@ def main(argv=None):
                     attempt(B, P, "transformers", "static", ref,
                             lambda: hf_decode_rate(hf, prompts, cli.gen_len, device, **hf_eager),
                             prefill_chunk_size=cli.hf_prefill_chunk)
-            release(device)
+            bench.release_memory(device)
     print_table(records, summary)
     print(f"wrote {cli.output_dir / 'summary.json'}")
     return summary
@@ -345,7 +338,7 @@ def batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, de
     del dc
     for method, (rate, gamma, budget) in best.items():
         emit(1, P, "magicdec", f"{method} (best)", None, {"decode_tokens_per_s": rate}, ref, gamma=gamma, budget=budget)
-    release(device)
+    bench.release_memory(device)
 
     def hf_rate(model=hf, **kw):
         return lambda: hf_decode_rate(model, prompts, n, device, **kw)
@@ -376,7 +369,7 @@ def batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, de
         setattr(hf_draft.generation_config, key, value)
     attempt(1, P, "transformers", "prompt_lookup", ref, hf_rate(prompt_lookup_num_tokens=cli.prompt_lookup),
             prompt_lookup_num_tokens=cli.prompt_lookup)
-    release(device)
+    bench.release_memory(device)
 
 
 def print_table(records, summary):

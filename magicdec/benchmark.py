@@ -156,19 +156,30 @@ def memory_needed(B: int, chunk: int, dtype, parts) -> dict:
     return {"weights": weights, "kv_cache": kv, "activations": activations, "total": weights + kv + activations}
 
 
-def available_memory(device: torch.device) -> int:
+def _memory(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of the device: the GPU's, or the machine's RAM."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        return torch.cuda.mem_get_info(device)
     with open("/proc/meminfo") as f:
-        info = dict(line.split(":", 1) for line in f)
-    return int(info["MemAvailable"].split()[0]) * 1024
+        info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)}
+    return info["MemAvailable"], info["MemTotal"]
+
+
+def available_memory(device: torch.device) -> int:
+    return _memory(device)[0]
 
 
 def total_memory(device: torch.device) -> int:
+    return _memory(device)[1]
+
+
+def release_memory(device: torch.device) -> None:
+    """Collect now (a Decoder and its CUDA graphs form a reference cycle) and give cached GPU blocks back."""
+    import gc
+
+    gc.collect()
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[1]
-    with open("/proc/meminfo") as f:
-        return int(dict(line.split(":", 1) for line in f)["MemTotal"].split()[0]) * 1024
+        torch.cuda.empty_cache()
 
 
 def headroom(device: torch.device) -> int:

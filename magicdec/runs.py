@@ -322,7 +322,7 @@ def run(method: str, argv=None) -> dict:
             sweep[g].update(speculation_metrics(sweep[g], decoder.stats, baseline_given or baseline, g))
             sweep[g]["auto_gamma_profile_s"] = profile_s
             del decoder  # its CUDA graphs' memory goes back before the next gamma captures its own
-            free_graph_memory(args.device)
+            bench.release_memory(args.device)
     if not spec:
         metrics = baseline
     else:
@@ -366,14 +366,6 @@ def run(method: str, argv=None) -> dict:
             print(f"--- sequence {b}:", tokenizer.decode(out[b, :counts[b]].tolist()))
     bench.write_record(args.output, record)
     return record
-
-
-def free_graph_memory(device) -> None:
-    import gc
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def generation_metrics(counts, seconds, args, stats) -> dict:

@@ -152,9 +152,7 @@ class Sweep:
         return runs.ring_extra_for(self.cfg["gen_len"], max(self.cfg["gammas"]))
 
     def fits(self, B: int, P: int) -> bool:
-        gc.collect()  # a Decoder and its CUDA graphs form a reference cycle: collect before measuring free memory
-        if self.cuda:
-            torch.cuda.empty_cache()
+        bench.release_memory(self.device)  # before measuring free memory
         parts = [(self.config, False, self.slots(P))]
         if "selfspec" in self.cfg["methods"] or ("auto" in self.cfg["methods"] and self.draft_config is None):
             parts += [(self.config, False, b + self.ring_extra()) for b in self.cfg["budgets"] if b < P]
