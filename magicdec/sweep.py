@@ -5,7 +5,8 @@ cleanly between points: a 10-minute device call runs a slice, the next call goes
     python -m magicdec.sweep benchmarks/sweeps/smollm2.toml --output_dir results/issue5/smollm2 --max_minutes 8
 
 Per (prefix, B) the target is loaded once, its cache prefilled once, each draft budget's cache prefilled once; every
-speculative point is timed against the baseline of the same decoding mode. Methods: `baseline`, `selfspec` (the
+speculative point is timed in turns with the baseline of the same decoding mode, and its speedup is against those
+interleaved baseline runs (the group's baseline record is timed alone). Methods: `baseline`, `selfspec` (the
 target drafts with a StreamingLLM cache), `longspec` (the config's `draft` model drafts; budget 0 = its full
 cache) and `auto` (the planner picks the budget from the cost model and acceptance measured so far, then gamma
 per verification, 0 included: see planner.py). Config keys: see DEFAULTS.
@@ -101,11 +102,6 @@ def points_of(cfg: dict, P: int, B: int) -> list[tuple]:
     return out
 
 
-def same_device(a: dict | None, b: dict) -> bool:
-    """Records from another call on the same kind of GPU and software compare (the host name may differ)."""
-    return a is not None and {k: v for k, v in a.items() if k != "host"} == {k: v for k, v in b.items() if k != "host"}
-
-
 class Sweep:
     def __init__(self, cfg: dict, out_dir: Path, device: torch.device, progress: bool = True):
         self.cfg, self.out, self.device, self.progress = cfg, out_dir, device, progress
@@ -159,8 +155,8 @@ class Sweep:
         if self.draft_config is not None:
             parts += [(self.draft_config, False, b + self.ring_extra() if b else self.slots(P))
                       for b in self.cfg["budgets"] if b < P]
-        need = bench.memory_needed(B, max(16, 16384 // B), self.dtype, parts)
-        return need["total"] + (3 << 30 if self.cuda else 0) <= bench.available_memory(self.device) + need["weights"]
+        need = bench.memory_needed(B, max(16, 16384 // B), self.dtype, parts)  # weights: loaded already, so free
+        return need["total"] - need["weights"] + bench.headroom(self.device) <= bench.available_memory(self.device)
 
     def run(self, max_minutes: float | None) -> int:
         """Run every missing point (or until the time limit); returns how many are still missing."""
@@ -252,7 +248,7 @@ class Sweep:
             else:
                 logits = prefill(self.target, cache, prompts, chunk)
             cache.backend = backend
-            base, base_here = {}, set()  # per mode: baseline metrics, and whether timed in this process
+            base, base_dec = {}, {}  # per mode: the group's baseline metrics, and its decoder (kept for pairing)
             for method, mode, budget, gamma in pts:
                 if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
                     return
@@ -261,19 +257,12 @@ class Sweep:
                 torch.manual_seed(cfg["seed"])
                 first = next_token(logits, sampling.temperature, sampling.top_p, sampling.top_k)
                 cache.rollback(torch.full_like(cache.lengths, P))
-                if mode not in base:  # this mode's baseline: recorded by an earlier slice, or run now
+                if mode not in base_dec:  # this mode's baseline: timed and recorded now, or by an earlier slice
+                    base_dec[mode] = Decoder(self.target, sampling, cuda_graphs=self.cuda)
                     rec = self.done(point_name("baseline", P, B, mode))
-                    fresh = rec is None or "metrics" not in rec or not same_device(rec.get("environment"), self.env)
-                    if fresh:
-                        rec = self.baseline(args, cache, first, prompts, mode, synthetic)
+                    if rec is None or "metrics" not in rec:
+                        rec = self.baseline(args, cache, base_dec[mode], first, prompts, mode)
                     base[mode] = rec["metrics"]
-                    if fresh:
-                        base_here.add(mode)
-                if method == "auto" and mode not in base_here:
-                    # auto must not lose 3% to the baseline: compare it with one timed in this process, on this host
-                    # (another machine of the same kind differs by several percent where the host bounds a step)
-                    base[mode] = self.baseline(args, cache, first, prompts, mode, synthetic, write=False)["metrics"]
-                    base_here.add(mode)
                     cache.rollback(torch.full_like(cache.lengths, P))
                 if method == "baseline":
                     bar.update(1)
@@ -286,21 +275,25 @@ class Sweep:
                 dec = Decoder(self.target, sampling, draft=draft_for(self.draft_method if method == "auto" else method, budget),
                               gamma=gamma or 0, cuda_graphs=self.cuda, synthetic_acceptance=synthetic, policy=policy)
                 profile_s = runs.profile_gammas(dec, cache, first, prompts[:, -1], args, []) if policy else None
-                _, counts, secs = runs.timed_generation(dec, cache, first, prompts[:, -1], args, [], False)
+                # Timed in turns with the baseline: the speedup compares runs made under the same conditions.
+                (_, counts, secs), (_, b_counts, b_secs) = runs.timed_generations(
+                    [dec, base_dec[mode]], cache, first, prompts[:, -1], args, [])
+                paired = runs.generation_metrics(b_counts, b_secs, args, base_dec[mode].stats)
                 m = runs.generation_metrics(counts, secs, args, dec.stats)
-                m.update(runs.speculation_metrics(m, dec.stats, base[mode], gamma or 0))
+                m.update(runs.speculation_metrics(m, dec.stats, paired, gamma or 0))
                 m["cost_model"] = self.predicted(P, B, budget, gamma, m, method)
                 rec = {"point": name, "method": method, "decoding": mode, "budget": budget, "gamma": gamma,
-                       **self.meta(P, B), "baseline_metrics": base[mode], "planner": chosen, "auto_gamma_profile_s": profile_s, "metrics": m}
+                       **self.meta(P, B), "baseline_metrics": paired, "group_baseline_metrics": base[mode],
+                       "planner": chosen, "auto_gamma_profile_s": profile_s, "metrics": m}
                 self.write(name, rec)
                 self.log(rec)
                 bar.update(1)
                 del dec
                 gc.collect()  # its CUDA graphs and their memory go now, not at some later capture
+            base_dec.clear()
             drafts.clear()  # free the draft caches before the next group allocates its own
 
-    def baseline(self, args, cache, first, prompts, mode, synthetic, write=True):
-        dec = Decoder(self.target, MODES[mode], cuda_graphs=self.cuda)
+    def baseline(self, args, cache, dec, first, prompts, mode):
         _, counts, secs = runs.timed_generation(dec, cache, first, prompts[:, -1], args, [], False)
         m = runs.generation_metrics(counts, secs, args, dec.stats)
         m.update(runs.bandwidth_metrics(self.target, self.config, args, self.dtype, secs, self.cost_device.bandwidth))
@@ -309,9 +302,8 @@ class Sweep:
         name = point_name("baseline", args.prefix_len, args.B, mode)
         rec = {"point": name, "method": "baseline", "decoding": mode, "budget": None, "gamma": None,
                **self.meta(args.prefix_len, args.B), "device_model": vars(self.cost_device), "metrics": m}
-        if write:
-            self.write(name, rec)
-            self.log(rec)
+        self.write(name, rec)
+        self.log(rec)
         return rec
 
     def predicted(self, P, B, budget, gamma, m, method) -> dict | None:

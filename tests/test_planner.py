@@ -84,6 +84,21 @@ def test_auto_gamma_switches_off_when_acceptance_drops_and_stays_off():
     assert not p.off and p.kept == p.reached == 0
 
 
+def test_auto_gamma_stays_off_near_break_even():
+    """Llama-3.1-8B shape at 100K x 1 on an H100 (seconds per verification as profiled there), alpha 0.8: gamma 3
+    gives 35.7 ms / Omega 2.95 = 12.09 ms per token against 12.28 ms, a 1.5% gain the alpha estimate cannot back.
+    Off with the default 3% margin; with no margin the policy would gamble a verification on it."""
+    costs = {0: 0.01228, 2: 0.03081, 3: 0.03570, 4: 0.04355}
+    per_token = {g: costs[g] / cm.omega(0.8, g) for g in (2, 3, 4)}
+    assert min(per_token.values()) == per_token[3] and costs[0] * 0.97 < per_token[3] < costs[0]
+    assert policy_with(costs, 0.8, weight=1e9).choose() == 0
+    loose = AutoGamma([2, 3, 4], 0.8, 1e9, margin=0.0)
+    loose.costs = costs
+    assert loose.choose() == 3
+    clear = policy_with({0: 1.0, 3: 1.9}, 0.8, weight=1e9)  # 2.95 / 1.9: 36% faster, well past the margin
+    assert clear.choose() == 3
+
+
 def test_auto_gamma_rejects_bad_candidates():
     with pytest.raises(ValueError, match=">= 1"):
         AutoGamma([0, 1])

@@ -207,18 +207,21 @@ def test_auto_gamma_end_to_end(tiny, jsonl, tiny_baseline):
 
 
 def test_several_gammas_in_one_run(tiny, jsonl, tiny_baseline):
-    """--gamma 1 2 4: each gamma is timed on the same loaded model, caches and baseline; the record's metrics are
-    the best measured speedup's, every gamma's are kept, and no gamma loses a token."""
+    """--gamma 1 2 4: each gamma is timed on the same loaded model and caches, in turns with the baseline (its
+    speedup is against those baseline runs); the record's metrics are the best measured speedup's, with the
+    baseline it was measured against; every gamma's are kept, and no gamma loses a token."""
     record = selfspec_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), "--streamingllm_budget", "24",
                                               "--sinks", "4", "--gamma", "4", "1", "2", "--baseline"))
     sweep, m = record["gamma_sweep"], record["metrics"]
     assert sorted(sweep) == ["1", "2", "4"] and record["args"]["gamma"] == [1, 2, 4]
     for g, gm in sweep.items():
         assert 1 <= gm["omega"] <= int(g) + 1 and gm["speculation"]["draft_steps"] == int(g) * gm["iterations"]
-        assert gm["measured_speedup"] == pytest.approx(gm["decode_tokens_per_s"]
-                                                       / record["baseline_metrics"]["decode_tokens_per_s"])
+        paired = gm["paired_baseline"]
+        assert paired["iterations"] == GEN - 1 and paired["generated_tokens"] == gm["generated_tokens"]  # plain, same tokens
+        assert gm["measured_speedup"] == pytest.approx(gm["decode_tokens_per_s"] / paired["decode_tokens_per_s"])
     assert m["measured_speedup"] == max(gm["measured_speedup"] for gm in sweep.values())
     assert sweep[str(m["gamma"])]["decode_s"] == m["decode_s"]
+    assert record["baseline_metrics"] == sweep[str(m["gamma"])]["paired_baseline"] and "paired_baseline" not in m
     assert_lossless(record, tiny_baseline)
 
 

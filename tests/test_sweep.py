@@ -116,3 +116,19 @@ def test_longspec_needs_a_draft_and_context_is_checked(tmp_path):
     too_long = CONFIG.replace("prefix_lens = [48, 96]", "prefix_lens = [48, 4096]")
     one_line_error(run_cli(_write(tmp_path, too_long, "b.toml"), "--output_dir", str(tmp_path / "o"),
                            launcher=("-m", "magicdec.sweep")), "exceeds the model's context")
+
+
+def test_sweep_skips_what_the_scripts_refuse(tmp_path, monkeypatch):
+    """A group runs only if its caches fit beside the weights (loaded once per sweep) with the same headroom that
+    the scripts' check keeps: 6% of the device, at least 2 GiB."""
+    from magicdec import benchmark as bench
+
+    s = sweep.Sweep(sweep.load_config(_write(tmp_path, CONFIG)), tmp_path / "out", torch.device("cpu"), False)
+    c = s.config
+    parts = [(c, False, s.slots(96))] + [(c, False, b + s.ring_extra()) for b in (24, 64)] * 2  # selfspec + longspec
+    need = bench.memory_needed(2, 8192, torch.float32, parts)
+    gib = 1 << 30
+    monkeypatch.setattr(bench, "total_memory", lambda device: 100 * gib)
+    for spare, fits in ((0, True), (-1, False)):
+        monkeypatch.setattr(bench, "available_memory", lambda device: need["total"] - need["weights"] + 6 * gib + spare)
+        assert s.fits(2, 96) is fits
