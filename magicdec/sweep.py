@@ -21,6 +21,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from dataclasses import replace
 from types import SimpleNamespace
 
 import torch
@@ -37,6 +38,7 @@ from magicdec.planner import AutoGamma, plan
 from magicdec.sampling import next_token
 from magicdec.verify import SYNTHETIC_DRAWS
 
+PROBE = (256, 32)  # prefix and tokens of the B = 1 step the cost model's fixed cost per layer is fitted to
 MODES = {"greedy": Sampling(0.0), "sampled": Sampling(0.6, 0.9)}  # the sampled mode every real-model alpha reports
 DEFAULTS = dict(
     model=None, model_name=None, random_weights=False, tokenizer=None, dataset="auto", skip_tokens=8000,
@@ -197,19 +199,33 @@ class Sweep:
             self.draft_model = bench.load_weights(self.args, self.draft_config, self.draft_checkpoint)
         if self.cuda and self.cfg["fuse"]:
             runs.fuse_kernels()
-        per_layer = 0.0
-        if self.cuda:  # the cost model's fixed cost per layer: kernels per layer x one kernel's time in a graph
-            with torch.inference_mode():
-                c = self.config
-                probe = KVCache(c.n_layers, 1, c.n_kv_heads, 64, c.head_dim, self.dtype, self.device, "triton")
-                per_layer = cm.count_kernels_per_layer(self.target, probe, torch.zeros(1, 1, dtype=torch.long, device=self.device))
-                del probe
-        self.cost_device = cm.measure_device(self.device, self.dtype, per_layer)
+        self.cost_device = cm.measure_device(self.device, self.dtype)
+        prefix, n = PROBE
+        overhead = cm.fit_layer_overhead(self.config, self.cost_device, 1, prefix + n // 2, self.probe_step(prefix, n))
+        self.cost_device = replace(self.cost_device, layer_overhead_s=overhead)
         self.env = bench.environment(self.device)
+
+    def probe_step(self, prefix: int, n: int) -> float:
+        """Seconds of one plain decode step at B = 1 over `prefix` random cached tokens, timed like a baseline: the
+        cost model's fixed cost per layer is fitted to it."""
+        c = self.config
+        args = SimpleNamespace(**{**vars(self.args), "B": 1, "prefix_len": prefix, "gen_len": n, "repeats": 3})
+        with torch.inference_mode():
+            cache = KVCache(c.n_layers, 1, c.n_kv_heads, prefix + n + 2, c.head_dim, self.dtype, self.device,
+                            "triton" if self.cuda else "sdpa")
+            cache.fill_random(prefix, self.cfg["seed"])
+            dec = Decoder(self.target, MODES["greedy"], cuda_graphs=self.cuda)
+            _, _, secs = runs.timed_generation(dec, cache, torch.zeros(1, dtype=torch.long, device=self.device), None,
+                                               args, [], False)
+            steps = dec.stats.iterations
+            del dec, cache
+        bench.release_memory(self.device)
+        return secs / steps
 
     def meta(self, P, B) -> dict:
         return {"prefix_len": P, "B": B, "sampling": {m: vars(s) for m, s in MODES.items() if m in self.cfg["modes"]},
                 "model": self.config.name, "draft_model": self.draft_config and self.draft_config.name,
+                "model_config": self.config.to_dict(), "draft_config": self.draft_config and self.draft_config.to_dict(),
                 "random_weights": self.cfg["random_weights"], "synthetic_acceptance": synthetic_alpha(self.cfg, P),
                 "synthetic_draws": SYNTHETIC_DRAWS if synthetic_alpha(self.cfg, P) is not None else None,
                 "gen_len": self.cfg["gen_len"], "repeats": self.cfg["repeats"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],

@@ -61,3 +61,18 @@ def test_rescale_ranks_keeps_the_unmodelled_time():
     assert cm.rescale_ranks(measured, L31, d, 32, 32768, 1, 4, 8) == pytest.approx(work / 8 + 0.002)
     assert cm.rescale_ranks(measured, L31, d, 32, 32768, 1, 4, 4) == pytest.approx(measured)
     assert cm.rescale_ranks(work / 8, L31, d, 32, 32768, 1, 4, 8) == pytest.approx(work / 8)  # faster than the model: no negative rest
+
+
+def test_fixed_cost_per_layer_fitted_to_a_measured_step():
+    """Llama-3.1-8B at B = 1 over 272 cached tokens on a 3 TB/s device reads 2 * (8.03e9 - 128256 * 4096) weight
+    bytes + 272 * 128 KiB of KV: 5.0152 ms. A measured 8.0 ms step leaves 2.9848 ms for 32 layers; a step faster
+    than its bytes allow leaves nothing (never a negative cost)."""
+    d = cm.Device(bandwidth=3e12, matmul_flops=7e14)
+    work = (2 * (8_030_261_248 - 128256 * 4096) + 272 * 131072) / 3e12
+    assert work == pytest.approx(5.0152e-3, rel=1e-4)
+    per_layer = cm.fit_layer_overhead(L31, d, 1, 272, 8.0e-3)
+    assert per_layer == pytest.approx((8.0e-3 - work) / 32)
+    fitted = cm.Device(d.bandwidth, d.matmul_flops, per_layer)
+    assert cm.step_time(L31, fitted, 1, 272) == pytest.approx(8.0e-3)
+    assert cm.step_time(L31, fitted, 16, 32768) == pytest.approx(32 * per_layer + (cm.weight_bytes(L31) + 16 * 32768 * 131072) / 3e12)
+    assert cm.fit_layer_overhead(L31, d, 1, 272, 4.0e-3) == 0.0

@@ -1,0 +1,103 @@
+"""The cost model's predictions of a sweep's records again, with its fixed cost per layer fitted to the sweep's own
+B = 1 baseline at the shortest prefix (cost_model.fit_layer_overhead) instead of the one each run recorded.
+
+Sweeps made before 2026-11-22 03:00 measured that cost by counting a step's kernels and timing a tiny one, which
+gave 23 to 124 us per layer on the same H100 from call to call; the sweep now fits it to a timed step. This script
+shows what the committed records' predictions become with the fitted cost (every measured number stays as recorded:
+bandwidth and matmul rate of the calibration record, alpha, Omega_eff, speedups):
+
+    python benchmarks/refit_cost_model.py results/issue5/llama31_8b results/issue5/llama2_7b_32k \
+        results/issue5/smollm2 --as_model smollm2=HuggingFaceTB/SmolLM2-135M --output results/issue5/cost_model_refit.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from magicdec import cost_model as cm  # noqa: E402
+from magicdec.config import ModelArgs  # noqa: E402
+from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
+
+TOL = 0.10
+
+
+def config_of(rec: dict, key: str, aliases: dict[str, str], sweep: str) -> ModelArgs | None:
+    given = rec.get(f"{key}_config" if key == "draft" else "model_config")
+    if given:
+        return ModelArgs(**given)
+    name = rec.get("draft_model" if key == "draft" else "model")
+    if name is None:
+        return None
+    try:
+        return ModelArgs.from_name(aliases.get(sweep) if key == "model" and sweep in aliases else name)
+    except MagicDecError:
+        raise MagicDecError(f"{sweep}: records name model {name!r}, not a known shape; add --as_model {sweep}=KNOWN_NAME") from None
+
+
+def refit(d: Path, aliases: dict[str, str]) -> dict:
+    recs = [json.loads(f.read_text()) for f in sorted(d.glob("*.json"))]
+    recs = [r for r in recs if "metrics" in r]
+    bases = [r for r in recs if r["method"] == "baseline"]
+    if not bases:
+        raise MagicDecError(f"{d}: no baseline records to fit the fixed cost to")
+    cal = min(bases, key=lambda r: (r["B"], r["prefix_len"], r["decoding"] != "greedy"))
+    target, draft = config_of(cal, "model", aliases, d.name), config_of(cal, "draft", aliases, d.name)
+    dm = cal["device_model"]
+    device = cm.Device(dm["bandwidth"], dm["matmul_flops"], 0.0, dm.get("ranks", 1))
+    step_s = cal["metrics"]["ms_per_step"] / 1e3
+    per_layer = cm.fit_layer_overhead(target, device, cal["B"], cal["prefix_len"] + cal["gen_len"] // 2, step_s)
+    fitted = cm.Device(device.bandwidth, device.matmul_flops, per_layer, device.ranks)
+    points = []
+    for r in recs:
+        m = r["metrics"]
+        if r["method"] not in ("selfspec", "longspec") or not m.get("measured_speedup") or m.get("alpha") is None:
+            continue
+        p = cm.predict(target, fitted, r["B"], r["prefix_len"] + r["gen_len"] // 2, r["gamma"], m["alpha"],
+                       r["budget"] or r["prefix_len"], draft if r["method"] == "longspec" else None)
+        refitted = m["omega_effective"] / (r["gamma"] * p["T_D_over_T_T"] + p["T_V_over_T_T"])
+        recorded = (m.get("cost_model") or {}).get("speedup_effective")
+        points.append({"point": r["point"], "measured": m["measured_speedup"], "recorded_prediction": recorded,
+                       "refitted_prediction": refitted,
+                       "recorded_layer_overhead_us": 1e6 * (m.get("cost_model") or {}).get("device_model", {}).get("layer_overhead_s", float("nan"))})
+
+    def score(key):
+        errs = [q[key] / q["measured"] - 1 for q in points if q[key] is not None]
+        return {"within_10pct": sum(abs(e) <= TOL for e in errs), "of": len(errs),
+                "median_error": statistics.median(errs) if errs else None}
+
+    recorded_us = sorted({round(q["recorded_layer_overhead_us"], 1) for q in points})
+    return {"sweep": str(d), "calibration_point": cal["point"], "calibration_ms_per_step": 1e3 * step_s,
+            "fitted_layer_overhead_us": 1e6 * per_layer, "recorded_layer_overhead_us": recorded_us,
+            "recorded": score("recorded_prediction"), "refitted": score("refitted_prediction"), "points": points}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("sweeps", type=Path, nargs="+")
+    p.add_argument("--as_model", action="append", default=[], metavar="SWEEP=NAME",
+                   help="shapes for a sweep whose records name an unknown model (e.g. a GGUF's own name)")
+    p.add_argument("--output", type=Path, default=None)
+    a = p.parse_args(argv)
+    with one_line_errors():
+        aliases = dict(x.split("=", 1) for x in a.as_model)
+        results = [refit(d, aliases) for d in a.sweeps]
+    print("| sweep | fitted on | fixed cost per layer: recorded → fitted (µs) | within 10%: recorded | within 10%: refitted | median error: recorded → refitted |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        rec, ref = r["recorded"], r["refitted"]
+        print(f"| {Path(r['sweep']).name} | {r['calibration_point']} ({r['calibration_ms_per_step']:.2f} ms) "
+              f"| {', '.join(f'{x:.1f}' for x in r['recorded_layer_overhead_us'])} → {r['fitted_layer_overhead_us']:.1f} "
+              f"| {rec['within_10pct']}/{rec['of']} | {ref['within_10pct']}/{ref['of']} "
+              f"| {rec['median_error']:+.1%} → {ref['median_error']:+.1%} |")
+    if a.output:
+        a.output.write_text(json.dumps(results, indent=1))
+        print(f"wrote {a.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""benchmarks/refit_cost_model.py on hand-written records: a device whose layers cost 90 us each beyond their bytes,
+a B = 1 baseline timed on it, and speculative points whose measured speedups are what such a device gives (computed
+here by hand from bytes, bandwidth and Omega_eff). Fitted to the baseline, the fixed cost comes back as 90 us and
+every point's error as zero; the recorded predictions (made with 25 us) are off by what 65 us per layer changes."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from magicdec.config import ModelArgs
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("refit_cost_model", ROOT / "benchmarks" / "refit_cost_model.py")
+refit_cost_model = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(refit_cost_model)
+
+L31 = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
+BW, PER_LAYER = 3e12, 90e-6
+WEIGHTS, KV_TOKEN = 2 * (8_030_261_248 - 128256 * 4096), 131072  # bytes (see test_cost_model)
+
+
+def step(B, context, layer_s=PER_LAYER):  # bandwidth-bound at these sizes: bytes / bandwidth + 32 fixed costs
+    return (WEIGHTS + B * context * KV_TOKEN) / BW + 32 * layer_s
+
+
+def write(d: Path):
+    d.mkdir()
+    common = dict(model=L31.name, draft_model=None, gen_len=64, decoding="greedy")
+    dm = {"bandwidth": BW, "matmul_flops": 7e14, "layer_overhead_s": 25e-6, "ranks": 1}
+    recs = {"baseline_P4096_B1_greedy": dict(method="baseline", prefix_len=4096, B=1, budget=None, gamma=None,
+                                             device_model=dm, metrics={"ms_per_step": 1e3 * step(1, 4096 + 32)})}
+    for P, B, gamma, omega_eff in ((4096, 1, 2, 2.4), (32768, 16, 3, 2.8)):
+        ctx = P + 32
+        t_t, t_d, t_v = step(B, ctx), step(B, 512), step(B, ctx)
+        measured = omega_eff / (gamma * t_d / t_t + t_v / t_t)
+        recorded = omega_eff / (gamma * step(B, 512, 25e-6) / step(B, ctx, 25e-6) + 1)
+        recs[f"selfspec_P{P}_B{B}_greedy_b512_g{gamma}"] = dict(
+            method="selfspec", prefix_len=P, B=B, budget=512, gamma=gamma, metrics={
+                "measured_speedup": measured, "alpha": 0.8, "omega_effective": omega_eff,
+                "cost_model": {"speedup_effective": recorded, "device_model": dm}})
+    for name, r in recs.items():
+        (d / f"{name}.json").write_text(json.dumps({"point": name, **common, **r}))
+
+
+def test_refit_recovers_the_fixed_cost_and_the_measured_speedups(tmp_path, capsys):
+    write(tmp_path / "l31")
+    out = tmp_path / "refit.json"
+    assert refit_cost_model.main([str(tmp_path / "l31"), "--output", str(out)]) == 0
+    (r,) = json.loads(out.read_text())
+    assert r["fitted_layer_overhead_us"] == pytest.approx(90.0, rel=1e-6)
+    assert r["refitted"] == {"within_10pct": 2, "of": 2, "median_error": pytest.approx(0.0, abs=1e-9)}
+    errors = {q["point"]: q["recorded_prediction"] / q["measured"] - 1 for q in r["points"]}
+    # at B = 1 draft and target steps both read the weights and pay the same fixed cost: their ratio barely moves; at
+    # 32K x 16 the draft's step is mostly fixed cost, and 25 us makes it look 20% cheaper than it is
+    assert abs(errors["selfspec_P4096_B1_greedy_b512_g2"]) < 0.01 and errors["selfspec_P32768_B16_greedy_b512_g3"] > 0.05
+    assert "| l31 | baseline_P4096_B1_greedy" in capsys.readouterr().out
+
+
+def test_unknown_model_name_is_one_line(tmp_path):
+    write(tmp_path / "smol")
+    f = tmp_path / "smol" / "baseline_P4096_B1_greedy.json"
+    f.write_text(f.read_text().replace(L31.name, "Smollm2 135M 8k Lc100K Mix1 Ep2"))
+    with pytest.raises(SystemExit) as e:
+        refit_cost_model.main([str(tmp_path / "smol")])
+    assert e.value.code != 0
