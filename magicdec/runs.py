@@ -316,13 +316,13 @@ def run(method: str, argv=None) -> dict:
         torch.manual_seed(args.seed)
         first = next_token(logits, args.temperature, args.top_p, args.top_k)
         prev = prompts[:, -1]
-        baseline = None
+        baseline = base_decoder = None
         if method == "baseline" or args.baseline:
             base_decoder = Decoder(target, sampling, compile=args.compile, cuda_graphs=args.cuda_graphs)
-            b_out, b_counts, b_s = timed_generation(base_decoder, cache, first, prev, args, eos, progress)
-            baseline = generation_metrics(b_counts, b_s, args, base_decoder.stats)
+        if method == "baseline":  # with --baseline, a speculative run times it in turns with each gamma instead
+            out, counts, b_s = timed_generation(base_decoder, cache, first, prev, args, eos, progress)
+            baseline = generation_metrics(counts, b_s, args, base_decoder.stats)
             baseline.update(bandwidth_metrics(target, target_cfg, args, dtype, b_s, copy_bw))
-            out, counts = b_out, b_counts
         sweep = {}  # gamma -> metrics of its timed run
         for g in gammas_to_time(args) if spec else []:
             cache.rollback(torch.full_like(cache.lengths, args.prefix_len))
@@ -332,7 +332,7 @@ def run(method: str, argv=None) -> dict:
                               policy=policy)
             profile_s = profile_gammas(decoder, cache, first, prev, args, eos) if policy else None
             paired = None
-            if baseline is not None:  # timed in turns with the baseline: its speedup is against that baseline
+            if base_decoder is not None:  # timed in turns with the baseline: its speedup is against that baseline
                 (out, counts, s), (_, bc, bs) = timed_generations([decoder, base_decoder], cache, first, prev, args, eos, progress)
                 paired = generation_metrics(bc, bs, args, base_decoder.stats)
                 paired.update(bandwidth_metrics(target, target_cfg, args, dtype, bs, copy_bw))
@@ -346,11 +346,10 @@ def run(method: str, argv=None) -> dict:
     if not spec:
         metrics = baseline
     else:
-        if baseline_given is not None:
-            baseline = baseline_given
         best = max(sweep, key=lambda g: sweep[g].get("measured_speedup") or sweep[g]["decode_tokens_per_s"] or 0)
         metrics = dict(sweep[best], gamma=best)
-        baseline = metrics.pop("paired_baseline") or baseline  # the baseline the reported speedup was measured against
+        paired = metrics.pop("paired_baseline")
+        baseline = baseline_given or paired  # what the reported speedup was measured against (as speculation_metrics)
     metrics.update(prefill_s=prefill_s, draft_prefill_s=draft_prefill_s,
                    copy_bandwidth_GBps=copy_bw / 1e9 if copy_bw else None,
                    peak_memory_GiB=(bench.peak_memory(args.device) or 0) / 2**30 or None)
