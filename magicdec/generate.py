@@ -89,6 +89,8 @@ class Stats:
     accepted: int = 0
     reached: list[int] = field(default_factory=list)  # reached[i]: times drafted position i was examined
     kept: list[int] = field(default_factory=list)  # kept[i]: times it was accepted
+    sequence_reached: list[int] = field(default_factory=list)  # per sequence: drafted tokens examined
+    sequence_kept: list[int] = field(default_factory=list)  # per sequence: drafted tokens accepted
     iterations: int = 0
     drafted: int = 0  # draft steps per sequence (sum of gamma over iterations; gamma varies under --gamma auto)
     policy: dict | None = None  # --gamma auto: what it measured and chose
@@ -112,6 +114,7 @@ class Stats:
                 "iterations": self.iterations, "draft_steps": self.drafted, "accepted_tokens": self.accepted,
                 "auto_gamma": self.policy,
                 "per_position_acceptance": [k / r if r else None for k, r in zip(self.kept, self.reached)],
+                "per_sequence": {"kept": self.sequence_kept, "reached": self.sequence_reached},
                 "time_s": self.time, "first_done": self.first_done}
 
 
@@ -254,6 +257,8 @@ class Decoder:
         all_cols = torch.arange(G + 1, device=dev)
         reached = torch.zeros(G, dtype=torch.long, device=dev)
         kept = torch.zeros(G, dtype=torch.long, device=dev)
+        seq_reached = torch.zeros(B, dtype=torch.long, device=dev)
+        seq_kept = torch.zeros(B, dtype=torch.long, device=dev)
         verifications = torch.zeros((), dtype=torch.long, device=dev)
         timer, self.stats = PhaseTimer(dev), Stats(G)
         if self.synthetic is not None:  # hist column i holds position base + i; stopped rows read inside it
@@ -263,7 +268,7 @@ class Decoder:
         produced, lead = [], []  # per iteration, kept on the device (no sync): tokens so far, longest sequence
         bar = tqdm(total=n_new, desc="decode", disable=not progress, leave=False)
         progress_at = 1
-        left = [n_new - 1, B]  # tokens the slowest active sequence still needs, active sequences (for the policy)
+        left = [n_new - 1] * B  # tokens each sequence still needs (for the policy)
         seen = None  # the policy's numbers of the last verification, read with the loop's one sync below
         while True:
             # The one host sync per iteration. Reading the policy's numbers anywhere else would stall the host
@@ -272,12 +277,13 @@ class Decoder:
                 if bool(done.all()):
                     break
             else:
-                finished, kept_n, reached_n, *left = torch.cat([done.all()[None].long(), seen]).tolist()
+                finished, *numbers = torch.cat([done.all()[None].long(), seen.flatten()]).tolist()
+                left, kept_n, reached_n = numbers[:B], numbers[B:2 * B], numbers[2 * B:]
                 self.policy.observe(kept_n, reached_n)
                 seen = None
                 if finished:
                     break
-            g = self.policy.choose(*left) if self.policy else G
+            g = self.policy.choose(left) if self.policy else G
             cols = all_cols[:g + 1]
             t0 = timer.stamp()
             drafted, q = self._propose(hist, m, base, n_new, g) if g else (hist[:, :0], None)
@@ -306,13 +312,14 @@ class Decoder:
             cache.rollback(base + torch.clamp(m, max=n_new + 1) - 1)
             if g:
                 tried = torch.clamp(accepted, max=g - 1)  # positions examined: 0..accepted (all of them if all kept)
-                reached_now = ((cols[None, :g] <= tried[:, None]) & active[:, None]).sum(0)
-                kept_now = ((cols[None, :g] < accepted[:, None]) & active[:, None]).sum(0)
-                reached[:g] += reached_now
-                kept[:g] += kept_now
-                if self.policy:
-                    still = n_new + 1 - torch.where(done, n_new + 1, m)
-                    seen = torch.stack([kept_now.sum(), reached_now.sum(), still.max(), (~done).sum()])
+                examined = (cols[None, :g] <= tried[:, None]) & active[:, None]  # [B, g]
+                taken = (cols[None, :g] < accepted[:, None]) & active[:, None]
+                reached[:g] += examined.sum(0)
+                kept[:g] += taken.sum(0)
+                seq_reached += examined.sum(1)
+                seq_kept += taken.sum(1)
+                if self.policy:  # per sequence: tokens still needed (0 once done), drafts kept, drafts examined
+                    seen = torch.stack([n_new + 1 - torch.where(done, n_new + 1, m), taken.sum(1), examined.sum(1)])
             verifications += active.sum()
             produced.append(torch.clamp(m - 1, max=n_new).sum())
             lead.append((m - 1).max())
@@ -331,6 +338,7 @@ class Decoder:
         count = torch.clamp(m - 1, max=n_new)
         out = hist[:, 1:].gather(1, torch.minimum(torch.arange(n_new, device=dev)[None], count[:, None] - 1))
         self.stats.reached, self.stats.kept = reached.tolist(), kept.tolist()
+        self.stats.sequence_reached, self.stats.sequence_kept = seq_reached.tolist(), seq_kept.tolist()
         self.stats.accepted = sum(self.stats.kept)
         self.stats.verifications = int(verifications)
         self.stats.time = timer.totals()

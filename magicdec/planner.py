@@ -2,19 +2,124 @@
 "no speculation" included — from the cost model; while it runs (`--gamma auto`), gamma from the step times measured
 on this very batch and the acceptance measured so far, switching speculation off when it stops paying.
 
-Throughput of one choice is tokens per verification over seconds per verification: Omega(alpha, gamma) / c(gamma),
-where c(0) is a plain decode step (Omega = 1) and c(gamma) = gamma*T_D + T_V(gamma) + bookkeeping. A batch, though,
-runs until its slowest sequence is done: at run time the policy minimizes the expected time until the last of the
-active sequences has its remaining tokens, which at large B favours a smaller gamma than Omega alone.
+A batch runs until its slowest sequence is done, so both compare expected finishing times, not Omega / cost: the
+time until the last active sequence has all its tokens, E[max_i N_i] * c(gamma), where N_i is the number of
+verifications sequence i needs for the tokens it still lacks and c(gamma) = gamma*T_D + T_V(gamma) + bookkeeping
+(c(0), a plain decode step, takes exactly one step per token). At B = 1 this is Omega / cost again; at large B the
+stragglers favour a shorter gamma, or none.
 """
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+import torch
 
 from magicdec import cost_model as cm
 from magicdec.config import ModelArgs
+
+GRID = 100  # acceptance rates are looked up at steps of 1 / GRID
+EXACT = 32  # up to this many tokens left, the distribution of N is used itself, not a normal approximation
+
+
+class Verifications:
+    """Mean and variance of N_r, the verifications one sequence needs for r more tokens at acceptance rate alpha
+    with draft length gamma, for every alpha on the grid: exact, from N_r = 1 + N_{r - X} (X = tokens a verification
+    keeps: k with probability alpha^(k-1) (1 - alpha) for k <= gamma, gamma + 1 with probability alpha^gamma),
+    since the renewal approximation r / E[X] is far off for the few tokens left near the end of a generation. Up to
+    EXACT tokens left, also P(N_r <= k) itself."""
+
+    def __init__(self):
+        self.first = self.second = np.zeros((1, GRID + 1, 1))  # [gamma, alpha, r]: E[N], E[N^2]
+        self.cdf = np.zeros((1, GRID + 1, EXACT + 1, EXACT + 1))  # [gamma, alpha, r, k]: P(N_r <= k)
+
+    def _build(self, max_gamma: int, r_max: int) -> None:
+        alpha = np.linspace(0, 1, GRID + 1)[:, None]
+        first = np.zeros((max_gamma + 1, GRID + 1, r_max + 1))
+        second = np.zeros_like(first)
+        pmf = np.zeros((max_gamma + 1, GRID + 1, EXACT + 1, EXACT + 1))  # [gamma, alpha, r, k]: P(N_r = k)
+        first[0] = np.arange(r_max + 1)  # gamma 0: one token a step
+        second[0] = first[0] ** 2
+        pmf[0, :, np.arange(EXACT + 1), np.arange(EXACT + 1)] = 1
+        for gamma in range(1, max_gamma + 1):
+            k = np.arange(1, gamma + 2)
+            p = alpha ** (k - 1) * (1 - alpha)
+            p[:, gamma] = alpha[:, 0] ** gamma
+            pmf[gamma, :, 0, 0] = 1
+            for r in range(1, r_max + 1):
+                before = np.maximum(r - k, 0)
+                m = (p * first[gamma][:, before]).sum(1)
+                first[gamma, :, r] = 1 + m
+                second[gamma, :, r] = 1 + 2 * m + (p * second[gamma][:, before]).sum(1)
+                if r <= EXACT:  # N_r = 1 + N_{r - X}: shift by one verification
+                    pmf[gamma, :, r, 1:] = (p[:, :, None] * pmf[gamma][:, before, :-1]).sum(1)
+        self.first, self.second, self.cdf = first, second, pmf.cumsum(-1)
+
+    def moments(self, gammas: list[int], alpha: np.ndarray, remaining: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and variance of N per gamma and sequence [len(gammas), n] (alpha and remaining: [n])."""
+        r_max = int(remaining.max())
+        if self.first.shape[0] <= max(gammas) or self.first.shape[2] <= r_max:
+            self._build(max(max(gammas), self.first.shape[0] - 1), max(2 * r_max, 64))
+        g = np.asarray(gammas)[:, None]
+        a = np.rint(alpha * GRID).astype(np.int64)[None]  # alpha in [0, 1]
+        mean, sq = self.first[g, a, remaining[None]], self.second[g, a, remaining[None]]
+        return mean, np.maximum(sq - mean ** 2, 0)
+
+
+VERIFICATIONS = Verifications()
+
+
+def expected_max(mean: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """E[max over the last dim of independent integer N_i], each N_i taken as normal (continuity-corrected): the
+    sum over k of P(max > k), on the few k where it is neither ~1 nor ~0. One vectorized pass, since the policy
+    runs between two verifications with the GPU idle (~80 us at B = 128 on 2 CPU cores)."""
+    if mean.shape[-1] == 1:
+        return mean[..., 0]
+    sd = np.maximum(np.sqrt(var), 1e-6)
+    lo = np.floor(np.maximum((mean - 4 * sd).max(-1), 0))
+    k = lo[..., None] + np.arange(int(((mean + 4 * sd).max(-1) - lo).max()) + 2)
+    z = torch.from_numpy((k[..., None, :] + 0.5 - mean[..., None]) / sd[..., None])
+    below = torch.special.ndtr(z).prod(-2).numpy()  # P(max <= k)
+    return lo + (1 - below).sum(-1)
+
+
+def finish_verifications(gammas: list[int], alpha: np.ndarray, remaining: np.ndarray) -> np.ndarray:
+    """Expected verifications until every sequence has its remaining tokens, per gamma (alpha, remaining: [n]):
+    exact while at most EXACT tokens are left (N_r <= r, so sum over k < EXACT of P(max > k)), else approximated."""
+    moments = VERIFICATIONS.moments(gammas, alpha, remaining)  # (builds the tables)
+    if remaining.max() > EXACT:
+        return expected_max(*moments)
+    g, a = np.asarray(gammas)[:, None, None], np.rint(alpha * GRID).astype(np.int64)[None, :, None]
+    below = VERIFICATIONS.cdf[g, a, remaining[None, :, None], np.arange(EXACT)].prod(-2)
+    return (1 - below).sum(-1)
+
+
+def acceptance_spread(kept, reached) -> float:
+    """Standard deviation of the acceptance rate from sequence to sequence, beyond the luck of each one's draws:
+    the variance of the per-sequence rates kept_i / reached_i less the binomial variance their counts alone would
+    give (method of moments). Real text has some: a batch's slowest sequence keeps fewer drafts than the i.i.d.
+    model says (SmolLM2 at 8000 x 128 on the H100: its verifications per gamma fit a spread of 0.05 to 0.1)."""
+    kept, reached = np.asarray(kept, dtype=np.float64), np.asarray(reached, dtype=np.float64)
+    kept, reached = kept[reached > 0], reached[reached > 0]
+    if kept.size < 2:
+        return 0.0
+    alpha, pooled = kept / reached, kept.sum() / reached.sum()
+    return float(np.sqrt(max(alpha.var(ddof=1) - (pooled * (1 - pooled) / reached).mean(), 0.0)))
+
+
+def spread_alphas(alpha: float, spread: float, n: int) -> np.ndarray:
+    """n acceptance rates spread like the sequences of a batch: normal quantiles around alpha."""
+    if n == 1 or spread <= 0:
+        return np.full(n, float(alpha))
+    z = np.array([NormalDist().inv_cdf((j + 0.5) / n) for j in range(n)])
+    return np.clip(alpha + spread * z, 0.0, 1.0)
+
+
+def sequence_weight(alpha: float, spread: float, default: float = 16.0) -> float:
+    """How many examined tokens a sequence's own rate must see to count as much as the batch's: the binomial
+    variance of one draw over the variance between sequences (the shrinkage a normal prior gives)."""
+    return default if spread <= 0 else min(max(alpha * (1 - alpha) / spread ** 2, 2.0), 1e6)
 
 
 @dataclass(frozen=True)
@@ -26,44 +131,57 @@ class Choice:
 
 
 def plan(target: ModelArgs, device: cm.Device, B: int, context: int, budgets, gammas, alpha: dict[int, float],
-         draft: ModelArgs | None = None) -> tuple[Choice, list[Choice]]:
-    """The best choice and every option considered; alpha maps each budget to its expected acceptance rate."""
+         draft: ModelArgs | None = None, tokens: int = 64, spread: dict[int, float] | None = None) -> tuple[Choice, list[Choice]]:
+    """The best choice for B sequences of `tokens` new tokens each, and every option considered; alpha maps each
+    budget to its expected acceptance rate, `spread` to its spread between sequences (acceptance_spread; none if
+    not given). Step times from the cost model; finishing times as in AutoGamma."""
     method = "longspec" if draft is not None else "selfspec"
     options = [Choice("baseline", None, 0, 1.0)]
+    gammas, remaining = sorted(gammas), np.full(B, tokens)
     for budget in budgets:
         if budget >= context:  # a draft reading the whole context saves nothing
             continue
-        for g in gammas:
-            s = cm.predict(target, device, B, context, g, alpha[budget], budget, draft)["speedup"]
-            options.append(Choice(method, budget, g, s))
+        alphas = spread_alphas(alpha[budget], (spread or {}).get(budget, 0.0), B)
+        verifications = finish_verifications(gammas, alphas, remaining).tolist()
+        for g, n in zip(gammas, verifications):
+            p = cm.predict(target, device, B, context, g, alpha[budget], budget, draft)
+            options.append(Choice(method, budget, g, tokens * p["T_T"] / (n * (g * p["T_D"] + p["T_V"]))))
     return max(options, key=lambda c: c.speedup), options
 
 
 class AutoGamma:
     """gamma for each verification of a batch, from measured seconds per verification c(gamma) (profiled on the
-    batch before it is timed; c(0) is the baseline step) and the acceptance rate measured so far.
+    batch before it is timed; c(0) is the baseline step), the acceptance measured so far and the tokens each
+    sequence still needs.
 
-    The rate estimate starts at `alpha_prior` worth `prior_weight` examined tokens, so a few unlucky first
-    verifications cannot switch speculation off. Switching off (gamma 0) is final for the batch: the draft's cache
-    would fall behind, and the next batch plans afresh.
+    The batch's rate starts at `alpha_prior` worth `prior_weight` examined tokens, so a few unlucky first
+    verifications cannot switch speculation off; each sequence's own rate starts at the batch's, worth
+    `sequence_weight` tokens (on real text some sequences keep far fewer drafts than others, and the slowest one
+    sets the batch's end). Switching off (gamma 0) is final for the batch: the draft's cache would fall behind, and
+    the next batch plans afresh.
 
-    Speculation must promise to finish at least `margin` sooner than plain decoding: near break-even the estimate
-    of alpha is worth less than the verification a wrong "on" wastes (at 100K x 1 a gamma-3 verification that keeps
-    nothing costs 3 baseline steps), and the "off" choice is never worse than the baseline."""
+    Switching on must promise to finish at least `margin` sooner than plain decoding: before the first
+    verification the rate is only a prior, worth less than the verification a wrong "on" wastes (at 100K x 1 a
+    gamma-3 verification that keeps nothing costs 3 baseline steps), and "off" is never worse than the baseline.
+    Once on, speculation stays on while it is predicted no slower (hysteresis: a 2% predicted gain late in a batch
+    is still a gain, and a needless switch-off has lost more than that on the H100)."""
 
-    def __init__(self, gammas, alpha_prior: float = 0.8, prior_weight: float = 32.0, margin: float = 0.03):
+    def __init__(self, gammas, alpha_prior: float = 0.8, prior_weight: float = 32.0, margin: float = 0.03,
+                 sequence_weight: float = 16.0):
         if not gammas or min(gammas) < 1:
             raise ValueError(f"candidate gammas must be >= 1, got {gammas}")
         self.gammas = sorted(set(gammas))
         self.alpha_prior, self.prior_weight, self.margin = alpha_prior, prior_weight, margin
+        self.sequence_weight = sequence_weight
         self.costs: dict[int, float] = {}
         self.forced: int | None = None  # profiling runs one gamma at a time
         self.reset()
 
     def reset(self) -> None:
         """A new batch: forget its acceptance counts, switch speculation back on."""
-        self.kept = self.reached = 0
-        self.off = False
+        self.seq_kept = self.seq_reached = np.zeros(0)
+        self.kept = self.reached = 0.0
+        self.off = self.on = False
         self.history: list[int] = []
 
     @property
@@ -74,42 +192,53 @@ class AutoGamma:
     def alpha(self) -> float:
         return (self.kept + self.prior_weight * self.alpha_prior) / (self.reached + self.prior_weight)
 
-    def finish_time(self, gamma: int, remaining: int, active: int) -> float:
-        """Expected seconds until every one of `active` sequences has `remaining` more tokens with this gamma.
+    def sequence_alphas(self, n: int) -> np.ndarray:
+        if self.seq_kept.size != n:
+            return np.full(n, self.alpha)
+        w = self.sequence_weight
+        return (self.seq_kept + w * self.alpha) / (self.seq_reached + w)
 
-        Tokens per verification X: k with probability alpha^(k-1) (1 - alpha) for k <= gamma, gamma + 1 with
-        probability alpha^gamma. The verifications a sequence needs for r tokens are about normal (renewal theory:
-        mean r / E[X], variance r Var[X] / E[X]^3), and the largest of n such is about mean + sd * sqrt(2 ln n)."""
-        if gamma == 0:
-            return remaining * self.costs[0]
-        a = self.alpha
-        probs = [a ** (k - 1) * (1 - a) for k in range(1, gamma + 1)] + [a ** gamma]
-        mean = sum(p * k for k, p in enumerate(probs, 1))
-        var = sum(p * k * k for k, p in enumerate(probs, 1)) - mean ** 2
-        iterations = remaining / mean + math.sqrt(remaining * var / mean ** 3) * math.sqrt(2 * math.log(max(active, 1)))
-        return iterations * self.costs[gamma]
+    def finish_times(self, remaining) -> dict[int, float]:
+        """Expected seconds until every sequence has its remaining tokens, for each profiled gamma, 0 included
+        (remaining: a count per sequence of the batch, 0 for those done)."""
+        remaining = np.asarray(remaining, dtype=np.int64).reshape(-1)
+        times = {0: int(remaining.max()) * self.costs[0]}
+        gammas, active = [g for g in self.gammas if g in self.costs], remaining > 0
+        if gammas and active.any():
+            alpha = self.sequence_alphas(remaining.size)[active]
+            verifications = finish_verifications(gammas, alpha, remaining[active]).tolist()
+            times.update({g: n * self.costs[g] for g, n in zip(gammas, verifications)})
+        return times
 
-    def choose(self, remaining: int = 64, active: int = 1) -> int:
+    def choose(self, remaining=(64,)) -> int:
         if self.forced is not None:
             g = self.forced
         elif self.off or not self.costs:
             g = 0 if self.off else self.max_gamma
         else:
-            timed = [g for g in self.gammas if g in self.costs]
-            g = min(timed, key=lambda g: self.finish_time(g, remaining, active)) if timed else 0
-            if g and self.finish_time(g, remaining, active) > (1 - self.margin) * self.finish_time(0, remaining, active):
+            times = self.finish_times(remaining)
+            g = min((g for g in times if g), key=times.get, default=0)
+            if g and times[g] > (1 if self.on else 1 - self.margin) * times[0]:
                 g = 0
-            self.off = g == 0
+            self.off, self.on = g == 0, g > 0
         self.history.append(g)
         return g
 
-    def observe(self, kept: int, reached: int) -> None:
-        """Drafted tokens accepted / examined in the last verification (all active sequences)."""
-        self.kept += kept
-        self.reached += reached
+    def observe(self, kept, reached) -> None:
+        """Drafted tokens accepted / examined in the last verification, per sequence of the batch."""
+        kept = np.asarray(kept, dtype=np.float64).reshape(-1)
+        reached = np.asarray(reached, dtype=np.float64).reshape(-1)
+        if self.seq_kept.size != kept.size:
+            self.seq_kept, self.seq_reached = np.zeros_like(kept), np.zeros_like(reached)
+        self.seq_kept = self.seq_kept + kept
+        self.seq_reached = self.seq_reached + reached
+        self.kept += float(kept.sum())
+        self.reached += float(reached.sum())
 
     def summary(self) -> dict:
         used = {g: self.history.count(g) for g in sorted(set(self.history))}
-        return {"candidates": self.gammas, "seconds_per_verification": self.costs, "alpha_prior": self.alpha_prior, "margin": self.margin,
-                "alpha_estimate": self.alpha, "iterations_per_gamma": used,
+        alphas = self.sequence_alphas(self.seq_kept.size) if self.seq_kept.size else None
+        return {"candidates": self.gammas, "seconds_per_verification": self.costs, "alpha_prior": self.alpha_prior,
+                "margin": self.margin, "alpha_estimate": self.alpha, "iterations_per_gamma": used,
+                "sequence_alpha_range": None if alphas is None else [float(alphas.min()), float(alphas.max())],
                 "switched_off": self.off}

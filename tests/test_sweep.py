@@ -78,6 +78,7 @@ def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
             assert m["speculation"]["gamma"] == r["gamma"]
         if r["method"] == "auto":
             assert r["planner"]["budget"] in (24, 64) and r["budget"] == r["planner"]["budget"]
+            assert r["planner"]["spread"] >= 0 and set(r["planner"]["spread_by_budget"]) == {"24", "64"}
             used = m["speculation"]["auto_gamma"]["iterations_per_gamma"]
             assert sum(used.values()) == m["iterations"] and set(map(int, used)) <= {0, 1, 2}
     assert (out / "commands.txt").read_text().count("python -m magicdec.sweep") == 3  # every run with points to do
