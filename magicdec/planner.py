@@ -10,6 +10,7 @@ stragglers favour a shorter gamma, or none.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -95,30 +96,38 @@ def finish_verifications(gammas: list[int], alpha: np.ndarray, remaining: np.nda
     return (1 - below).sum(-1)
 
 
-def acceptance_spread(kept, reached) -> float:
-    """Standard deviation of the acceptance rate from sequence to sequence, beyond the luck of each one's draws:
-    the variance of the per-sequence rates kept_i / reached_i less the binomial variance their counts alone would
-    give (method of moments). Real text has some: a batch's slowest sequence keeps fewer drafts than the i.i.d.
-    model says (SmolLM2 at 8000 x 128 on the H100: its verifications per gamma fit a spread of 0.05 to 0.1)."""
-    kept, reached = np.asarray(kept, dtype=np.float64), np.asarray(reached, dtype=np.float64)
-    kept, reached = kept[reached > 0], reached[reached > 0]
-    if kept.size < 2:
+def fit_spread(points, grid=np.arange(0.0, 0.2501, 0.005)) -> float:
+    """The spread of acceptance between sequences that makes the finishing-time model reproduce measured batches:
+    `points` are (B, gamma, tokens, alpha, verifications) of earlier fixed-gamma runs, verifications being how many
+    the batch needed until its last sequence had `tokens` more. On real text a batch's slowest sequence lags more
+    than i.i.d. draws at one rate explain: rates differ between sequences, and within one, acceptance comes in runs
+    (repetition loops). The spread of the per-sequence rates alone under-explains it (SmolLM2 at 8000 x 128 on the
+    H100: 0.045 measured; 0.1 reproduces its verifications at gamma 1 to 4 within 3%)."""
+    points = [p for p in points if p[0] > 1]
+    if not points:
         return 0.0
-    alpha, pooled = kept / reached, kept.sum() / reached.sum()
-    return float(np.sqrt(max(alpha.var(ddof=1) - (pooled * (1 - pooled) / reached).mean(), 0.0)))
+
+    def misfit(spread):
+        return sum(np.log(finish_verifications([g], spread_alphas(a, spread, B), np.full(B, t))[0] / n) ** 2
+                   for B, g, t, a, n in points)
+    return float(min(grid, key=misfit))
+
+
+@functools.lru_cache(maxsize=64)
+def normal_quantiles(n: int) -> np.ndarray:
+    """n evenly spaced quantiles of the standard normal: a batch's sequences as drawn from it (n = 1: the mean)."""
+    return np.array([NormalDist().inv_cdf((j + 0.5) / n) for j in range(n)])
 
 
 def spread_alphas(alpha: float, spread: float, n: int) -> np.ndarray:
     """n acceptance rates spread like the sequences of a batch: normal quantiles around alpha."""
-    if n == 1 or spread <= 0:
-        return np.full(n, float(alpha))
-    z = np.array([NormalDist().inv_cdf((j + 0.5) / n) for j in range(n)])
-    return np.clip(alpha + spread * z, 0.0, 1.0)
+    return np.clip(alpha + spread * normal_quantiles(n), 0.0, 1.0)
 
 
 def sequence_weight(alpha: float, spread: float, default: float = 16.0) -> float:
     """How many examined tokens a sequence's own rate must see to count as much as the batch's: the binomial
-    variance of one draw over the variance between sequences (the shrinkage a normal prior gives)."""
+    variance of one draw over the variance between sequences (the shrinkage a normal prior gives); `default`
+    where the spread is unknown."""
     return default if spread <= 0 else min(max(alpha * (1 - alpha) / spread ** 2, 2.0), 1e6)
 
 
@@ -133,8 +142,8 @@ class Choice:
 def plan(target: ModelArgs, device: cm.Device, B: int, context: int, budgets, gammas, alpha: dict[int, float],
          draft: ModelArgs | None = None, tokens: int = 64, spread: dict[int, float] | None = None) -> tuple[Choice, list[Choice]]:
     """The best choice for B sequences of `tokens` new tokens each, and every option considered; alpha maps each
-    budget to its expected acceptance rate, `spread` to its spread between sequences (acceptance_spread; none if
-    not given). Step times from the cost model; finishing times as in AutoGamma."""
+    budget to its expected acceptance rate, `spread` to its spread between sequences (fit_spread; none if not
+    given). Step times from the cost model; finishing times as in AutoGamma."""
     method = "longspec" if draft is not None else "selfspec"
     options = [Choice("baseline", None, 0, 1.0)]
     gammas, remaining = sorted(gammas), np.full(B, tokens)
@@ -155,9 +164,10 @@ class AutoGamma:
     sequence still needs.
 
     The batch's rate starts at `alpha_prior` worth `prior_weight` examined tokens, so a few unlucky first
-    verifications cannot switch speculation off; each sequence's own rate starts at the batch's, worth
-    `sequence_weight` tokens (on real text some sequences keep far fewer drafts than others, and the slowest one
-    sets the batch's end). Switching off (gamma 0) is final for the batch: the draft's cache would fall behind, and
+    verifications cannot switch speculation off. Sequences differ (`spread`, fit_spread): each one's rate is the
+    batch's, moved by what it has shown so far (sequence_weight), and spread by what it has not: before any draft
+    the batch's sequences take normal quantiles of the spread around the batch's rate, a spread that narrows for each
+    sequence as its own drafts are examined. The slowest sequence sets the batch's end. Switching off (gamma 0) is final for the batch: the draft's cache would fall behind, and
     the next batch plans afresh.
 
     Switching on must promise to finish at least `margin` sooner than plain decoding: before the first
@@ -167,12 +177,12 @@ class AutoGamma:
     is still a gain, and a needless switch-off has lost more than that on the H100)."""
 
     def __init__(self, gammas, alpha_prior: float = 0.8, prior_weight: float = 32.0, margin: float = 0.03,
-                 sequence_weight: float = 16.0):
+                 spread: float = 0.0):
         if not gammas or min(gammas) < 1:
             raise ValueError(f"candidate gammas must be >= 1, got {gammas}")
         self.gammas = sorted(set(gammas))
         self.alpha_prior, self.prior_weight, self.margin = alpha_prior, prior_weight, margin
-        self.sequence_weight = sequence_weight
+        self.spread = spread
         self.costs: dict[int, float] = {}
         self.forced: int | None = None  # profiling runs one gamma at a time
         self.reset()
@@ -193,10 +203,13 @@ class AutoGamma:
         return (self.kept + self.prior_weight * self.alpha_prior) / (self.reached + self.prior_weight)
 
     def sequence_alphas(self, n: int) -> np.ndarray:
+        """Each sequence's rate as the finishing times use it (n: the batch's sequences)."""
+        alpha, w = self.alpha, sequence_weight(self.alpha, self.spread)
         if self.seq_kept.size != n:
-            return np.full(n, self.alpha)
-        w = self.sequence_weight
-        return (self.seq_kept + w * self.alpha) / (self.seq_reached + w)
+            return spread_alphas(alpha, self.spread, n)
+        shown = (self.seq_kept + w * alpha) / (self.seq_reached + w)
+        unshown = self.spread * np.sqrt(w / (w + self.seq_reached))  # the spread not yet resolved by its own drafts
+        return np.clip(shown + unshown * normal_quantiles(n), 0.0, 1.0)
 
     def finish_times(self, remaining) -> dict[int, float]:
         """Expected seconds until every sequence has its remaining tokens, for each profiled gamma, 0 included
@@ -239,6 +252,6 @@ class AutoGamma:
         used = {g: self.history.count(g) for g in sorted(set(self.history))}
         alphas = self.sequence_alphas(self.seq_kept.size) if self.seq_kept.size else None
         return {"candidates": self.gammas, "seconds_per_verification": self.costs, "alpha_prior": self.alpha_prior,
-                "margin": self.margin, "alpha_estimate": self.alpha, "iterations_per_gamma": used,
+                "spread": self.spread, "margin": self.margin, "alpha_estimate": self.alpha, "iterations_per_gamma": used,
                 "sequence_alpha_range": None if alphas is None else [float(alphas.min()), float(alphas.max())],
                 "switched_off": self.off}

@@ -34,7 +34,7 @@ from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError, one_line_errors
 from magicdec.generate import Decoder, Draft, Sampling, prefill
 from magicdec.kv_cache import KVCache
-from magicdec.planner import AutoGamma, acceptance_spread, plan, sequence_weight
+from magicdec.planner import AutoGamma, fit_spread, plan
 from magicdec.sampling import next_token
 from magicdec.verify import SYNTHETIC_DRAWS
 
@@ -285,8 +285,7 @@ class Sweep:
                     continue
                 if method == "auto":
                     budget, chosen = self.plan_budget(P, B, mode, synthetic)
-                    policy = AutoGamma(cfg["gammas"], chosen["alpha"],
-                                       sequence_weight=sequence_weight(chosen["alpha"], chosen["spread"]))
+                    policy = AutoGamma(cfg["gammas"], chosen["alpha"], spread=chosen["spread"])
                 else:
                     policy, chosen = None, None
                 dec = Decoder(self.target, sampling, draft=draft_for(self.draft_method if method == "auto" else method, budget),
@@ -340,14 +339,13 @@ class Sweep:
         (any batch size: what a server has seen so far), else the prior; then the cost model's best option."""
         method, alpha, spread, records = self.draft_method, {}, {}, list(self.records())  # read once, not per budget
         for b in self.cfg["budgets"]:
-            seen = [r["metrics"] for r in records
+            seen = [r for r in records
                     if r.get("method") == method and r.get("budget") == b and r.get("prefix_len") == P
                     and r.get("decoding") == mode and r.get("metrics", {}).get("alpha") is not None]
-            alpha[b] = synthetic if synthetic is not None else (sum(m["alpha"] for m in seen) / len(seen) if seen else self.cfg["alpha_prior"])
-            # the spread between sequences, within each earlier point (each had its own batch)
-            spreads = [acceptance_spread(s["kept"], s["reached"]) for m in seen
-                       if (s := m["speculation"].get("per_sequence")) and len(s["kept"]) > 1]
-            spread[b] = sum(spreads) / len(spreads) if spreads else 0.0
+            alpha[b] = synthetic if synthetic is not None else (sum(r["metrics"]["alpha"] for r in seen) / len(seen) if seen else self.cfg["alpha_prior"])
+            # how far behind its slowest sequence each of those batches fell
+            spread[b] = fit_spread([(r["B"], r["gamma"], r["gen_len"] - 1, r["metrics"]["alpha"], r["metrics"]["iterations"])
+                                    for r in seen if r.get("gamma")])
         draft = self.draft_config if method == "longspec" else None
         best, options = plan(self.config, self.cost_device, B, P + self.cfg["gen_len"] // 2,
                              [b for b in self.cfg["budgets"] if b < P], self.cfg["gammas"], alpha, draft,

@@ -11,7 +11,7 @@ from magicdec.config import ModelArgs
 from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.model import load_model
-from magicdec.planner import AutoGamma, acceptance_spread, plan, sequence_weight, spread_alphas
+from magicdec.planner import AutoGamma, fit_spread, plan, sequence_weight, spread_alphas
 from test_generate_speculative import plain_greedy, tiny_prompts
 
 L31 = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
@@ -54,16 +54,29 @@ def test_plan_at_batch_one_and_long_generations_is_the_paper_formula():
         assert o.speedup == pytest.approx(paper, rel=0.002)
 
 
-def test_acceptance_spread_recovers_the_spread_between_sequences():
-    """Per-sequence counts drawn with rates alpha_i ~ N(0.8, tau): the estimate is tau, not tau plus the binomial
-    luck of 50 examined tokens each (which alone gives a spread of ~0.057)."""
+def test_fit_spread_recovers_the_spread_that_made_the_batches():
+    """Batches simulated with per-sequence rates spread by 0.08 (the Monte-Carlo loop, not the planner's model):
+    the fitted spread is 0.08, and about 0 for batches at one rate; batch-1 runs say nothing of it."""
     gen = torch.Generator().manual_seed(0)
-    for tau in (0.0, 0.08):
-        rates = (0.8 + tau * torch.randn(4000, generator=gen, dtype=torch.float64)).clamp(0, 1)
-        reached = torch.full((4000,), 50.0, dtype=torch.float64)
-        kept = torch.binomial(reached, rates, generator=gen)
-        assert acceptance_spread(kept.tolist(), reached.tolist()) == pytest.approx(tau, abs=0.012)
-    assert acceptance_spread([3], [4]) == 0.0 and acceptance_spread([3, 0], [4, 0]) == 0.0
+    for spread in (0.0, 0.08):
+        points = []
+        for g in (1, 2, 4):
+            rates = (0.8 + spread * torch.randn(64, generator=gen, dtype=torch.float64)).clamp(0, 1).tolist()
+            points.append((64, g, 63, 0.8, simulated_verifications(rates, g, [63] * 64, runs=100, seed=g)))
+        assert fit_spread(points) == pytest.approx(spread, abs=0.02)
+    assert fit_spread([(1, 2, 63, 0.8, 40.0)]) == 0.0 and fit_spread([]) == 0.0
+
+
+def test_auto_gamma_spreads_unseen_sequences_and_narrows_with_their_drafts():
+    p = AutoGamma([2], alpha_prior=0.8, prior_weight=1e9, spread=0.1)
+    assert p.sequence_alphas(4).tolist() == pytest.approx(spread_alphas(0.8, 0.1, 4).tolist())
+    w = sequence_weight(0.8, 0.1)
+    assert w == pytest.approx(16)
+    p.observe([0, 400], [0, 400])  # nothing seen of the first sequence; the second keeps every draft
+    first, second = p.sequence_alphas(2)
+    assert first == pytest.approx(0.8 - 0.1 * 0.6745, abs=1e-3)  # the lower quantile of 2, all its spread unresolved
+    assert second == pytest.approx(min((400 + w * 0.8) / (400 + w) + 0.1 * (w / (w + 400)) ** 0.5 * 0.6745, 1), abs=1e-3)
+    assert sequence_weight(0.8, 0.0) == 16 and sequence_weight(0.8, 1e-9) == 1e6  # unknown spread: the default
 
 
 def test_plan_with_a_spread_between_sequences():
@@ -80,8 +93,6 @@ def test_plan_with_a_spread_between_sequences():
     p = cm.predict(L31, H100, B, 32_000, 2, a, 512)
     simulated = simulated_verifications(alphas.tolist(), 2, [63] * B, runs=100)
     assert spread[2].speedup == pytest.approx(63 * p["T_T"] / (simulated * (2 * p["T_D"] + p["T_V"])), rel=0.04)
-    assert sequence_weight(0.8, 0.1) == pytest.approx(16) and sequence_weight(0.8, 0.0) == 16  # default if unknown
-    assert sequence_weight(0.8, 1e-9) == 1e6
 
 
 def test_plan_skips_budgets_reaching_the_context():
@@ -115,8 +126,8 @@ def test_finish_times_match_simulation(B):
     mixed_alpha = (0.5 + 0.45 * torch.rand(B, generator=gen, dtype=torch.float64)).tolist()
     mixed_left = torch.randint(1, 64, (B,), generator=gen).tolist()
     for alpha, left in [([0.8] * B, [64] * B), (mixed_alpha, mixed_left), ([0.8] * B, [3] * B)]:
-        p = policy_with(costs, 0.8, sequence_weight=1e-9)
-        p.observe([a * 1e6 for a in alpha], [1e6] * B)  # each sequence's rate known
+        p = policy_with(costs, 0.8, spread=1.0)  # a huge spread: each sequence's own counts decide
+        p.observe([a * 1e6 for a in alpha], [1e6] * B)  # and they pin its rate
         times = p.finish_times(left)
         assert times[0] == max(left) * costs[0]
         for g in (1, 2, 4):
@@ -129,7 +140,7 @@ def test_large_batches_wait_for_stragglers():
 
 
 def test_sequence_rates_shrink_to_the_batch_rate():
-    p = AutoGamma([2], alpha_prior=0.8, prior_weight=32, sequence_weight=16)
+    p = AutoGamma([2], alpha_prior=0.8, prior_weight=32)  # no spread given: weight 16, no unresolved spread
     p.observe([8, 0], [8, 8])
     batch = (8 + 32 * 0.8) / (16 + 32)
     assert p.alpha == pytest.approx(batch)
