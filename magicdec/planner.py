@@ -173,6 +173,9 @@ class AutoGamma:
     Switching on must promise to finish at least `margin` sooner than plain decoding: before the first
     verification the rate is only a prior, worth less than the verification a wrong "on" wastes (at 100K x 1 a
     gamma-3 verification that keeps nothing costs 3 baseline steps), and "off" is never worse than the baseline.
+    The decoder asks for each gamma while the GPU runs the verification before it, so a choice sees the numbers
+    of the verification before that one (one verification stale, and no GPU time spent on choosing).
+
     Once on, speculation stays on while it is predicted no slower (hysteresis: a 2% predicted gain late in a batch
     is still a gain, and a needless switch-off has lost more than that on the H100)."""
 
@@ -234,8 +237,11 @@ class AutoGamma:
             if g and times[g] > (1 if self.on else 1 - self.margin) * times[0]:
                 g = 0
             self.off, self.on = g == 0, g > 0
-        self.history.append(g)
         return g
+
+    def used(self, gamma: int) -> None:
+        """The decoder ran a verification with this gamma (it may choose one ahead and not use it)."""
+        self.history.append(gamma)
 
     def observe(self, kept, reached) -> None:
         """Drafted tokens accepted / examined in the last verification, per sequence of the batch."""
