@@ -57,11 +57,14 @@ class Verifications:
                     pmf[gamma, :, r, 1:] = (p[:, :, None] * pmf[gamma][:, before, :-1]).sum(1)
         self.first, self.second, self.cdf = first, second, pmf.cumsum(-1)
 
-    def moments(self, gammas: list[int], alpha: np.ndarray, remaining: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and variance of N per gamma and sequence [len(gammas), n] (alpha and remaining: [n])."""
-        r_max = int(remaining.max())
+    def cover(self, gammas: list[int], r_max: int) -> None:
+        """Tables for these gammas and up to r_max tokens left (built once, grown when a longer run asks)."""
         if self.first.shape[0] <= max(gammas) or self.first.shape[2] <= r_max:
             self._build(max(max(gammas), self.first.shape[0] - 1), max(2 * r_max, 64))
+
+    def moments(self, gammas: list[int], alpha: np.ndarray, remaining: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and variance of N per gamma and sequence [len(gammas), n] (alpha and remaining: [n])."""
+        self.cover(gammas, int(remaining.max()))
         g = np.asarray(gammas)[:, None]
         a = np.rint(alpha * GRID).astype(np.int64)[None]  # alpha in [0, 1]
         mean, sq = self.first[g, a, remaining[None]], self.second[g, a, remaining[None]]
@@ -73,8 +76,7 @@ VERIFICATIONS = Verifications()
 
 def expected_max(mean: np.ndarray, var: np.ndarray) -> np.ndarray:
     """E[max over the last dim of independent integer N_i], each N_i taken as normal (continuity-corrected): the
-    sum over k of P(max > k), on the few k where it is neither ~1 nor ~0. One vectorized pass, since the policy
-    runs between two verifications with the GPU idle (~80 us at B = 128 on 2 CPU cores)."""
+    sum over k of P(max > k), on the few k where it is neither ~1 nor ~0, in one vectorized pass."""
     if mean.shape[-1] == 1:
         return mean[..., 0]
     sd = np.maximum(np.sqrt(var), 1e-6)
@@ -88,9 +90,9 @@ def expected_max(mean: np.ndarray, var: np.ndarray) -> np.ndarray:
 def finish_verifications(gammas: list[int], alpha: np.ndarray, remaining: np.ndarray) -> np.ndarray:
     """Expected verifications until every sequence has its remaining tokens, per gamma (alpha, remaining: [n]):
     exact while at most EXACT tokens are left (N_r <= r, so sum over k < EXACT of P(max > k)), else approximated."""
-    moments = VERIFICATIONS.moments(gammas, alpha, remaining)  # (builds the tables)
     if remaining.max() > EXACT:
-        return expected_max(*moments)
+        return expected_max(*VERIFICATIONS.moments(gammas, alpha, remaining))
+    VERIFICATIONS.cover(gammas, int(remaining.max()))
     g, a = np.asarray(gammas)[:, None, None], np.rint(alpha * GRID).astype(np.int64)[None, :, None]
     below = VERIFICATIONS.cdf[g, a, remaining[None, :, None], np.arange(EXACT)].prod(-2)
     return (1 - below).sum(-1)
@@ -167,8 +169,8 @@ class AutoGamma:
     verifications cannot switch speculation off. Sequences differ (`spread`, fit_spread): each one's rate is the
     batch's, moved by what it has shown so far (sequence_weight), and spread by what it has not: before any draft
     the batch's sequences take normal quantiles of the spread around the batch's rate, a spread that narrows for each
-    sequence as its own drafts are examined. The slowest sequence sets the batch's end. Switching off (gamma 0) is final for the batch: the draft's cache would fall behind, and
-    the next batch plans afresh.
+    sequence as its own drafts are examined. The slowest sequence sets the batch's end. Switching off (gamma 0) is
+    final for the batch: the draft's cache would fall behind, and the next batch plans afresh.
 
     Switching on must promise to finish at least `margin` sooner than plain decoding: before the first
     verification the rate is only a prior, worth less than the verification a wrong "on" wastes (at 100K x 1 a
@@ -193,13 +195,20 @@ class AutoGamma:
     def reset(self) -> None:
         """A new batch: forget its acceptance counts, switch speculation back on."""
         self.seq_kept = self.seq_reached = np.zeros(0)
-        self.kept = self.reached = 0.0
         self.off = self.on = False
         self.history: list[int] = []
 
     @property
     def max_gamma(self) -> int:
         return self.gammas[-1]
+
+    @property
+    def kept(self) -> float:
+        return float(self.seq_kept.sum())
+
+    @property
+    def reached(self) -> float:
+        return float(self.seq_reached.sum())
 
     @property
     def alpha(self) -> float:
@@ -251,8 +260,6 @@ class AutoGamma:
             self.seq_kept, self.seq_reached = np.zeros_like(kept), np.zeros_like(reached)
         self.seq_kept = self.seq_kept + kept
         self.seq_reached = self.seq_reached + reached
-        self.kept += float(kept.sum())
-        self.reached += float(reached.sum())
 
     def summary(self) -> dict:
         used = {g: self.history.count(g) for g in sorted(set(self.history))}
