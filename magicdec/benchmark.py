@@ -25,6 +25,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def common_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--model", type=Path, default=None,
@@ -39,6 +46,8 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--gen_len", type=positive_int, default=64, help="tokens to generate per sequence")
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="timed runs per decoder, the median kept (with --baseline, baseline and speculation take turns)")
+    p.add_argument("--min_seconds", type=non_negative_float, default=0.0,
+                   help="keep timing rounds (beyond --repeats, at most 50) until each decoder was timed this long in all")
     p.add_argument("--dataset", default="auto",
                    help="pg19 | a folder of .txt books | a .jsonl with a text field | stdlib | auto (pg19 if reachable)")
     p.add_argument("--skip_tokens", type=int, default=8000, help="tokens skipped at the start of each book")

@@ -222,11 +222,16 @@ def timed_generation(decoder, target_cache, first, prev, args, eos, progress):
     return timed_generations([decoder], target_cache, first, prev, args, eos, progress)[0]
 
 
+MAX_ROUNDS = 50  # timed rounds at most, whatever min_seconds asks
+
+
 def timed_generations(decoders, target_cache, first, prev, args, eos, progress=False):
-    """(tokens, counts, seconds) of each decoder: warmed up, then `args.repeats` rounds that time every decoder
-    once, each from the prompt; each keeps its median run. Interleaved, a speculative decoder and the baseline see the
-    same state of the machine (clocks, host load, neighbours): timed minutes apart, the same graph on an H100 has
-    measured up to 9% apart, more than the differences the planner must resolve."""
+    """(tokens, counts, seconds) of each decoder: warmed up, then rounds that time every decoder once, each from the
+    prompt, until `args.repeats` rounds are done and every decoder has been timed for `args.min_seconds` in all (at
+    most MAX_ROUNDS); each keeps its median run. Interleaved, a speculative decoder and the baseline see the same
+    state of the machine (clocks, host load, neighbours): timed minutes apart, the same graph on an H100 has measured
+    up to 9% apart, more than the differences the planner must resolve. A 0.13 s run (SmolLM2 at B = 1) varies by
+    3% from round to round: a median of three could not tell a 3% loss from noise, a median of ten can."""
     prompt_lengths = target_cache.lengths.clone()
     for decoder in decoders:
         target_cache.rollback(prompt_lengths)
@@ -234,7 +239,9 @@ def timed_generations(decoders, target_cache, first, prev, args, eos, progress=F
         warm = 4 * (decoder.gamma + 1) if (args.compile or args.cuda_graphs) else 2
         decode(decoder, target_cache, first, min(args.gen_len, warm), eos, prev=prev)
     timings = [[] for _ in decoders]
-    for _ in range(getattr(args, "repeats", 1)):
+    repeats, min_seconds = getattr(args, "repeats", 1), getattr(args, "min_seconds", 0.0)
+    while len(timings[0]) < repeats or (min(sum(r[0] for r in t) for t in timings) < min_seconds
+                                        and len(timings[0]) < MAX_ROUNDS):
         for decoder, runs_of in zip(decoders, timings):
             target_cache.rollback(prompt_lengths)
             torch.manual_seed(args.seed + 1)

@@ -46,6 +46,7 @@ DEFAULTS = dict(
     prefix_lens=[4096], batch_sizes=[1], budgets=[256, 512], gammas=[1, 2, 3, 4], methods=["baseline", "selfspec"],
     modes=["greedy", "sampled"], gen_len=64, sinks=16, seed=0,
     repeats=1,  # timed runs per point, the median kept (small models' runs are short and noisy)
+    min_seconds=0.0,  # ... and more rounds until each decoder was timed this long in all (short runs are noisy)
     synthetic_acceptance=None,  # a number, or {prefix: alpha}: interpolated in log(prefix) between given points
     alpha_prior=0.8,  # auto: acceptance assumed for a budget before any point of it was measured
     skip_prefill=False,  # random weights only: caches filled with random KV
@@ -70,6 +71,8 @@ def load_config(path: Path) -> dict:
         raise MagicDecError(f"{path}: modes must be among {list(MODES)}")
     if min(cfg["gammas"]) < 1:
         raise MagicDecError(f"{path}: gammas must be >= 1")
+    if cfg["repeats"] < 1 or cfg["min_seconds"] < 0:
+        raise MagicDecError(f"{path}: repeats must be >= 1 and min_seconds >= 0 (got {cfg['repeats']}, {cfg['min_seconds']})")
     return cfg
 
 
@@ -112,7 +115,7 @@ class Sweep:
         self.args = SimpleNamespace(
             model=cfg["model"] and Path(cfg["model"]), model_name=cfg["model_name"], random_weights=cfg["random_weights"],
             tokenizer=cfg["tokenizer"] and Path(cfg["tokenizer"]), dataset=cfg["dataset"], skip_tokens=cfg["skip_tokens"],
-            seed=cfg["seed"], gen_len=cfg["gen_len"], repeats=cfg["repeats"], compile=False, cuda_graphs=self.cuda, device=device,
+            seed=cfg["seed"], gen_len=cfg["gen_len"], repeats=cfg["repeats"], min_seconds=cfg["min_seconds"], compile=False, cuda_graphs=self.cuda, device=device,
             dtype="bfloat16" if self.cuda else "float32")
         self.config, self.checkpoint = bench.model_source(self.args)
         self.draft_config = self.draft_checkpoint = None
@@ -228,7 +231,7 @@ class Sweep:
                 "model_config": self.config.to_dict(), "draft_config": self.draft_config and self.draft_config.to_dict(),
                 "random_weights": self.cfg["random_weights"], "synthetic_acceptance": synthetic_alpha(self.cfg, P),
                 "synthetic_draws": SYNTHETIC_DRAWS if synthetic_alpha(self.cfg, P) is not None else None,
-                "gen_len": self.cfg["gen_len"], "repeats": self.cfg["repeats"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],
+                "gen_len": self.cfg["gen_len"], "repeats": self.cfg["repeats"], "min_seconds": self.cfg["min_seconds"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],
                 "cuda_graphs": self.cuda, "prompt_source": getattr(self, "prompt_source", None),
                 "environment": getattr(self, "env", None)}
 

@@ -16,25 +16,29 @@ refit_cost_model = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(refit_cost_model)
 
 L31 = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
-BW, PER_LAYER = 3e12, 90e-6
+BW, FLOPS, PER_LAYER = 3e12, 7e14, 90e-6
 WEIGHTS, KV_TOKEN = 2 * (8_030_261_248 - 128256 * 4096), 131072  # bytes (see test_cost_model)
 
 
-def step(B, context, layer_s=PER_LAYER):  # bandwidth-bound at these sizes: bytes / bandwidth + 32 fixed costs
-    return (WEIGHTS + B * context * KV_TOKEN) / BW + 32 * layer_s
+def step(B, context, layer_s=PER_LAYER, T=1):
+    """bytes / bandwidth + FLOPs / matmul rate (2 per weight and token, QK and PV over the context: 32 layers x 32
+    heads x 128) + 32 fixed costs"""
+    flops = 2 * B * T * (WEIGHTS / 2 + 2 * 32 * 32 * 128 * context)
+    return (WEIGHTS + B * context * KV_TOKEN) / BW + flops / FLOPS + 32 * layer_s
 
 
 def write(d: Path):
     d.mkdir()
     common = dict(model=L31.name, draft_model=None, gen_len=64, decoding="greedy")
-    dm = {"bandwidth": BW, "matmul_flops": 7e14, "layer_overhead_s": 25e-6, "ranks": 1}
+    dm = {"bandwidth": BW, "matmul_flops": FLOPS, "layer_overhead_s": 25e-6, "ranks": 1}
     recs = {"baseline_P4096_B1_greedy": dict(method="baseline", prefix_len=4096, B=1, budget=None, gamma=None,
                                              device_model=dm, metrics={"ms_per_step": 1e3 * step(1, 4096 + 32)})}
     for P, B, gamma, omega_eff in ((4096, 1, 2, 2.4), (32768, 16, 3, 2.8)):
         ctx = P + 32
-        t_t, t_d, t_v = step(B, ctx), step(B, 512), step(B, ctx)
+        t_t, t_d, t_v = step(B, ctx), step(B, 512), step(B, ctx, T=gamma + 1)
         measured = omega_eff / (gamma * t_d / t_t + t_v / t_t)
-        recorded = omega_eff / (gamma * step(B, 512, 25e-6) / step(B, ctx, 25e-6) + 1)
+        old = step(B, ctx, 25e-6)
+        recorded = omega_eff / (gamma * step(B, 512, 25e-6) / old + step(B, ctx, 25e-6, gamma + 1) / old)
         recs[f"selfspec_P{P}_B{B}_greedy_b512_g{gamma}"] = dict(
             method="selfspec", prefix_len=P, B=B, budget=512, gamma=gamma, metrics={
                 "measured_speedup": measured, "alpha": 0.8, "omega_effective": omega_eff,

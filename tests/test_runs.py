@@ -452,3 +452,39 @@ def test_skip_prefill_is_for_random_weights_only(tmp_path):
     assert record["metrics"]["measured_speedup"] > 0
     one_line_error(cli("baseline", "--B", "1", "--prefix_len", "64", "--skip_prefill"), "--skip_prefill",
                    "only for --random_weights")
+
+
+# ------------------------------------------------------------------ timing rounds
+
+@pytest.mark.parametrize("repeats,min_seconds,run_s,rounds", [
+    (3, 0.0, 0.13, 3),  # repeats alone
+    (3, 1.0, 0.13, 8),  # 8 x 0.13 s is the first sum >= 1 s
+    (3, 0.2, 0.13, 3),  # already long enough after the repeats
+    (3, 100.0, 0.13, 50),  # capped at MAX_ROUNDS
+])
+def test_timing_rounds_until_min_seconds(monkeypatch, repeats, min_seconds, run_s, rounds):
+    """Rounds go on past `repeats` until each decoder was timed `min_seconds` in all; the slower decoder does not
+    decide alone (the faster one must reach it too), and the median run is kept."""
+    from types import SimpleNamespace
+
+    from magicdec import runs
+
+    calls = {"fast": 0, "slow": 0}
+
+    def fake_decode(decoder, cache, first, n, eos, progress=False, prev=None):
+        calls[decoder.name] += 1
+        return "tokens", "counts"
+
+    def fake_timed(fn, device):
+        out = fn()
+        return out, run_s * (1.0 if calls["fast"] > calls["slow"] else 2.0)  # the fast decoder runs first each round
+
+    monkeypatch.setattr(runs, "decode", fake_decode)
+    monkeypatch.setattr(runs.bench, "timed", fake_timed)
+    decoders = [SimpleNamespace(name="fast", gamma=0, stats=None), SimpleNamespace(name="slow", gamma=0, stats=None)]
+    cache = SimpleNamespace(lengths=torch.zeros(1), rollback=lambda lengths: None)
+    args = SimpleNamespace(seed=0, compile=False, cuda_graphs=False, gen_len=8, repeats=repeats,
+                           min_seconds=min_seconds, device="cpu")
+    (_, _, fast_s), (_, _, slow_s) = runs.timed_generations(decoders, cache, None, None, args, [])
+    assert calls == {"fast": rounds + 1, "slow": rounds + 1}  # + 1: the warm-up run
+    assert fast_s == pytest.approx(run_s) and slow_s == pytest.approx(2 * run_s)
