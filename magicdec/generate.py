@@ -179,6 +179,7 @@ class Decoder:
         self.verify_step = wrap(self._verify_step)
         self.draft_step = wrap(self._draft_step)
         self.stats = Stats(self.gamma)
+        self.round_seconds: list[float] = []  # seconds of each timed run (runs.timed_generations)
 
     def _distribution(self, model, tokens, cache, logits: str):
         """Greedy: argmax ids (across vocabulary shards without gathering them); sampling: probabilities."""

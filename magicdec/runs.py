@@ -228,10 +228,12 @@ MAX_ROUNDS = 50  # timed rounds at most, whatever min_seconds asks
 def timed_generations(decoders, target_cache, first, prev, args, eos, progress=False):
     """(tokens, counts, seconds) of each decoder: warmed up, then rounds that time every decoder once, each from the
     prompt, until `args.repeats` rounds are done and every decoder has been timed for `args.min_seconds` in all (at
-    most MAX_ROUNDS); each keeps its median run. Interleaved, a speculative decoder and the baseline see the same
-    state of the machine (clocks, host load, neighbours): timed minutes apart, the same graph on an H100 has measured
-    up to 9% apart, more than the differences the planner must resolve. A 0.13 s run (SmolLM2 at B = 1) varies by
-    3% from round to round: a median of three could not tell a 3% loss from noise, a median of ten can."""
+    most MAX_ROUNDS); each keeps its median run, and `decoder.round_seconds` lists all of its runs in round order.
+    Interleaved, a speculative decoder and the baseline see the same state of the machine (clocks, host load,
+    neighbours): timed minutes apart, the same graph on an H100 has measured up to 9% apart, more than the
+    differences the planner must resolve. The order alternates from round to round, so neither decoder is always
+    the one that runs right after the host's pause between rounds. A 0.13 s run (SmolLM2 at B = 1) varies by 3% from
+    round to round: a median of three could not tell a 3% loss from noise, a median of ten can."""
     prompt_lengths = target_cache.lengths.clone()
     for decoder in decoders:
         target_cache.rollback(prompt_lengths)
@@ -242,7 +244,8 @@ def timed_generations(decoders, target_cache, first, prev, args, eos, progress=F
     repeats, min_seconds = getattr(args, "repeats", 1), getattr(args, "min_seconds", 0.0)
     while len(timings[0]) < repeats or (min(sum(r[0] for r in t) for t in timings) < min_seconds
                                         and len(timings[0]) < MAX_ROUNDS):
-        for decoder, runs_of in zip(decoders, timings):
+        order = list(zip(decoders, timings))
+        for decoder, runs_of in (order if len(timings[0]) % 2 == 0 else order[::-1]):
             target_cache.rollback(prompt_lengths)
             torch.manual_seed(args.seed + 1)
             (out, counts), seconds = bench.timed(
@@ -250,6 +253,7 @@ def timed_generations(decoders, target_cache, first, prev, args, eos, progress=F
             runs_of.append((seconds, decoder.stats, out, counts))
     results = []
     for decoder, runs_of in zip(decoders, timings):
+        decoder.round_seconds = [r[0] for r in runs_of]
         seconds, decoder.stats, out, counts = sorted(runs_of, key=lambda r: r[0])[len(runs_of) // 2]
         results.append((out, counts, seconds))
     return results
@@ -328,7 +332,7 @@ def run(method: str, argv=None) -> dict:
             base_decoder = Decoder(target, sampling, compile=args.compile, cuda_graphs=args.cuda_graphs)
         if method == "baseline":  # with --baseline, a speculative run times it in turns with each gamma instead
             out, counts, b_s = timed_generation(base_decoder, cache, first, prev, args, eos, progress)
-            baseline = generation_metrics(counts, b_s, args, base_decoder.stats)
+            baseline = generation_metrics(counts, b_s, args, base_decoder)
             baseline.update(bandwidth_metrics(target, target_cfg, args, dtype, b_s, copy_bw))
         sweep = {}  # gamma -> metrics of its timed run
         for g in gammas_to_time(args) if spec else []:
@@ -341,11 +345,11 @@ def run(method: str, argv=None) -> dict:
             paired = None
             if base_decoder is not None:  # timed in turns with the baseline: its speedup is against that baseline
                 (out, counts, s), (_, bc, bs) = timed_generations([decoder, base_decoder], cache, first, prev, args, eos, progress)
-                paired = generation_metrics(bc, bs, args, base_decoder.stats)
+                paired = generation_metrics(bc, bs, args, base_decoder)
                 paired.update(bandwidth_metrics(target, target_cfg, args, dtype, bs, copy_bw))
             else:
                 out, counts, s = timed_generation(decoder, cache, first, prev, args, eos, progress)
-            sweep[g] = generation_metrics(counts, s, args, decoder.stats)
+            sweep[g] = generation_metrics(counts, s, args, decoder)
             sweep[g].update(speculation_metrics(sweep[g], decoder.stats, baseline_given or paired, g))
             sweep[g].update(auto_gamma_profile_s=profile_s, paired_baseline=paired)
             del decoder  # its CUDA graphs' memory goes back before the next gamma captures its own
@@ -395,15 +399,17 @@ def run(method: str, argv=None) -> dict:
     return record
 
 
-def generation_metrics(counts, seconds, args, stats) -> dict:
-    """Throughput of one timed generation. Token 1 comes from the prefill logits, so decode produced counts - 1."""
+def generation_metrics(counts, seconds, args, decoder) -> dict:
+    """Throughput of the decoder's timed generation (`seconds`: its median run; every run's seconds, in round order,
+    are kept as round_s). Token 1 comes from the prefill logits, so decode produced counts - 1."""
+    stats = decoder.stats
     decoded = int((counts - 1).sum())
     per_seq = decoded / args.B
     return {"decode_s": seconds, "decode_tokens_per_s": decoded / seconds if decoded else None,
             "ms_per_token": 1e3 * seconds / per_seq if per_seq else None,
             "generated_tokens": int(counts.sum()), "batch_size": args.B, "iterations": stats.iterations, "decode_steps": stats.iterations,
             "ms_per_step": 1e3 * seconds / stats.iterations if stats.iterations else None,
-            "time_split_s": stats.time}
+            "time_split_s": stats.time, "round_s": decoder.round_seconds}
 
 
 def bandwidth_metrics(model, config, args, dtype, seconds, copy_bw) -> dict:

@@ -297,8 +297,8 @@ class Sweep:
                 # Timed in turns with the baseline: the speedup compares runs made under the same conditions.
                 (_, counts, secs), (_, b_counts, b_secs) = runs.timed_generations(
                     [dec, base_dec[mode]], cache, first, prompts[:, -1], args, [])
-                paired = runs.generation_metrics(b_counts, b_secs, args, base_dec[mode].stats)
-                m = runs.generation_metrics(counts, secs, args, dec.stats)
+                paired = runs.generation_metrics(b_counts, b_secs, args, base_dec[mode])
+                m = runs.generation_metrics(counts, secs, args, dec)
                 m.update(runs.speculation_metrics(m, dec.stats, paired, gamma or 0))
                 m["cost_model"] = self.predicted(P, B, budget, gamma, m, method)
                 rec = {"point": name, "method": method, "decoding": mode, "budget": budget, "gamma": gamma,
@@ -314,7 +314,7 @@ class Sweep:
 
     def baseline(self, args, cache, dec, first, prompts, mode):
         _, counts, secs = runs.timed_generation(dec, cache, first, prompts[:, -1], args, [], False)
-        m = runs.generation_metrics(counts, secs, args, dec.stats)
+        m = runs.generation_metrics(counts, secs, args, dec)
         m.update(runs.bandwidth_metrics(self.target, self.config, args, self.dtype, secs, self.cost_device.bandwidth))
         ctx = args.prefix_len + args.gen_len // 2  # mid-generation context
         m["cost_model"] = {"T_T_s": cm.step_time(self.config, self.cost_device, args.B, ctx)}

@@ -464,20 +464,21 @@ def test_skip_prefill_is_for_random_weights_only(tmp_path):
 ])
 def test_timing_rounds_until_min_seconds(monkeypatch, repeats, min_seconds, run_s, rounds):
     """Rounds go on past `repeats` until each decoder was timed `min_seconds` in all; the slower decoder does not
-    decide alone (the faster one must reach it too), and the median run is kept."""
+    decide alone (the faster one must reach it too), the median run is kept, every run is listed, and the order
+    alternates from round to round."""
     from types import SimpleNamespace
 
     from magicdec import runs
 
-    calls = {"fast": 0, "slow": 0}
+    calls = []
 
     def fake_decode(decoder, cache, first, n, eos, progress=False, prev=None):
-        calls[decoder.name] += 1
+        calls.append(decoder.name)
         return "tokens", "counts"
 
     def fake_timed(fn, device):
         out = fn()
-        return out, run_s * (1.0 if calls["fast"] > calls["slow"] else 2.0)  # the fast decoder runs first each round
+        return out, run_s * (1.0 if calls[-1] == "fast" else 2.0) * (1 + 0.01 * len(calls))
 
     monkeypatch.setattr(runs, "decode", fake_decode)
     monkeypatch.setattr(runs.bench, "timed", fake_timed)
@@ -486,5 +487,9 @@ def test_timing_rounds_until_min_seconds(monkeypatch, repeats, min_seconds, run_
     args = SimpleNamespace(seed=0, compile=False, cuda_graphs=False, gen_len=8, repeats=repeats,
                            min_seconds=min_seconds, device="cpu")
     (_, _, fast_s), (_, _, slow_s) = runs.timed_generations(decoders, cache, None, None, args, [])
-    assert calls == {"fast": rounds + 1, "slow": rounds + 1}  # + 1: the warm-up run
-    assert fast_s == pytest.approx(run_s) and slow_s == pytest.approx(2 * run_s)
+    assert calls[:2] == ["fast", "slow"]  # the warm-up runs
+    assert calls[2:] == (["fast", "slow", "slow", "fast"] * rounds)[:2 * rounds]
+    fast_runs = [run_s * (1 + 0.01 * (i + 1)) for i, name in enumerate(calls) if name == "fast"][1:]
+    assert decoders[0].round_seconds == pytest.approx(fast_runs)
+    assert fast_s == pytest.approx(sorted(fast_runs)[rounds // 2])
+    assert slow_s == pytest.approx(sorted(decoders[1].round_seconds)[rounds // 2])
