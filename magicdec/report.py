@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import textwrap
 from collections import Counter
@@ -295,12 +296,23 @@ def images(pngs, rel_to: Path) -> str:
     return "\n\n".join(f"![{PNG[p.stem.rsplit('_', 1)[1]]}]({os.path.relpath(p, rel_to)})" for p in pngs)
 
 
+def relinked(md: Path, to: Path) -> str:
+    """md's text with its relative links made relative to the directory `to` (where it is included), so that a
+    README's links to files beside it still lead there from RESULTS.md."""
+    def fix(m: re.Match) -> str:
+        target = m.group(2)
+        if re.match(r"[a-z][a-z0-9+.-]*:|#|/", target):  # a URL, an anchor or an absolute path: as written
+            return m.group(0)
+        return f"{m.group(1)}({os.path.relpath(md.parent / target, to)})"
+    return re.sub(r"(\])\(([^)\s]+)\)", fix, md.read_text())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("sweeps", type=Path, nargs="+", help="sweep output directories")
     p.add_argument("--out", type=Path, required=True, help="where the PNGs and one markdown file per sweep go")
     p.add_argument("--results_md", type=Path, default=Path("results/RESULTS.md"))
-    p.add_argument("--include", type=Path, action="append", default=[], help="markdown appended verbatim (repeatable)")
+    p.add_argument("--include", type=Path, action="append", default=[], help="markdown appended, its relative links made relative to --results_md (repeatable)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     a.results_md.parent.mkdir(parents=True, exist_ok=True)
@@ -314,7 +326,7 @@ def main(argv=None) -> int:
         (a.out / f"{name}.md").write_text(f"{text}\n\n{images(pngs, a.out)}\n")
         parts.append(f"{text}\n\n{images(pngs, a.results_md.parent)}\n")
         print(text)
-    parts += [f.read_text().strip() + "\n" for f in a.include]
+    parts += [relinked(f, a.results_md.parent).strip() + "\n" for f in a.include]
     a.results_md.write_text("\n\n".join(parts))
     print(f"wrote {a.results_md} and {a.out}/")
     return 0

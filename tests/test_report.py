@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TINY_SWEEP
 from magicdec import report
 
 ENV = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.13.0", "python": "3.11.7", "device": "cuda"}
@@ -78,7 +79,8 @@ def row_of(md: str, P: int, B: int) -> list[str]:
 def test_report_from_hand_written_records(tmp_path, capsys):
     sweep = write_sweep(tmp_path / "sweeps" / "llama")
     extra = tmp_path / "side_by_side.md"
-    extra.write_text("## transformers side by side\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    extra.write_text("## transformers side by side\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+                     "[log](sbs/log.txt), [docs](https://example.org/a_b), [top](#results), ![plot](sbs/p.svg)\n")
     results_md, out = tmp_path / "results" / "RESULTS.md", tmp_path / "results" / "issue5"
     assert report.main([str(sweep), "--out", str(out), "--results_md", str(results_md), "--include", str(extra)]) == 0
     md = results_md.read_text()
@@ -118,7 +120,9 @@ def test_report_from_hand_written_records(tmp_path, capsys):
     assert f"```bash\n{COMMAND}\n```" in md
     assert "`baseline_P16384_B64_greedy`: B=64 x prefix 16384 does not fit in memory" in md
     assert "NVIDIA H100 80GB HBM3" in md and "random weights, synthetic α 0.80" in md
-    assert md.rstrip().endswith(extra.read_text().strip())
+    # an included file's relative links still lead to the files beside it; URLs and anchors stay as written
+    assert md.rstrip().endswith("| 1 | 2 |\n\n[log](../sbs/log.txt), [docs](https://example.org/a_b), [top](#results), "
+                                "![plot](../sbs/p.svg)")
     assert (out / "llama.md").read_text().count("](llama_") == 4  # the per-sweep file links beside its PNGs
     assert "selfspec b256 γ3" in capsys.readouterr().out
 
@@ -136,17 +140,9 @@ def test_report_skips_missing_dimensions(tmp_path):
     assert "(no commands.txt)" in results_md.read_text()
 
 
-TINY = """
-model_name = "JackFram/llama-68m"
-random_weights = true
-prefix_lens = [48]
-batch_sizes = [2]
-budgets = [24]
+TINY = TINY_SWEEP + """
 gammas = [1]
 methods = ["baseline", "selfspec"]
-modes = ["greedy"]
-gen_len = 8
-sinks = 4
 synthetic_acceptance = 0.8
 """
 

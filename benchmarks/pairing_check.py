@@ -1,0 +1,121 @@
+"""How far apart two decoders measure when they should not differ, and what the sweep's pairing can resolve.
+
+For one (prefix, B, decoding) group of a committed sweep: the baseline decoder A (captured first, as the sweep's),
+the sweep's `auto` decoder (planned from the sweep's records, profiled like the sweep's), a second baseline decoder
+A2 captured after it, and optionally fixed selfspec settings, all timed in the same interleaved rounds
+(runs.timed_generations, order alternating). Greedy decoders must give A's tokens (`same_tokens_as_A`). A2 / A is the A/A noise floor of a paired ratio; auto / A with auto
+off is what the sweep reports at points where the planner switched speculation off; auto / best fixed in the same
+rounds is the planner check without two different baseline pairings in between.
+
+    python benchmarks/pairing_check.py benchmarks/sweeps/smollm2.toml results/issue5/smollm2 \
+        --group 4096:1:greedy --group 8000:128:greedy:1024/1,1024/2 --min_seconds 3 --output results/issue5/pairing_check.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from magicdec import benchmark as bench  # noqa: E402
+from magicdec import runs  # noqa: E402
+from magicdec.errors import one_line_errors  # noqa: E402
+from magicdec.generate import Decoder, Draft, decode, prefill  # noqa: E402
+from magicdec.kv_cache import KVCache  # noqa: E402
+from magicdec.planner import AutoGamma  # noqa: E402
+from magicdec.sampling import next_token  # noqa: E402
+from magicdec.sweep import MODES, Sweep, load_config  # noqa: E402
+
+
+def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, int]], repeats: int,
+                min_seconds: float) -> dict:
+    cfg, dev, c = sweep.cfg, sweep.device, sweep.config
+    args = SimpleNamespace(**{**vars(sweep.args), "B": B, "prefix_len": P, "repeats": repeats, "min_seconds": min_seconds})
+    sampling = MODES[mode]
+    with torch.inference_mode():
+        prompts, _ = bench.load_prompts_for(args, c, sweep.checkpoint)
+        prompts = prompts.to(dev)
+        cache = KVCache(c.n_layers, B, c.n_kv_heads, sweep.slots(P), c.head_dim, sweep.dtype, dev, cfg["prefill_backend"])
+        logits = prefill(sweep.target, cache, prompts, max(16, 16384 // B))
+        cache.backend = "triton" if sweep.cuda else "sdpa"
+        torch.manual_seed(cfg["seed"])
+        first = next_token(logits, sampling.temperature, sampling.top_p, sampling.top_k)
+        cache.rollback(torch.full_like(cache.lengths, P))
+
+        def draft(budget):
+            a = sweep.target.args
+            dc = runs.new_draft_cache(a, B, a.n_kv_heads, budget, cfg["sinks"], sweep.ring_extra(), sweep.slots(P),
+                                      sweep.dtype, dev, cfg["prefill_backend"])
+            prefill(sweep.target, dc, prompts, runs.draft_prefill_chunk(max(16, 16384 // B), budget))
+            dc.backend = cache.backend
+            return Draft(sweep.target, dc)
+
+        decoders = {"A": Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda)}
+        decode(decoders["A"], cache, first, 8, [], prev=prompts[:, -1])  # captured first, as in the sweep
+        cache.rollback(torch.full_like(cache.lengths, P))
+        budget, chosen = sweep.plan_budget(P, B, mode, None)
+        policy = AutoGamma(cfg["gammas"], chosen["alpha"], spread=chosen["spread"])
+        decoders["auto"] = Decoder(sweep.target, sampling, draft=draft(budget), cuda_graphs=sweep.cuda, policy=policy)
+        runs.profile_gammas(decoders["auto"], cache, first, prompts[:, -1], args, [])
+        for b, g in fixed:
+            decoders[f"b{b} g{g}"] = Decoder(sweep.target, sampling, draft=draft(b), gamma=g, cuda_graphs=sweep.cuda)
+        decoders["A2"] = Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda)
+        results = runs.timed_generations(list(decoders.values()), cache, first, prompts[:, -1], args, [])
+    out = {"prefix_len": P, "B": B, "decoding": mode, "planner": chosen, "rounds": len(decoders["A"].round_seconds),
+           "decoders": {}}
+    reference = results[0][0]
+    for (name, dec), (tokens, _, secs) in zip(decoders.items(), results):
+        rs = dec.round_seconds
+        out["decoders"][name] = {
+            "median_s": secs, "round_s": rs,
+            # greedy: speculation changes no token (sampled: the draws differ, so no check)
+            "same_tokens_as_A": bool(torch.equal(tokens, reference)) if sampling.greedy else None,
+            "gpu_phase_s": dec.stats.time,
+            "gamma_use": dec.stats.policy and dec.stats.policy["iterations_per_gamma"],
+            "paired_vs_A": statistics.median(a / r for a, r in zip(decoders["A"].round_seconds, rs)),  # speedup over A
+            "paired_vs_A_range": [min(a / r for a, r in zip(decoders["A"].round_seconds, rs)),
+                                  max(a / r for a, r in zip(decoders["A"].round_seconds, rs))]}
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config", type=Path)
+    p.add_argument("records", type=Path, help="the sweep's records (the auto decoder is planned from them)")
+    p.add_argument("--group", action="append", required=True,
+                   help="PREFIX:B:MODE[:BUDGET/GAMMA,...] (repeatable): fixed selfspec settings timed alongside")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--min_seconds", type=float, default=3.0)
+    p.add_argument("--output", type=Path, required=True)
+    a = p.parse_args(argv)
+    with one_line_errors():
+        sweep = Sweep(load_config(a.config), a.records, torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+                      progress=False)
+        sweep.load()
+        checks = []
+        for g in a.group:
+            P, B, mode, *rest = g.split(":")
+            fixed = [tuple(map(int, f.split("/"))) for f in rest[0].split(",")] if rest else []
+            start = time.perf_counter()
+            checks.append(group_check(sweep, int(P), int(B), mode, fixed, a.repeats, a.min_seconds))
+            row = checks[-1]
+            print(f"{g}: {row['rounds']} rounds, {time.perf_counter() - start:.0f} s", flush=True)
+            for name, d in row["decoders"].items():
+                print(f"  {name:10s} median {d['median_s'] * 1e3:8.2f} ms  paired vs A {d['paired_vs_A']:.4f} "
+                      f"[{d['paired_vs_A_range'][0]:.3f}, {d['paired_vs_A_range'][1]:.3f}]  gpu {d['gpu_phase_s']}"
+                      f"  gamma {d['gamma_use']}", flush=True)
+            bench.release_memory(sweep.device)
+        a.output.parent.mkdir(parents=True, exist_ok=True)
+        a.output.write_text(json.dumps({"environment": sweep.env, "command": "python benchmarks/pairing_check.py " +
+                                        " ".join(argv if argv is not None else sys.argv[1:]),
+                                        "checks": checks}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""benchmarks/pairing_check.py on a tiny random Llama on the CPU: every decoder of a group is timed in the same
+rounds (one run each per round), the greedy speculative ones give exactly the baseline's tokens, and the paired
+ratios are the medians of the per-round ratios to decoder A."""
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+from conftest import TINY_SWEEP
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("pairing_check", ROOT / "benchmarks" / "pairing_check.py")
+pairing_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pairing_check)
+
+CONFIG = TINY_SWEEP + """
+gammas = [1, 2]
+methods = ["baseline", "selfspec", "auto"]
+"""
+
+
+def test_pairing_check_times_all_decoders_in_the_same_rounds(tmp_path):
+    config = tmp_path / "sweep.toml"
+    config.write_text(CONFIG)
+    out = tmp_path / "check.json"
+    pairing_check.main([str(config), str(tmp_path / "records"), "--group", "48:2:greedy:24/1,24/2",
+                        "--repeats", "3", "--min_seconds", "0", "--output", str(out)])
+    (check,) = json.loads(out.read_text())["checks"]
+    decoders = check["decoders"]
+    assert list(decoders) == ["A", "auto", "b24 g1", "b24 g2", "A2"] and check["rounds"] == 3
+    a = decoders["A"]["round_s"]
+    for name, d in decoders.items():
+        assert d["same_tokens_as_A"], name
+        assert len(d["round_s"]) == 3 and d["median_s"] == sorted(d["round_s"])[1]
+        assert d["paired_vs_A"] == statistics.median(x / y for x, y in zip(a, d["round_s"]))
+    assert decoders["A"]["paired_vs_A"] == 1.0 and decoders["b24 g2"]["gamma_use"] is None
+    assert sum(decoders["auto"]["gamma_use"].values()) > 0  # the policy chose (and recorded) every verification
