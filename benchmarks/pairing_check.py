@@ -34,9 +34,11 @@ from magicdec.sweep import MODES, Sweep, load_config  # noqa: E402
 
 
 def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, int]], repeats: int,
-                min_seconds: float) -> dict:
+                min_seconds: float, skip_tokens: int | None = None) -> dict:
     cfg, dev, c = sweep.cfg, sweep.device, sweep.config
     args = SimpleNamespace(**{**vars(sweep.args), "B": B, "prefix_len": P, "repeats": repeats, "min_seconds": min_seconds})
+    if skip_tokens is not None:  # another batch of the same texts: each prompt ends, and goes on, elsewhere
+        args.skip_tokens = skip_tokens
     sampling = MODES[mode]
     with torch.inference_mode():
         prompts, _ = bench.load_prompts_for(args, c, sweep.checkpoint)
@@ -67,7 +69,7 @@ def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, 
             decoders[f"b{b} g{g}"] = Decoder(sweep.target, sampling, draft=draft(b), gamma=g, cuda_graphs=sweep.cuda)
         decoders["A2"] = Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda)
         results = runs.timed_generations(list(decoders.values()), cache, first, prompts[:, -1], args, [])
-    out = {"prefix_len": P, "B": B, "decoding": mode, "planner": chosen, "rounds": len(decoders["A"].round_seconds),
+    out = {"prefix_len": P, "B": B, "decoding": mode, "skip_tokens": args.skip_tokens, "planner": chosen, "rounds": len(decoders["A"].round_seconds),
            "decoders": {}}
     reference = results[0][0]
     for (name, dec), (tokens, _, secs) in zip(decoders.items(), results):
@@ -90,6 +92,9 @@ def main(argv=None) -> None:
     p.add_argument("records", type=Path, help="the sweep's records (the auto decoder is planned from them)")
     p.add_argument("--group", action="append", required=True,
                    help="PREFIX:B:MODE[:BUDGET/GAMMA,...] (repeatable): fixed selfspec settings timed alongside")
+    p.add_argument("--skip_tokens", type=int, nargs="+", default=[None],
+                   help="run every group once per value (prompts start this many tokens into each book; default: "
+                        "the config's)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--min_seconds", type=float, default=3.0)
     p.add_argument("--output", type=Path, required=True)
@@ -99,23 +104,22 @@ def main(argv=None) -> None:
                       progress=False)
         sweep.load()
         checks = []
-        for g in a.group:
+        for g, skip in ((g, skip) for skip in a.skip_tokens for g in a.group):
             P, B, mode, *rest = g.split(":")
             fixed = [tuple(map(int, f.split("/"))) for f in rest[0].split(",")] if rest else []
             start = time.perf_counter()
-            checks.append(group_check(sweep, int(P), int(B), mode, fixed, a.repeats, a.min_seconds))
+            checks.append(group_check(sweep, int(P), int(B), mode, fixed, a.repeats, a.min_seconds, skip))
             row = checks[-1]
-            print(f"{g}: {row['rounds']} rounds, {time.perf_counter() - start:.0f} s", flush=True)
+            print(f"{g} (skip_tokens {row['skip_tokens']}): {row['rounds']} rounds, {time.perf_counter() - start:.0f} s", flush=True)
             for name, d in row["decoders"].items():
                 print(f"  {name:10s} median {d['median_s'] * 1e3:8.2f} ms  paired vs A {d['paired_vs_A']:.4f} "
                       f"[{d['paired_vs_A_range'][0]:.3f}, {d['paired_vs_A_range'][1]:.3f}]  gpu {d['gpu_phase_s']}"
                       f"  gamma {d['gamma_use']}", flush=True)
             bench.release_memory(sweep.device)
-        a.output.parent.mkdir(parents=True, exist_ok=True)
-        a.output.write_text(json.dumps({"environment": sweep.env, "command": "python benchmarks/pairing_check.py " +
-                                        " ".join(argv if argv is not None else sys.argv[1:]),
-                                        "checks": checks}, indent=1, default=str))
-
+            a.output.parent.mkdir(parents=True, exist_ok=True)  # after every check: a time limit loses only one
+            a.output.write_text(json.dumps({"environment": sweep.env, "command": "python benchmarks/pairing_check.py "
+                                            + " ".join(argv if argv is not None else sys.argv[1:]),
+                                            "checks": checks}, indent=1, default=str))
 
 if __name__ == "__main__":
     main()

@@ -24,8 +24,9 @@ def test_pairing_check_times_all_decoders_in_the_same_rounds(tmp_path):
     config.write_text(CONFIG)
     out = tmp_path / "check.json"
     pairing_check.main([str(config), str(tmp_path / "records"), "--group", "48:2:greedy:24/1,24/2",
-                        "--repeats", "3", "--min_seconds", "0", "--output", str(out)])
-    (check,) = json.loads(out.read_text())["checks"]
+                        "--repeats", "3", "--min_seconds", "0", "--skip_tokens", "0", "100", "--output", str(out)])
+    check, again = json.loads(out.read_text())["checks"]
+    assert (check["skip_tokens"], again["skip_tokens"]) == (0, 100)  # the group once per prompt offset
     decoders = check["decoders"]
     assert list(decoders) == ["A", "auto", "b24 g1", "b24 g2", "A2"] and check["rounds"] == 3
     a = decoders["A"]["round_s"]
