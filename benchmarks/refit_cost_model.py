@@ -4,7 +4,9 @@ B = 1 baseline at the shortest prefix (cost_model.fit_layer_overhead) instead of
 Sweeps made before 2026-11-22 03:00 measured that cost by counting a step's kernels and timing a tiny one, which
 gave 23 to 124 us per layer on the same H100 from call to call; the sweep now fits it to a timed step. This script
 shows what the committed records' predictions become with the fitted cost (every measured number stays as recorded:
-bandwidth and matmul rate of the calibration record, alpha, Omega_eff, speedups):
+bandwidth and matmul rate of the calibration record, alpha, Omega_eff, speedups), with and without a fixed cost
+T_O per verification fitted to each method's B = 1 point at the shortest prefix (cost_model.fit_verify_overhead; sweeps
+made before 2026-11-23 13:00 did not model it):
 
     python benchmarks/refit_cost_model.py results/issue5/llama31_8b results/issue5/llama2_7b_32k \
         results/issue5/smollm2 --as_model smollm2=HuggingFaceTB/SmolLM2-135M --output results/issue5/cost_model_refit.json
@@ -51,17 +53,32 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
     step_s = cal["metrics"]["ms_per_step"] / 1e3
     per_layer = cm.fit_layer_overhead(target, device, cal["B"], cal["prefix_len"] + cal["gen_len"] // 2, step_s)
     fitted = cm.Device(device.bandwidth, device.matmul_flops, per_layer, device.ranks)
+    spec = [r for r in recs if r["method"] in ("selfspec", "longspec") and r["metrics"].get("measured_speedup")
+            and r["metrics"].get("alpha") is not None]
+
+    def predict(r, dev):
+        return cm.predict(target, dev, r["B"], r["prefix_len"] + r["gen_len"] // 2, r["gamma"], r["metrics"]["alpha"],
+                          r["budget"] or r["prefix_len"], draft if r["method"] == "longspec" else None)
+
+    # T_O per method, fitted where it weighs most: the B = 1 point at the shortest prefix, greedy, smallest budget and
+    # gamma. Its measured speedup gives the verification's cost in target steps, Omega_eff / speedup; T_O is what
+    # that leaves beyond gamma draft steps and the target's step (never negative).
+    verify_overhead, calibration = {}, {}
+    for method in sorted({r["method"] for r in spec}):
+        c = min((r for r in spec if r["method"] == method),
+                key=lambda r: (r["B"], r["prefix_len"], r["decoding"] != "greedy", r["budget"], r["gamma"]))
+        p = predict(c, fitted)
+        cost = c["metrics"]["omega_effective"] / c["metrics"]["measured_speedup"]
+        verify_overhead[method] = max(cost - c["gamma"] * p["T_D_over_T_T"] - p["T_V_over_T_T"], 0.0) * p["T_T"]
+        calibration[method] = c["point"]
     points = []
-    for r in recs:
+    for r in spec:
         m = r["metrics"]
-        if r["method"] not in ("selfspec", "longspec") or not m.get("measured_speedup") or m.get("alpha") is None:
-            continue
-        p = cm.predict(target, fitted, r["B"], r["prefix_len"] + r["gen_len"] // 2, r["gamma"], m["alpha"],
-                       r["budget"] or r["prefix_len"], draft if r["method"] == "longspec" else None)
-        refitted = m["omega_effective"] / (r["gamma"] * p["T_D_over_T_T"] + p["T_V_over_T_T"])
+        with_o = cm.Device(device.bandwidth, device.matmul_flops, per_layer, device.ranks, verify_overhead[r["method"]])
         recorded = (m.get("cost_model") or {}).get("speedup_effective")
         points.append({"point": r["point"], "measured": m["measured_speedup"], "recorded_prediction": recorded,
-                       "refitted_prediction": refitted,
+                       "refitted_layer_only_prediction": m["omega_effective"] / cm.verification_cost(predict(r, fitted), r["gamma"]),
+                       "refitted_prediction": m["omega_effective"] / cm.verification_cost(predict(r, with_o), r["gamma"]),
                        "recorded_layer_overhead_us": 1e6 * (m.get("cost_model") or {}).get("device_model", {}).get("layer_overhead_s", float("nan"))})
 
     def score(key):
@@ -72,7 +89,10 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
     recorded_us = sorted({round(q["recorded_layer_overhead_us"], 1) for q in points})
     return {"sweep": str(d), "calibration_point": cal["point"], "calibration_ms_per_step": 1e3 * step_s,
             "fitted_layer_overhead_us": 1e6 * per_layer, "recorded_layer_overhead_us": recorded_us,
-            "recorded": score("recorded_prediction"), "refitted": score("refitted_prediction"), "points": points}
+            "fitted_verify_overhead_us": {k: 1e6 * v for k, v in verify_overhead.items()},
+            "verify_overhead_calibration_point": calibration, "recorded": score("recorded_prediction"),
+            "refitted_layer_only": score("refitted_layer_only_prediction"), "refitted": score("refitted_prediction"),
+            "points": points}
 
 
 def main(argv=None) -> int:
@@ -85,14 +105,16 @@ def main(argv=None) -> int:
     with one_line_errors():
         aliases = dict(x.split("=", 1) for x in a.as_model)
         results = [refit(d, aliases) for d in a.sweeps]
-    print("| sweep | fitted on | fixed cost per layer: recorded → fitted (µs) | within 10%: recorded | within 10%: refitted | median error: recorded → refitted |")
-    print("|---|---|---|---|---|---|")
+    print("| sweep | fitted on | fixed cost per layer: recorded → fitted (µs) | T_O fitted (µs) | within 10%: recorded "
+          "| refitted, layer only | refitted with T_O | median error: recorded → layer only → with T_O |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        rec, ref = r["recorded"], r["refitted"]
+        rec, lay, ref = r["recorded"], r["refitted_layer_only"], r["refitted"]
         print(f"| {Path(r['sweep']).name} | {r['calibration_point']} ({r['calibration_ms_per_step']:.2f} ms) "
               f"| {', '.join(f'{x:.1f}' for x in r['recorded_layer_overhead_us'])} → {r['fitted_layer_overhead_us']:.1f} "
-              f"| {rec['within_10pct']}/{rec['of']} | {ref['within_10pct']}/{ref['of']} "
-              f"| {rec['median_error']:+.1%} → {ref['median_error']:+.1%} |")
+              f"| {', '.join(f'{k} {v:.0f}' for k, v in r['fitted_verify_overhead_us'].items())} "
+              f"| {rec['within_10pct']}/{rec['of']} | {lay['within_10pct']}/{lay['of']} | {ref['within_10pct']}/{ref['of']} "
+              f"| {rec['median_error']:+.1%} → {lay['median_error']:+.1%} → {ref['median_error']:+.1%} |")
     if a.output:
         a.output.write_text(json.dumps(results, indent=1))
         print(f"wrote {a.output}")

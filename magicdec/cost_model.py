@@ -1,6 +1,6 @@
 """MagicDec's analysis as code: bytes and FLOPs of a step, predicted step times from a device's measured memory
-bandwidth and matmul rate, the predicted speedup Omega / (gamma * T_D/T_T + T_V/T_T), and the critical sequence
-length beyond which self-speculation pays.
+bandwidth and matmul rate, the predicted speedup Omega / (gamma * T_D/T_T + T_V/T_T + T_O/T_T), and the critical
+sequence length beyond which self-speculation pays.
 
 A step reads every weight once and each sequence's KV once; it takes its bytes over the bandwidth plus its FLOPs over
 the matmul rate, plus a fixed cost per layer (kernel launches and latency, which is what dominates small models).
@@ -8,6 +8,13 @@ The sum, not the larger of the two: a verification of gamma + 1 tokens at a larg
 compute-bound, and the larger of the two missed it (Llama-3.1-8B 4096 x 48 on the H100, gamma 2-4: measured
 1.13-1.33 T_T, the larger-of model said 1.00 and overstated the speedup 12-16%; the sum says 1.12-1.25, and changes
 little where one term dominates). Tensor parallelism divides weights and KV by the number of ranks.
+
+A verification also costs a fixed T_O beyond its gamma draft steps and its target step: the draft's catch-up
+bookkeeping, cache rollbacks, acceptance counting, small kernels a plain step never launches. It is not small where
+steps are short: fitted to the committed SmolLM2-135M records of the H100 (2 ms steps at B = 1),
+0.62 ms, and with it the model is within 10% of 160 of their 192 speedups instead of 81 (on Llama-3.1-8B shapes,
+0.33 ms of 7.7+ ms steps: 33/33 either way; benchmarks/refit_cost_model.py). fit_verify_overhead fits it to a timed
+verification.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ class Device:
     matmul_flops: float  # FLOP/s, measured (a large bf16 matmul)
     layer_overhead_s: float = 0.0  # fixed seconds per layer per step (launches, small kernels)
     ranks: int = 1  # tensor-parallel ranks sharing the work
+    verify_overhead_s: float = 0.0  # fixed seconds per verification beyond its draft and target steps (T_O)
 
 
 def weight_bytes(c: ModelArgs, item: int = 2) -> int:
@@ -68,8 +76,14 @@ def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha
     t_d = step_time(draft or target, d, B, budget if budget else prefix, 1)
     t_v = step_time(target, d, B, prefix, gamma + 1)
     om = omega(alpha, gamma)
-    return {"T_T": t_t, "T_D": t_d, "T_V": t_v, "T_D_over_T_T": t_d / t_t, "T_V_over_T_T": t_v / t_t,
-            "omega": om, "speedup": om / (gamma * t_d / t_t + t_v / t_t)}
+    return {"T_T": t_t, "T_D": t_d, "T_V": t_v, "T_O": d.verify_overhead_s, "T_D_over_T_T": t_d / t_t,
+            "T_V_over_T_T": t_v / t_t, "T_O_over_T_T": d.verify_overhead_s / t_t, "omega": om,
+            "speedup": om / (gamma * t_d / t_t + t_v / t_t + d.verify_overhead_s / t_t)}
+
+
+def verification_cost(p: dict, gamma: int) -> float:
+    """Seconds of one verification, in target steps: gamma draft steps, the target's (gamma+1)-token step, T_O."""
+    return gamma * p["T_D_over_T_T"] + p["T_V_over_T_T"] + p["T_O_over_T_T"]
 
 
 def critical_length(target: ModelArgs, d: Device, B: int, gamma: int, alpha: float, budget: int,
@@ -106,6 +120,14 @@ def measure_device(device, dtype=None) -> Device:
     k = 8192 if cuda else 512
     a, b = torch.randn(k, k, device=device, dtype=dtype), torch.randn(k, k, device=device, dtype=dtype)
     return Device(bandwidth=bandwidth, matmul_flops=2 * k ** 3 / seconds(lambda: a @ b))
+
+
+def fit_verify_overhead(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, budget: int,
+                        draft: ModelArgs | None, verification_s: float) -> float:
+    """The fixed seconds T_O that make a predicted verification (gamma draft steps plus the target's
+    (gamma+1)-token step) take as long as a measured one; d carries the fitted fixed cost per layer already."""
+    p = predict(target, replace(d, verify_overhead_s=0.0), B, prefix, gamma, 0.5, budget, draft)
+    return max(verification_s - gamma * p["T_D"] - p["T_V"], 0.0)
 
 
 def fit_layer_overhead(c: ModelArgs, d: Device, B: int, context: int, step_s: float) -> float:

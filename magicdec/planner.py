@@ -156,7 +156,7 @@ def plan(target: ModelArgs, device: cm.Device, B: int, context: int, budgets, ga
         verifications = finish_verifications(gammas, alphas, remaining).tolist()
         for g, n in zip(gammas, verifications):
             p = cm.predict(target, device, B, context, g, alpha[budget], budget, draft)
-            options.append(Choice(method, budget, g, tokens * p["T_T"] / (n * (g * p["T_D"] + p["T_V"]))))
+            options.append(Choice(method, budget, g, tokens / (n * cm.verification_cost(p, g))))
     return max(options, key=lambda c: c.speedup), options
 
 

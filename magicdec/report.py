@@ -34,8 +34,9 @@ How to read these tables:
   every sequence generating gen_len tokens, so a batch waits for its slowest sequence.
 - **speedup, first done**: MagicDec's convention, the run stops when the first sequence of the batch has gen_len tokens.
 - **cost model**: `magicdec/cost_model.py`, T_T, T_D, T_V from the bytes and FLOPs of each step over this device's
-  measured copy bandwidth and matmul rate (plus a measured fixed cost per layer), with the measured α. Its Ω form
-  Ω/(γ·T_D/T_T + T_V/T_T) is compared with *first done* (no stragglers); its Ω_eff form (measured tokens per
+  measured copy bandwidth and matmul rate (plus a measured fixed cost per layer, and, in records made after
+  2026-11-23, a measured fixed cost T_O per verification), with the measured α. Its Ω form
+  Ω/(γ·T_D/T_T + T_V/T_T + T_O/T_T) is compared with *first done* (no stragglers); its Ω_eff form (measured tokens per
   verification of the whole batch, stragglers included) with *all reach*. error = predicted / measured − 1.
 - **best fixed**: the (method, draft budget, γ) with the highest *all reach* speedup at that point (the *first done*
   column names another setting where that one is best under its convention).

@@ -206,6 +206,9 @@ class Sweep:
         prefix, n = PROBE
         overhead = cm.fit_layer_overhead(self.config, self.cost_device, 1, prefix + n // 2, self.probe_step(prefix, n))
         self.cost_device = replace(self.cost_device, layer_overhead_s=overhead)
+        methods = {m for m in self.cfg["methods"] if m in ("selfspec", "longspec")}
+        methods |= {self.draft_method} if "auto" in self.cfg["methods"] else set()
+        self.verify_overhead = {m: self.probe_verification(m, n) for m in sorted(methods)}
         self.env = bench.environment(self.device)
 
     def probe_step(self, prefix: int, n: int) -> float:
@@ -224,6 +227,34 @@ class Sweep:
             del dec, cache
         bench.release_memory(self.device)
         return secs / steps
+
+    def probe_verification(self, method: str, n: int) -> float:
+        """The cost model's fixed seconds per verification (T_O) for `method`, fitted to gamma-1 verifications at
+        B = 1 over random cached tokens, the draft reading the sweep's smallest budget, timed like a point."""
+        c, budget, backend = self.config, min(self.cfg["budgets"]), "triton" if self.cuda else "sdpa"
+        prefix = max(PROBE[0], 2 * budget)
+        model = self.target if method == "selfspec" else self.draft_model
+        args = SimpleNamespace(**{**vars(self.args), "B": 1, "prefix_len": prefix, "gen_len": n, "repeats": 3})
+        with torch.inference_mode():
+            cache = KVCache(c.n_layers, 1, c.n_kv_heads, prefix + n + 4, c.head_dim, self.dtype, self.device, backend)
+            cache.fill_random(prefix, self.cfg["seed"])
+            dc = runs.new_draft_cache(model.args, 1, model.args.n_kv_heads, budget, self.cfg["sinks"], self.ring_extra(),
+                                      prefix + n + 4, self.dtype, self.device, backend)
+            dc.fill_random(prefix, self.cfg["seed"] + 1)
+            dec = Decoder(self.target, MODES["greedy"], draft=Draft(model, dc), gamma=1, cuda_graphs=self.cuda,
+                          synthetic_acceptance=synthetic_alpha(self.cfg, prefix))
+            ids = torch.zeros(1, dtype=torch.long, device=self.device)
+            _, _, secs = runs.timed_generation(dec, cache, ids, ids, args, [], False)
+            verification_s = secs / dec.stats.iterations
+            del dec, cache, dc
+        bench.release_memory(self.device)
+        draft = self.draft_config if method == "longspec" else None
+        return cm.fit_verify_overhead(c, self.cost_device, 1, prefix + n // 2, 1, budget or prefix, draft,
+                                      verification_s)
+
+    def device_for(self, method: str) -> cm.Device:
+        """The measured device with `method`'s fixed seconds per verification."""
+        return replace(self.cost_device, verify_overhead_s=getattr(self, "verify_overhead", {}).get(method, 0.0))
 
     def meta(self, P, B) -> dict:
         return {"prefix_len": P, "B": B, "sampling": {m: vars(s) for m, s in MODES.items() if m in self.cfg["modes"]},
@@ -332,10 +363,11 @@ class Sweep:
         if m["alpha"] is None or not gamma:
             return None
         draft = self.draft_config if method == "longspec" else None
-        pred = cm.predict(self.config, self.cost_device, B, P + self.cfg["gen_len"] // 2, gamma, m["alpha"],
+        device = self.device_for(method)
+        pred = cm.predict(self.config, device, B, P + self.cfg["gen_len"] // 2, gamma, m["alpha"],
                           budget if budget else P, draft)
-        cost = gamma * pred["T_D_over_T_T"] + pred["T_V_over_T_T"]
-        return pred | {"speedup_effective": m["omega_effective"] / cost, "device_model": vars(self.cost_device)}
+        return pred | {"speedup_effective": m["omega_effective"] / cm.verification_cost(pred, gamma),
+                       "device_model": vars(device)}
 
     def plan_budget(self, P, B, mode, synthetic) -> tuple[int, dict]:
         """The planner's budget for an auto point: acceptance per budget as measured by earlier points of this sweep
@@ -350,7 +382,7 @@ class Sweep:
             spread[b] = fit_spread([(r["B"], r["gamma"], r["gen_len"] - 1, r["metrics"]["alpha"], r["metrics"]["iterations"])
                                     for r in seen if r.get("gamma")])
         draft = self.draft_config if method == "longspec" else None
-        best, options = plan(self.config, self.cost_device, B, P + self.cfg["gen_len"] // 2,
+        best, options = plan(self.config, self.device_for(method), B, P + self.cfg["gen_len"] // 2,
                              [b for b in self.cfg["budgets"] if b < P], self.cfg["gammas"], alpha, draft,
                              tokens=self.cfg["gen_len"] - 1, spread=spread)
         budget = best.budget if best.budget is not None else min(b for b in self.cfg["budgets"] if b < P)

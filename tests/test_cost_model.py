@@ -96,3 +96,24 @@ def test_fixed_cost_per_layer_fitted_to_a_measured_step():
     assert cm.step_time(L31, fitted, 16, 32768) == pytest.approx(
         32 * per_layer + (cm.weight_bytes(L31) + 16 * 32768 * 131072) / 3e12 + flops(16, 32768) / 7e14)
     assert cm.fit_layer_overhead(L31, d, 1, 272, 4.0e-3) == 0.0
+
+
+def test_fixed_cost_per_verification():
+    """Self-speculation at B = 1 over 1024 tokens, budget 256, gamma 1, on a 3 TB/s, 700 TFLOP/s device with 60 us
+    per layer: by hand, a draft step reads the weights and 256 tokens of KV, the verification's target step 1024
+    tokens' KV for 2 tokens. A measured verification 0.5 ms longer than those two steps fits T_O = 0.5 ms, and
+    T_O enters the speedup's denominator as T_O / T_T; a verification faster than its steps fits nothing."""
+    d = cm.Device(bandwidth=3e12, matmul_flops=7e14, layer_overhead_s=60e-6)
+    W = 2 * (8_030_261_248 - 128256 * 4096)
+
+    def step(context, T=1):
+        return (W + context * 131072) / 3e12 + flops(1, context, T) / 7e14 + 32 * 60e-6
+
+    t_t, t_d, t_v = step(1024), step(256), step(1024, 2)
+    t_o = cm.fit_verify_overhead(L31, d, 1, 1024, 1, 256, None, t_d + t_v + 0.5e-3)
+    assert t_o == pytest.approx(0.5e-3)
+    p = cm.predict(L31, cm.Device(3e12, 7e14, 60e-6, verify_overhead_s=t_o), 1, 1024, 1, 0.8, 256)
+    assert p["T_O_over_T_T"] == pytest.approx(0.5e-3 / t_t)
+    assert p["speedup"] == pytest.approx(1.8 / ((t_d + t_v + 0.5e-3) / t_t))
+    assert cm.verification_cost(p, 1) == pytest.approx((t_d + t_v + 0.5e-3) / t_t)
+    assert cm.fit_verify_overhead(L31, d, 1, 1024, 1, 256, None, t_d + t_v - 1e-4) == 0.0

@@ -46,12 +46,15 @@ def test_plan_switches_speculation_off_at_short_context():
 
 def test_plan_at_batch_one_and_long_generations_is_the_paper_formula():
     """With one sequence and many tokens, verifications -> tokens / Omega (renewal theorem): the plan's speedups
-    become MagicDec's Omega / (gamma T_D/T_T + T_V/T_T), computed by the cost model alone."""
+    become MagicDec's Omega / (gamma T_D/T_T + T_V/T_T), computed by the cost model alone; with a fixed cost per
+    verification T_O, Omega / (gamma T_D/T_T + T_V/T_T + T_O/T_T)."""
     alpha = {512: 0.8}
-    _, options = plan(L31, H100, 1, 100_000, [512], [1, 2, 3, 4], alpha, tokens=4000)
-    for o in options[1:]:
-        paper = cm.predict(L31, H100, 1, 100_000, o.gamma, 0.8, 512)["speedup"]
-        assert o.speedup == pytest.approx(paper, rel=0.002)
+    for device in (H100, cm.Device(3.0e12, 7e14, verify_overhead_s=2e-3)):
+        _, options = plan(L31, device, 1, 100_000, [512], [1, 2, 3, 4], alpha, tokens=4000)
+        for o in options[1:]:
+            p = cm.predict(L31, H100, 1, 100_000, o.gamma, 0.8, 512)
+            paper = p["omega"] / (o.gamma * p["T_D_over_T_T"] + p["T_V_over_T_T"] + device.verify_overhead_s / p["T_T"])
+            assert o.speedup == pytest.approx(paper, rel=0.002)
 
 
 def test_fit_spread_recovers_the_spread_that_made_the_batches():

@@ -27,7 +27,7 @@ def step(B, context, layer_s=PER_LAYER, T=1):
     return (WEIGHTS + B * context * KV_TOKEN) / BW + flops / FLOPS + 32 * layer_s
 
 
-def write(d: Path):
+def write(d: Path, verify_s: float = 0.0):
     d.mkdir()
     common = dict(model=L31.name, draft_model=None, gen_len=64, decoding="greedy")
     dm = {"bandwidth": BW, "matmul_flops": FLOPS, "layer_overhead_s": 25e-6, "ranks": 1}
@@ -36,7 +36,7 @@ def write(d: Path):
     for P, B, gamma, omega_eff in ((4096, 1, 2, 2.4), (32768, 16, 3, 2.8)):
         ctx = P + 32
         t_t, t_d, t_v = step(B, ctx), step(B, 512), step(B, ctx, T=gamma + 1)
-        measured = omega_eff / (gamma * t_d / t_t + t_v / t_t)
+        measured = omega_eff / ((gamma * t_d + t_v + verify_s) / t_t)
         old = step(B, ctx, 25e-6)
         recorded = omega_eff / (gamma * step(B, 512, 25e-6) / old + step(B, ctx, 25e-6, gamma + 1) / old)
         recs[f"selfspec_P{P}_B{B}_greedy_b512_g{gamma}"] = dict(
@@ -59,6 +59,21 @@ def test_refit_recovers_the_fixed_cost_and_the_measured_speedups(tmp_path, capsy
     # 32K x 16 the draft's step is mostly fixed cost, and 25 us makes it look 20% cheaper than it is
     assert abs(errors["selfspec_P4096_B1_greedy_b512_g2"]) < 0.01 and errors["selfspec_P32768_B16_greedy_b512_g3"] > 0.05
     assert "| l31 | baseline_P4096_B1_greedy" in capsys.readouterr().out
+
+
+def test_refit_recovers_a_fixed_cost_per_verification(tmp_path):
+    """The same device, but every verification also costs 2 ms beyond its steps: fitted to the B = 1 point, T_O
+    comes back as 2 ms and predicts the 32K x 16 point (a 28 ms target step) exactly, which the per-layer cost
+    alone overstates by more than 3% (2 ms of a 58 ms verification)."""
+    write(tmp_path / "l31", verify_s=2e-3)
+    out = tmp_path / "refit.json"
+    assert refit_cost_model.main([str(tmp_path / "l31"), "--output", str(out)]) == 0
+    (r,) = json.loads(out.read_text())
+    assert r["fitted_layer_overhead_us"] == pytest.approx(90.0, rel=1e-6)
+    assert r["fitted_verify_overhead_us"] == {"selfspec": pytest.approx(2000.0, rel=1e-6)}
+    assert r["refitted"]["median_error"] == pytest.approx(0.0, abs=1e-9) and r["refitted"]["within_10pct"] == 2
+    q = next(q for q in r["points"] if q["point"] == "selfspec_P32768_B16_greedy_b512_g3")
+    assert q["refitted_layer_only_prediction"] > q["measured"] * 1.03
 
 
 def test_unknown_model_name_is_one_line(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import one_line_error, run_cli
+from magicdec import cost_model as cm
 from magicdec import sweep
 
 CONFIG = """
@@ -76,12 +77,40 @@ def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
         if r["method"] in ("selfspec", "longspec"):
             assert m["measured_speedup"] > 0 and m["cost_model"]["speedup"] > 0
             assert m["speculation"]["gamma"] == r["gamma"]
+            pred = m["cost_model"]  # T_O (the probed fixed cost per verification) counts in the denominator
+            t_o = pred["device_model"]["verify_overhead_s"]
+            assert t_o >= 0 and pred["T_O_over_T_T"] == pytest.approx(t_o / pred["T_T"])
+            assert pred["speedup_effective"] == pytest.approx(m["omega_effective"] / (
+                r["gamma"] * pred["T_D_over_T_T"] + pred["T_V_over_T_T"] + pred["T_O_over_T_T"]))
         if r["method"] == "auto":
             assert r["planner"]["budget"] in (24, 64) and r["budget"] == r["planner"]["budget"]
             assert r["planner"]["spread"] >= 0 and set(r["planner"]["spread_by_budget"]) == {"24", "64"}
             used = m["speculation"]["auto_gamma"]["iterations_per_gamma"]
             assert sum(used.values()) == m["iterations"] and set(map(int, used)) <= {0, 1, 2}
     assert (out / "commands.txt").read_text().count("python -m magicdec.sweep") == 3  # every run with points to do
+
+
+def test_verification_probe_fits_the_fixed_cost_per_verification(tmp_path, monkeypatch):
+    """The probe times gamma-1 verifications at B = 1 (draft at the smallest budget, 256 cached tokens) and fits
+    T_O to them: a verification timed 0.3 ms slower than the model's draft step plus target step gives 0.3 ms, for
+    the self-draft and for the standalone draft, each against its own draft's step."""
+    cfg = sweep.load_config(_write(tmp_path, CONFIG))
+    sw = sweep.Sweep(cfg, tmp_path / "out", torch.device("cpu"), False)
+    sw.load()
+    assert set(sw.verify_overhead) == {"selfspec", "longspec"}
+
+    def timed(dec, cache, first, prev, args, eos, progress):
+        assert dec.gamma == 1 and first.shape == (1,) and args.prefix_len == 256
+        dec.stats.iterations = 10
+        draft = sw.draft_config if dec.draft.model is not sw.target else None
+        p = cm.predict(sw.config, sw.cost_device, 1, 256 + args.gen_len // 2, 1, 0.5, 24, draft)
+        return None, None, 10 * (p["T_D"] + p["T_V"] + 0.3e-3)
+
+    monkeypatch.setattr(sweep.runs, "timed_generation", timed)
+    for method in ("selfspec", "longspec"):
+        assert sw.probe_verification(method, 32) == pytest.approx(0.3e-3)
+        sw.verify_overhead[method] = 0.3e-3
+        assert sw.device_for(method).verify_overhead_s == 0.3e-3
 
 
 def test_synthetic_alpha_interpolates_in_log_prefix():
