@@ -5,8 +5,8 @@ Sweeps made before 2026-11-22 03:00 measured that cost by counting a step's kern
 gave 23 to 124 us per layer on the same H100 from call to call; the sweep now fits it to a timed step. This script
 shows what the committed records' predictions become with the fitted cost (every measured number stays as recorded:
 bandwidth and matmul rate of the calibration record, alpha, Omega_eff, speedups), with and without a fixed cost
-T_O per verification fitted to each method's B = 1 point at the shortest prefix (cost_model.fit_verify_overhead; sweeps
-made before 2026-11-23 13:00 did not model it):
+T_O per verification fitted to each method's B = 1 point at the shortest prefix (cost_model.fit_verify_overhead), the
+draft's StreamingLLM ring read whole (sweeps made before 2026-11-23 13:00 modelled neither):
 
     python benchmarks/refit_cost_model.py results/issue5/llama31_8b results/issue5/llama2_7b_32k \
         results/issue5/smollm2 --as_model smollm2=HuggingFaceTB/SmolLM2-135M --output results/issue5/cost_model_refit.json
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from magicdec import cost_model as cm  # noqa: E402
 from magicdec.config import ModelArgs  # noqa: E402
 from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
+from magicdec.runs import ring_extra_for  # noqa: E402
 
 TOL = 0.10
 
@@ -56,9 +57,12 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
     spec = [r for r in recs if r["method"] in ("selfspec", "longspec") and r["metrics"].get("measured_speedup")
             and r["metrics"].get("alpha") is not None]
 
+    max_gamma = max(r["gamma"] for r in spec) if spec else 1  # the sweep's rings hold what its longest gamma writes
+
     def predict(r, dev):
         return cm.predict(target, dev, r["B"], r["prefix_len"] + r["gen_len"] // 2, r["gamma"], r["metrics"]["alpha"],
-                          r["budget"] or r["prefix_len"], draft if r["method"] == "longspec" else None)
+                          r["budget"] or r["prefix_len"], draft if r["method"] == "longspec" else None,
+                          ring_extra_for(r["gen_len"], max_gamma) if r["budget"] else 0)
 
     # T_O per method, fitted where it weighs most: the B = 1 point at the shortest prefix, greedy, smallest budget and
     # gamma. Its measured speedup gives the verification's cost in target steps, Omega_eff / speedup; T_O is what
@@ -77,7 +81,7 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
         with_o = cm.Device(device.bandwidth, device.matmul_flops, per_layer, device.ranks, verify_overhead[r["method"]])
         recorded = (m.get("cost_model") or {}).get("speedup_effective")
         points.append({"point": r["point"], "measured": m["measured_speedup"], "recorded_prediction": recorded,
-                       "refitted_layer_only_prediction": m["omega_effective"] / cm.verification_cost(predict(r, fitted), r["gamma"]),
+                       "refitted_without_T_O_prediction": m["omega_effective"] / cm.verification_cost(predict(r, fitted), r["gamma"]),
                        "refitted_prediction": m["omega_effective"] / cm.verification_cost(predict(r, with_o), r["gamma"]),
                        "recorded_layer_overhead_us": 1e6 * (m.get("cost_model") or {}).get("device_model", {}).get("layer_overhead_s", float("nan"))})
 
@@ -91,7 +95,7 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
             "fitted_layer_overhead_us": 1e6 * per_layer, "recorded_layer_overhead_us": recorded_us,
             "fitted_verify_overhead_us": {k: 1e6 * v for k, v in verify_overhead.items()},
             "verify_overhead_calibration_point": calibration, "recorded": score("recorded_prediction"),
-            "refitted_layer_only": score("refitted_layer_only_prediction"), "refitted": score("refitted_prediction"),
+            "refitted_without_T_O": score("refitted_without_T_O_prediction"), "refitted": score("refitted_prediction"),
             "points": points}
 
 
@@ -106,10 +110,10 @@ def main(argv=None) -> int:
         aliases = dict(x.split("=", 1) for x in a.as_model)
         results = [refit(d, aliases) for d in a.sweeps]
     print("| sweep | fitted on | fixed cost per layer: recorded → fitted (µs) | T_O fitted (µs) | within 10%: recorded "
-          "| refitted, layer only | refitted with T_O | median error: recorded → layer only → with T_O |")
+          "| refitted, no T_O | refitted with T_O | median error: recorded → no T_O → with T_O |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        rec, lay, ref = r["recorded"], r["refitted_layer_only"], r["refitted"]
+        rec, lay, ref = r["recorded"], r["refitted_without_T_O"], r["refitted"]
         print(f"| {Path(r['sweep']).name} | {r['calibration_point']} ({r['calibration_ms_per_step']:.2f} ms) "
               f"| {', '.join(f'{x:.1f}' for x in r['recorded_layer_overhead_us'])} → {r['fitted_layer_overhead_us']:.1f} "
               f"| {', '.join(f'{k} {v:.0f}' for k, v in r['fitted_verify_overhead_us'].items())} "

@@ -12,9 +12,9 @@ little where one term dominates). Tensor parallelism divides weights and KV by t
 A verification also costs a fixed T_O beyond its gamma draft steps and its target step: the draft's catch-up
 bookkeeping, cache rollbacks, acceptance counting, small kernels a plain step never launches. It is not small where
 steps are short: fitted to the committed SmolLM2-135M records of the H100 (2 ms steps at B = 1),
-0.62 ms, and with it the model is within 10% of 160 of their 192 speedups instead of 81 (on Llama-3.1-8B shapes,
-0.33 ms of 7.7+ ms steps: 33/33 either way; benchmarks/refit_cost_model.py). fit_verify_overhead fits it to a timed
-verification.
+0.61 ms, and with it and the draft ring's real reads (predict's ring_extra) the model is within 10% of 162 of their
+192 speedups, 81 without both (on Llama-3.1-8B shapes, 0.31 ms of 7.7+ ms steps: 33/33 either way;
+benchmarks/refit_cost_model.py). fit_verify_overhead fits it to a timed verification.
 """
 from __future__ import annotations
 
@@ -70,10 +70,12 @@ def omega(alpha: float, gamma: int) -> float:
 
 
 def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha: float, budget: int,
-            draft: ModelArgs | None = None) -> dict:
-    """Predicted T_T, T_D, T_V and speedup; draft None means self-speculation (the target with a `budget` cache)."""
+            draft: ModelArgs | None = None, ring_extra: int = 0) -> dict:
+    """Predicted T_T, T_D, T_V and speedup; draft None means self-speculation (the target with a `budget` cache).
+    `ring_extra`: the slots a StreamingLLM ring holds beyond its budget for what a forward writes ahead; the draft's
+    attention reads them too (masked), which at budget 256 doubles its KV reads."""
     t_t = step_time(target, d, B, prefix, 1)
-    t_d = step_time(draft or target, d, B, budget if budget else prefix, 1)
+    t_d = step_time(draft or target, d, B, budget + ring_extra if budget else prefix, 1)
     t_v = step_time(target, d, B, prefix, gamma + 1)
     om = omega(alpha, gamma)
     return {"T_T": t_t, "T_D": t_d, "T_V": t_v, "T_O": d.verify_overhead_s, "T_D_over_T_T": t_d / t_t,
@@ -123,10 +125,10 @@ def measure_device(device, dtype=None) -> Device:
 
 
 def fit_verify_overhead(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, budget: int,
-                        draft: ModelArgs | None, verification_s: float) -> float:
+                        draft: ModelArgs | None, verification_s: float, ring_extra: int = 0) -> float:
     """The fixed seconds T_O that make a predicted verification (gamma draft steps plus the target's
     (gamma+1)-token step) take as long as a measured one; d carries the fitted fixed cost per layer already."""
-    p = predict(target, replace(d, verify_overhead_s=0.0), B, prefix, gamma, 0.5, budget, draft)
+    p = predict(target, replace(d, verify_overhead_s=0.0), B, prefix, gamma, 0.5, budget, draft, ring_extra)
     return max(verification_s - gamma * p["T_D"] - p["T_V"], 0.0)
 
 

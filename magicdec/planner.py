@@ -142,10 +142,12 @@ class Choice:
 
 
 def plan(target: ModelArgs, device: cm.Device, B: int, context: int, budgets, gammas, alpha: dict[int, float],
-         draft: ModelArgs | None = None, tokens: int = 64, spread: dict[int, float] | None = None) -> tuple[Choice, list[Choice]]:
+         draft: ModelArgs | None = None, tokens: int = 64, spread: dict[int, float] | None = None,
+         ring_extra: int = 0) -> tuple[Choice, list[Choice]]:
     """The best choice for B sequences of `tokens` new tokens each, and every option considered; alpha maps each
     budget to its expected acceptance rate, `spread` to its spread between sequences (fit_spread; none if not
-    given). Step times from the cost model; finishing times as in AutoGamma."""
+    given). Step times from the cost model (the draft's ring reading `ring_extra` slots beyond the budget);
+    finishing times as in AutoGamma."""
     method = "longspec" if draft is not None else "selfspec"
     options = [Choice("baseline", None, 0, 1.0)]
     gammas, remaining = sorted(gammas), np.full(B, tokens)
@@ -155,7 +157,7 @@ def plan(target: ModelArgs, device: cm.Device, B: int, context: int, budgets, ga
         alphas = spread_alphas(alpha[budget], (spread or {}).get(budget, 0.0), B)
         verifications = finish_verifications(gammas, alphas, remaining).tolist()
         for g, n in zip(gammas, verifications):
-            p = cm.predict(target, device, B, context, g, alpha[budget], budget, draft)
+            p = cm.predict(target, device, B, context, g, alpha[budget], budget, draft, ring_extra)
             options.append(Choice(method, budget, g, tokens / (n * cm.verification_cost(p, g))))
     return max(options, key=lambda c: c.speedup), options
 

@@ -250,7 +250,7 @@ class Sweep:
         bench.release_memory(self.device)
         draft = self.draft_config if method == "longspec" else None
         return cm.fit_verify_overhead(c, self.cost_device, 1, prefix + n // 2, 1, budget or prefix, draft,
-                                      verification_s)
+                                      verification_s, self.ring_extra() if budget else 0)
 
     def device_for(self, method: str) -> cm.Device:
         """The measured device with `method`'s fixed seconds per verification."""
@@ -365,7 +365,7 @@ class Sweep:
         draft = self.draft_config if method == "longspec" else None
         device = self.device_for(method)
         pred = cm.predict(self.config, device, B, P + self.cfg["gen_len"] // 2, gamma, m["alpha"],
-                          budget if budget else P, draft)
+                          budget if budget else P, draft, self.ring_extra() if budget else 0)
         return pred | {"speedup_effective": m["omega_effective"] / cm.verification_cost(pred, gamma),
                        "device_model": vars(device)}
 
@@ -384,7 +384,7 @@ class Sweep:
         draft = self.draft_config if method == "longspec" else None
         best, options = plan(self.config, self.device_for(method), B, P + self.cfg["gen_len"] // 2,
                              [b for b in self.cfg["budgets"] if b < P], self.cfg["gammas"], alpha, draft,
-                             tokens=self.cfg["gen_len"] - 1, spread=spread)
+                             tokens=self.cfg["gen_len"] - 1, spread=spread, ring_extra=self.ring_extra())
         budget = best.budget if best.budget is not None else min(b for b in self.cfg["budgets"] if b < P)
         return budget, {"predicted_best": vars(best), "budget": budget, "alpha": alpha[budget], "alpha_by_budget": alpha,
                         "spread": spread[budget], "spread_by_budget": spread, "options": [vars(o) for o in options]}

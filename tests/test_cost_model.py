@@ -117,3 +117,7 @@ def test_fixed_cost_per_verification():
     assert p["speedup"] == pytest.approx(1.8 / ((t_d + t_v + 0.5e-3) / t_t))
     assert cm.verification_cost(p, 1) == pytest.approx((t_d + t_v + 0.5e-3) / t_t)
     assert cm.fit_verify_overhead(L31, d, 1, 1024, 1, 256, None, t_d + t_v - 1e-4) == 0.0
+    # a StreamingLLM ring with 256 slots written ahead: the draft step reads 512 slots of KV, the others as before
+    ring = cm.predict(L31, d, 1, 1024, 1, 0.8, 256, ring_extra=256)
+    assert ring["T_D"] == pytest.approx(step(512)) and ring["T_V"] == pytest.approx(t_v)
+    assert cm.predict(L31, d, 1, 1024, 1, 0.8, 0, ring_extra=256)["T_D"] == pytest.approx(t_t)  # budget 0: full cache

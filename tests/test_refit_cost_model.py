@@ -35,7 +35,8 @@ def write(d: Path, verify_s: float = 0.0):
                                              device_model=dm, metrics={"ms_per_step": 1e3 * step(1, 4096 + 32)})}
     for P, B, gamma, omega_eff in ((4096, 1, 2, 2.4), (32768, 16, 3, 2.8)):
         ctx = P + 32
-        t_t, t_d, t_v = step(B, ctx), step(B, 512), step(B, ctx, T=gamma + 1)
+        # the draft's StreamingLLM ring reads its 512 budget slots plus 256 written ahead (runs.ring_extra_for(64, 3))
+        t_t, t_d, t_v = step(B, ctx), step(B, 512 + 256), step(B, ctx, T=gamma + 1)
         measured = omega_eff / ((gamma * t_d + t_v + verify_s) / t_t)
         old = step(B, ctx, 25e-6)
         recorded = omega_eff / (gamma * step(B, 512, 25e-6) / old + step(B, ctx, 25e-6, gamma + 1) / old)
@@ -73,7 +74,7 @@ def test_refit_recovers_a_fixed_cost_per_verification(tmp_path):
     assert r["fitted_verify_overhead_us"] == {"selfspec": pytest.approx(2000.0, rel=1e-6)}
     assert r["refitted"]["median_error"] == pytest.approx(0.0, abs=1e-9) and r["refitted"]["within_10pct"] == 2
     q = next(q for q in r["points"] if q["point"] == "selfspec_P32768_B16_greedy_b512_g3")
-    assert q["refitted_layer_only_prediction"] > q["measured"] * 1.03
+    assert q["refitted_without_T_O_prediction"] > q["measured"] * 1.03
 
 
 def test_unknown_model_name_is_one_line(tmp_path):

@@ -103,7 +103,7 @@ def test_verification_probe_fits_the_fixed_cost_per_verification(tmp_path, monke
         assert dec.gamma == 1 and first.shape == (1,) and args.prefix_len == 256
         dec.stats.iterations = 10
         draft = sw.draft_config if dec.draft.model is not sw.target else None
-        p = cm.predict(sw.config, sw.cost_device, 1, 256 + args.gen_len // 2, 1, 0.5, 24, draft)
+        p = cm.predict(sw.config, sw.cost_device, 1, 256 + args.gen_len // 2, 1, 0.5, 24, draft, sw.ring_extra())
         return None, None, 10 * (p["T_D"] + p["T_V"] + 0.3e-3)
 
     monkeypatch.setattr(sweep.runs, "timed_generation", timed)
