@@ -2,7 +2,7 @@
 
 For one (prefix, B, decoding) group of a committed sweep: the baseline decoder A (captured first, as the sweep's),
 the sweep's `auto` decoder (planned from the sweep's records, profiled like the sweep's), a second baseline decoder
-A2 captured after it, and optionally fixed selfspec settings, all timed in the same interleaved rounds
+A2 captured after it, and optionally fixed settings of the sweep's drafting method, all timed in the same interleaved rounds
 (runs.timed_generations, order alternating). Greedy decoders must give A's tokens (`same_tokens_as_A`). A2 / A is the A/A noise floor of a paired ratio; auto / A with auto
 off is what the sweep reports at points where the planner switched speculation off; auto / best fixed in the same
 rounds is the planner check without two different baseline pairings in between.
@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from magicdec import benchmark as bench  # noqa: E402
 from magicdec import runs  # noqa: E402
 from magicdec.errors import one_line_errors  # noqa: E402
-from magicdec.generate import Decoder, Draft, decode, prefill  # noqa: E402
-from magicdec.kv_cache import KVCache  # noqa: E402
+from magicdec.generate import Decoder, decode  # noqa: E402
 from magicdec.planner import AutoGamma  # noqa: E402
 from magicdec.sampling import next_token  # noqa: E402
 from magicdec.sweep import MODES, Sweep, load_config  # noqa: E402
@@ -35,54 +34,44 @@ from magicdec.sweep import MODES, Sweep, load_config  # noqa: E402
 
 def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, int]], repeats: int,
                 min_seconds: float, skip_tokens: int | None = None) -> dict:
-    cfg, dev, c = sweep.cfg, sweep.device, sweep.config
+    cfg = sweep.cfg
     args = SimpleNamespace(**{**vars(sweep.args), "B": B, "prefix_len": P, "repeats": repeats, "min_seconds": min_seconds})
     if skip_tokens is not None:  # another batch of the same texts: each prompt ends, and goes on, elsewhere
         args.skip_tokens = skip_tokens
     sampling = MODES[mode]
     with torch.inference_mode():
-        prompts, _ = bench.load_prompts_for(args, c, sweep.checkpoint)
-        prompts = prompts.to(dev)
-        cache = KVCache(c.n_layers, B, c.n_kv_heads, sweep.slots(P), c.head_dim, sweep.dtype, dev, cfg["prefill_backend"])
-        logits = prefill(sweep.target, cache, prompts, max(16, 16384 // B))
-        cache.backend = "triton" if sweep.cuda else "sdpa"
+        prompts, _ = bench.load_prompts_for(args, sweep.config, sweep.checkpoint)
+        prompts = prompts.to(sweep.device)
+        cache, logits = sweep.new_target_cache(P, prompts)
         torch.manual_seed(cfg["seed"])
         first = next_token(logits, sampling.temperature, sampling.top_p, sampling.top_k)
         cache.rollback(torch.full_like(cache.lengths, P))
-
-        def draft(budget):
-            a = sweep.target.args
-            dc = runs.new_draft_cache(a, B, a.n_kv_heads, budget, cfg["sinks"], sweep.ring_extra(), sweep.slots(P),
-                                      sweep.dtype, dev, cfg["prefill_backend"])
-            prefill(sweep.target, dc, prompts, runs.draft_prefill_chunk(max(16, 16384 // B), budget))
-            dc.backend = cache.backend
-            return Draft(sweep.target, dc)
 
         decoders = {"A": Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda)}
         decode(decoders["A"], cache, first, 8, [], prev=prompts[:, -1])  # captured first, as in the sweep
         cache.rollback(torch.full_like(cache.lengths, P))
         budget, chosen = sweep.plan_budget(P, B, mode, None)
         policy = AutoGamma(cfg["gammas"], chosen["alpha"], spread=chosen["spread"])
-        decoders["auto"] = Decoder(sweep.target, sampling, draft=draft(budget), cuda_graphs=sweep.cuda, policy=policy)
+        decoders["auto"] = Decoder(sweep.target, sampling, draft=sweep.new_draft(sweep.draft_method, budget, P, prompts),
+                                   cuda_graphs=sweep.cuda, policy=policy)
         runs.profile_gammas(decoders["auto"], cache, first, prompts[:, -1], args, [])
         for b, g in fixed:
-            decoders[f"b{b} g{g}"] = Decoder(sweep.target, sampling, draft=draft(b), gamma=g, cuda_graphs=sweep.cuda)
+            decoders[f"b{b} g{g}"] = Decoder(sweep.target, sampling, draft=sweep.new_draft(sweep.draft_method, b, P, prompts),
+                                             gamma=g, cuda_graphs=sweep.cuda)
         decoders["A2"] = Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda)
         results = runs.timed_generations(list(decoders.values()), cache, first, prompts[:, -1], args, [])
-    out = {"prefix_len": P, "B": B, "decoding": mode, "skip_tokens": args.skip_tokens, "planner": chosen, "rounds": len(decoders["A"].round_seconds),
-           "decoders": {}}
-    reference = results[0][0]
+    reference, a_rounds = results[0][0], decoders["A"].round_seconds
+    out = {"prefix_len": P, "B": B, "decoding": mode, "skip_tokens": args.skip_tokens, "planner": chosen,
+           "rounds": len(a_rounds), "decoders": {}}
     for (name, dec), (tokens, _, secs) in zip(decoders.items(), results):
-        rs = dec.round_seconds
+        vs_a = [a / r for a, r in zip(a_rounds, dec.round_seconds)]  # speedup over A, round by round
         out["decoders"][name] = {
-            "median_s": secs, "round_s": rs,
+            "median_s": secs, "round_s": dec.round_seconds,
             # greedy: speculation changes no token (sampled: the draws differ, so no check)
             "same_tokens_as_A": bool(torch.equal(tokens, reference)) if sampling.greedy else None,
             "gpu_phase_s": dec.stats.time,
             "gamma_use": dec.stats.policy and dec.stats.policy["iterations_per_gamma"],
-            "paired_vs_A": statistics.median(a / r for a, r in zip(decoders["A"].round_seconds, rs)),  # speedup over A
-            "paired_vs_A_range": [min(a / r for a, r in zip(decoders["A"].round_seconds, rs)),
-                                  max(a / r for a, r in zip(decoders["A"].round_seconds, rs))]}
+            "paired_vs_A": statistics.median(vs_a), "paired_vs_A_range": [min(vs_a), max(vs_a)]}
     return out
 
 
@@ -91,7 +80,7 @@ def main(argv=None) -> None:
     p.add_argument("config", type=Path)
     p.add_argument("records", type=Path, help="the sweep's records (the auto decoder is planned from them)")
     p.add_argument("--group", action="append", required=True,
-                   help="PREFIX:B:MODE[:BUDGET/GAMMA,...] (repeatable): fixed selfspec settings timed alongside")
+                   help="PREFIX:B:MODE[:BUDGET/GAMMA,...] (repeatable): fixed settings timed alongside")
     p.add_argument("--skip_tokens", type=int, nargs="+", default=[None],
                    help="run every group once per value (prompts start this many tokens into each book; default: "
                         "the config's)")

@@ -59,21 +59,23 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
 
     max_gamma = max(r["gamma"] for r in spec) if spec else 1  # the sweep's rings hold what its longest gamma writes
 
+    def shape(r):  # B, context, gamma, budget, draft, ring slots: what predict and fit_verify_overhead take
+        return (r["B"], r["prefix_len"] + r["gen_len"] // 2, r["gamma"], r["budget"] or r["prefix_len"],
+                draft if r["method"] == "longspec" else None, ring_extra_for(r["gen_len"], max_gamma) if r["budget"] else 0)
+
     def predict(r, dev):
-        return cm.predict(target, dev, r["B"], r["prefix_len"] + r["gen_len"] // 2, r["gamma"], r["metrics"]["alpha"],
-                          r["budget"] or r["prefix_len"], draft if r["method"] == "longspec" else None,
-                          ring_extra_for(r["gen_len"], max_gamma) if r["budget"] else 0)
+        B, ctx, gamma, budget, drafter, ring = shape(r)
+        return cm.predict(target, dev, B, ctx, gamma, r["metrics"]["alpha"], budget, drafter, ring)
 
     # T_O per method, fitted where it weighs most: the B = 1 point at the shortest prefix, greedy, smallest budget and
-    # gamma. Its measured speedup gives the verification's cost in target steps, Omega_eff / speedup; T_O is what
-    # that leaves beyond gamma draft steps and the target's step (never negative).
+    # gamma. Its measured speedup gives the verification's seconds, Omega_eff / speedup target steps.
     verify_overhead, calibration = {}, {}
     for method in sorted({r["method"] for r in spec}):
         c = min((r for r in spec if r["method"] == method),
                 key=lambda r: (r["B"], r["prefix_len"], r["decoding"] != "greedy", r["budget"], r["gamma"]))
-        p = predict(c, fitted)
-        cost = c["metrics"]["omega_effective"] / c["metrics"]["measured_speedup"]
-        verify_overhead[method] = max(cost - c["gamma"] * p["T_D_over_T_T"] - p["T_V_over_T_T"], 0.0) * p["T_T"]
+        B, ctx, gamma, budget, drafter, ring = shape(c)
+        verification_s = c["metrics"]["omega_effective"] / c["metrics"]["measured_speedup"] * predict(c, fitted)["T_T"]
+        verify_overhead[method] = cm.fit_verify_overhead(target, fitted, B, ctx, gamma, budget, drafter, verification_s, ring)
         calibration[method] = c["point"]
     points = []
     for r in spec:

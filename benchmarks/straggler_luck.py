@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from magicdec.planner import fit_spread, spread_alphas  # noqa: E402
+from magicdec.planner import spread_alphas  # noqa: E402
+from magicdec.sweep import spread_of  # noqa: E402
 
 
 def simulate(alphas: np.ndarray, gamma: int, tokens: int, batches: int, seed: int = 0) -> np.ndarray:
@@ -43,16 +44,16 @@ def groups(records_dir: Path) -> dict:
     for f in sorted(records_dir.glob("*.json")):
         r = json.loads(f.read_text())
         if r.get("gamma") and r.get("B", 1) > 1 and "metrics" in r and r["metrics"].get("alpha") is not None:
-            out[r["prefix_len"], r["B"], r["decoding"], r["budget"]].append(r)
+            out[r["method"], r["prefix_len"], r["B"], r["decoding"], r["budget"]].append(r)
     return out
 
 
 def luck(records_dir: Path, batches: int = 2000) -> list[dict]:
     rows, by_group = [], groups(records_dir)
-    for (P, B, mode, budget), recs in sorted(by_group.items()):
-        seen = [r for (p, _, m, b), rs in by_group.items() if (p, m, b) == (P, mode, budget) for r in rs]
-        spread = fit_spread([(r["B"], r["gamma"], r["gen_len"] - 1, r["metrics"]["alpha"], r["metrics"]["iterations"])
-                             for r in seen])
+    for (method, P, B, mode, budget), recs in sorted(by_group.items()):
+        # as the sweep's planner fits it: that method's batches at this prefix, decoding and budget, any B
+        spread = spread_of(r for (me, p, _, m, b), rs in by_group.items() if (me, p, m, b) == (method, P, mode, budget)
+                           for r in rs)
         sims, per = {}, []  # sims: ms of each simulated batch, per gamma
         for r in sorted(recs, key=lambda r: r["gamma"]):
             g, m = r["gamma"], r["metrics"]
@@ -64,7 +65,7 @@ def luck(records_dir: Path, batches: int = 2000) -> list[dict]:
         expected = min(sims, key=lambda g: sims[g].mean())
         fastest = min(per, key=lambda q: q["measured_ms"])["gamma"]
         others = np.min([sims[g] for g in sims if g != expected], axis=0) if len(sims) > 1 else np.full(batches, np.inf)
-        rows.append({"prefix_len": P, "B": B, "decoding": mode, "budget": budget, "spread": spread, "gammas": per,
+        rows.append({"method": method, "prefix_len": P, "B": B, "decoding": mode, "budget": budget, "spread": spread, "gammas": per,
                      "model_fastest": expected, "measured_fastest": fastest,
                      "measured_loss_of_model_choice": next(q["measured_ms"] for q in per if q["gamma"] == expected)
                      / min(q["measured_ms"] for q in per) - 1,

@@ -77,10 +77,9 @@ def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha
     t_t = step_time(target, d, B, prefix, 1)
     t_d = step_time(draft or target, d, B, budget + ring_extra if budget else prefix, 1)
     t_v = step_time(target, d, B, prefix, gamma + 1)
-    om = omega(alpha, gamma)
-    return {"T_T": t_t, "T_D": t_d, "T_V": t_v, "T_O": d.verify_overhead_s, "T_D_over_T_T": t_d / t_t,
-            "T_V_over_T_T": t_v / t_t, "T_O_over_T_T": d.verify_overhead_s / t_t, "omega": om,
-            "speedup": om / (gamma * t_d / t_t + t_v / t_t + d.verify_overhead_s / t_t)}
+    p = {"T_T": t_t, "T_D": t_d, "T_V": t_v, "T_O": d.verify_overhead_s, "T_D_over_T_T": t_d / t_t,
+         "T_V_over_T_T": t_v / t_t, "T_O_over_T_T": d.verify_overhead_s / t_t, "omega": omega(alpha, gamma)}
+    return p | {"speedup": p["omega"] / verification_cost(p, gamma)}
 
 
 def verification_cost(p: dict, gamma: int) -> float:

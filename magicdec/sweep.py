@@ -94,6 +94,18 @@ def point_name(method, P, B, mode, budget=None, gamma=None) -> str:
     return f"{method}_P{P}_B{B}_{mode}" + ("" if budget is None else f"_b{budget}") + ("" if gamma is None else f"_g{gamma}")
 
 
+def prefill_chunk(B: int) -> int:
+    """Prefill tokens per sequence and forward: about 16K tokens a chunk across the batch."""
+    return max(16, 16384 // B)
+
+
+def spread_of(records) -> float:
+    """The spread of acceptance between sequences (planner.fit_spread) that reproduces how far behind its slowest
+    sequence each of these fixed-gamma records' batches fell."""
+    return fit_spread([(r["B"], r["gamma"], r["gen_len"] - 1, r["metrics"]["alpha"], r["metrics"]["iterations"])
+                       for r in records if r.get("gamma")])
+
+
 def points_of(cfg: dict, P: int, B: int) -> list[tuple]:
     """(method, mode, budget, gamma) of one (prefix, B) group, baselines first: the others are timed against them."""
     out = []
@@ -111,6 +123,8 @@ class Sweep:
     def __init__(self, cfg: dict, out_dir: Path, device: torch.device, progress: bool = True):
         self.cfg, self.out, self.device, self.progress = cfg, out_dir, device, progress
         self.cuda, self.command, self.config_text = device.type == "cuda", "python -m magicdec.sweep", ""
+        self.verify_overhead: dict[str, float] = {}  # method -> the cost model's T_O, probed at load
+        self.backend = "triton" if self.cuda else "sdpa"  # decode attention (prefill: cfg["prefill_backend"])
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
         self.args = SimpleNamespace(
             model=cfg["model"] and Path(cfg["model"]), model_name=cfg["model_name"], random_weights=cfg["random_weights"],
@@ -218,7 +232,7 @@ class Sweep:
         args = SimpleNamespace(**{**vars(self.args), "B": 1, "prefix_len": prefix, "gen_len": n, "repeats": 3})
         with torch.inference_mode():
             cache = KVCache(c.n_layers, 1, c.n_kv_heads, prefix + n + 2, c.head_dim, self.dtype, self.device,
-                            "triton" if self.cuda else "sdpa")
+                            self.backend)
             cache.fill_random(prefix, self.cfg["seed"])
             dec = Decoder(self.target, MODES["greedy"], cuda_graphs=self.cuda)
             _, _, secs = runs.timed_generation(dec, cache, torch.zeros(1, dtype=torch.long, device=self.device), None,
@@ -231,7 +245,7 @@ class Sweep:
     def probe_verification(self, method: str, n: int) -> float:
         """The cost model's fixed seconds per verification (T_O) for `method`, fitted to gamma-1 verifications at
         B = 1 over random cached tokens, the draft reading the sweep's smallest budget, timed like a point."""
-        c, budget, backend = self.config, min(self.cfg["budgets"]), "triton" if self.cuda else "sdpa"
+        c, budget, backend = self.config, min(self.cfg["budgets"]), self.backend
         prefix = max(PROBE[0], 2 * budget)
         model = self.target if method == "selfspec" else self.draft_model
         args = SimpleNamespace(**{**vars(self.args), "B": 1, "prefix_len": prefix, "gen_len": n, "repeats": 3})
@@ -254,7 +268,7 @@ class Sweep:
 
     def device_for(self, method: str) -> cm.Device:
         """The measured device with `method`'s fixed seconds per verification."""
-        return replace(self.cost_device, verify_overhead_s=getattr(self, "verify_overhead", {}).get(method, 0.0))
+        return replace(self.cost_device, verify_overhead_s=self.verify_overhead.get(method, 0.0))
 
     def meta(self, P, B) -> dict:
         return {"prefix_len": P, "B": B, "sampling": {m: vars(s) for m, s in MODES.items() if m in self.cfg["modes"]},
@@ -270,34 +284,17 @@ class Sweep:
         cfg, dev, c = self.cfg, self.device, self.config
         args = SimpleNamespace(**{**vars(self.args), "B": B, "prefix_len": P})
         synthetic = synthetic_alpha(cfg, P)
-        backend = "triton" if self.cuda else "sdpa"
         with torch.inference_mode():
             prompts, _ = bench.load_prompts_for(args, c, self.checkpoint)
             prompts, self.prompt_source = prompts.to(dev), args.prompt_source
-            chunk = max(16, 16384 // B)
-            cache = KVCache(c.n_layers, B, c.n_kv_heads, self.slots(P), c.head_dim, self.dtype, dev, cfg["prefill_backend"])
             drafts = {}  # (method, budget) -> Draft, made on first use
 
             def draft_for(method, budget):
                 if (method, budget) not in drafts:
-                    model = self.target if method == "selfspec" else self.draft_model
-                    a = model.args
-                    dc = runs.new_draft_cache(a, B, a.n_kv_heads, budget, cfg["sinks"], self.ring_extra(),
-                                              self.slots(P), self.dtype, dev, cfg["prefill_backend"])
-                    if cfg["skip_prefill"]:
-                        dc.fill_random(P, cfg["seed"] + 1)
-                    else:
-                        prefill(model, dc, prompts, runs.draft_prefill_chunk(chunk, budget))
-                    dc.backend = backend
-                    drafts[method, budget] = Draft(model, dc)
+                    drafts[method, budget] = self.new_draft(method, budget, P, prompts)
                 return drafts[method, budget]
 
-            if cfg["skip_prefill"]:
-                cache.fill_random(P, cfg["seed"])
-                logits = self.target(prompts[:, -1:], cache, logits="last")[:, -1]
-            else:
-                logits = prefill(self.target, cache, prompts, chunk)
-            cache.backend = backend
+            cache, logits = self.new_target_cache(P, prompts)
             base, base_dec = {}, {}  # per mode: the group's baseline metrics, and its decoder (kept for pairing)
             for method, mode, budget, gamma in pts:
                 if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
@@ -369,6 +366,35 @@ class Sweep:
         return pred | {"speedup_effective": m["omega_effective"] / cm.verification_cost(pred, gamma),
                        "device_model": vars(device)}
 
+    def new_target_cache(self, P: int, prompts: torch.Tensor) -> tuple[KVCache, torch.Tensor]:
+        """The target's cache for these prompts (prefix P), prefilled (random KV for skip_prefill sweeps), and the
+        last position's logits."""
+        cfg, c, B = self.cfg, self.config, prompts.shape[0]
+        cache = KVCache(c.n_layers, B, c.n_kv_heads, self.slots(P), c.head_dim, self.dtype, self.device,
+                        cfg["prefill_backend"])
+        if cfg["skip_prefill"]:
+            cache.fill_random(P, cfg["seed"])
+            logits = self.target(prompts[:, -1:], cache, logits="last")[:, -1]
+        else:
+            logits = prefill(self.target, cache, prompts, prefill_chunk(B))
+        cache.backend = self.backend
+        return cache, logits
+
+    def new_draft(self, method: str, budget: int, P: int, prompts: torch.Tensor) -> Draft:
+        """`method`'s draft (the target itself, or the draft model) with a `budget` cache over these prompts,
+        prefilled (random KV for skip_prefill sweeps)."""
+        cfg, B = self.cfg, prompts.shape[0]
+        model = self.target if method == "selfspec" else self.draft_model
+        a = model.args
+        dc = runs.new_draft_cache(a, B, a.n_kv_heads, budget, cfg["sinks"], self.ring_extra(), self.slots(P),
+                                  self.dtype, self.device, cfg["prefill_backend"])
+        if cfg["skip_prefill"]:
+            dc.fill_random(P, cfg["seed"] + 1)
+        else:
+            prefill(model, dc, prompts, runs.draft_prefill_chunk(prefill_chunk(B), budget))
+        dc.backend = self.backend
+        return Draft(model, dc)
+
     def plan_budget(self, P, B, mode, synthetic) -> tuple[int, dict]:
         """The planner's budget for an auto point: acceptance per budget as measured by earlier points of this sweep
         (any batch size: what a server has seen so far), else the prior; then the cost model's best option."""
@@ -378,9 +404,7 @@ class Sweep:
                     if r.get("method") == method and r.get("budget") == b and r.get("prefix_len") == P
                     and r.get("decoding") == mode and r.get("metrics", {}).get("alpha") is not None]
             alpha[b] = synthetic if synthetic is not None else (sum(r["metrics"]["alpha"] for r in seen) / len(seen) if seen else self.cfg["alpha_prior"])
-            # how far behind its slowest sequence each of those batches fell
-            spread[b] = fit_spread([(r["B"], r["gamma"], r["gen_len"] - 1, r["metrics"]["alpha"], r["metrics"]["iterations"])
-                                    for r in seen if r.get("gamma")])
+            spread[b] = spread_of(seen)
         draft = self.draft_config if method == "longspec" else None
         best, options = plan(self.config, self.device_for(method), B, P + self.cfg["gen_len"] // 2,
                              [b for b in self.cfg["budgets"] if b < P], self.cfg["gammas"], alpha, draft,
