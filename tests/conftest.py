@@ -12,9 +12,9 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
-
-# A tiny Llama: GQA (4 query heads, 2 KV heads, head_dim 16), 2 layers, 256-token vocab.
+# The project's data (Gutenberg books, tokenizers, stories260K: ../shared/data/README.md) beside the repository, or
+# wherever MAGICDEC_DATA points (a clone elsewhere).
+DATA = Path(os.environ.get("MAGICDEC_DATA") or REPO.parent / "shared" / "data")
 TINY_SWEEP = """
 model_name = "JackFram/llama-68m"
 random_weights = true
@@ -25,6 +25,8 @@ modes = ["greedy"]
 gen_len = 8
 sinks = 4
 """  # a one-group sweep of a tiny random Llama on the CPU; tests add gammas and methods
+
+# A tiny Llama: GQA (4 query heads, 2 KV heads, head_dim 16), 2 layers, 256-token vocab.
 TINY_HF = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5)
 

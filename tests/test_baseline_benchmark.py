@@ -14,16 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import DATA, needs_smollm2, one_line_error, run_cli
+
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SCRIPT = REPO / "tests" / "baseline_benchmark.py"
 LLAMA2_TOK = DATA / "tokenizers" / "llama2" / "tokenizer.model"
 GUTENBERG = DATA / "gutenberg"
 
 sys.path.insert(0, str(REPO / "tests"))
 from baseline_benchmark import run  # noqa: E402
-
-from conftest import needs_smollm2, one_line_error, run_cli  # noqa: E402
 
 METRICS = {"prefill_s", "decode_s", "decode_steps", "ms_per_step", "decode_tokens_per_s", "generated_tokens",
            "bytes_per_step", "achieved_bandwidth_GBps", "copy_bandwidth_GBps", "peak_memory_GiB"}

@@ -19,7 +19,6 @@ from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
 Q = gguf.GGMLQuantizationType
 
 # HF name -> ours, written as plain substring replacements (independent of the converter's regex table)

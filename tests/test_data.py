@@ -1,15 +1,14 @@
 """magicdec.data: deterministic prompt chunks, checked against a plain whole-document tokenization."""
 import json
-from pathlib import Path
 
 import pytest
 import sentencepiece as spm
 import torch
 
+from conftest import DATA
 from magicdec.data import PromptSource, _encode_head, load_prompts, random_prompts, resolve_source
 from magicdec.errors import MagicDecError
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 BOOKS = DATA / "gutenberg"
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from conftest import DATA
 from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.model import Transformer, load_model
@@ -161,9 +162,7 @@ def test_flex_backend_speculates_identically(tiny):
 # --- SmolLM2-135M (real weights) ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smol_prompts(smol_tokenizer):
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[1].parent / "shared/data/gutenberg/pg1342.txt").read_text()
+    text = (DATA / "gutenberg" / "pg1342.txt").read_text()
     ids = smol_tokenizer.encode(text[20000:40000])
     return torch.tensor([ids[i * 96:(i + 1) * 96] for i in range(3)])
 

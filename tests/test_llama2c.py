@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import DATA
 from magicdec.checkpoint import Llama2cTokenizer, convert_llama2c, load_state_dict
 from magicdec.errors import MagicDecError
 from magicdec.generate import Decoder, Sampling, decode, prefill
@@ -19,7 +20,7 @@ from magicdec.kv_cache import KVCache
 from magicdec.model import load_model
 
 REPO = Path(__file__).resolve().parents[1]
-STORIES = REPO.parent / "shared" / "data" / "models" / "stories260K"
+STORIES = DATA / "models" / "stories260K"
 BIN, TOK = STORIES / "stories260K.bin", STORIES / "tok512.bin"
 KNOWN_TEXT = "Once upon a time, there was a little girl named Lily"
 

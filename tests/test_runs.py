@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import DATA, needs_smollm2, one_line_error, run_cli
+
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
 GUTENBERG = DATA / "gutenberg"
 SCRIPTS = {m: REPO / "tests" / f"{m}_benchmark.py" for m in ("baseline", "selfspec", "longspec")}
 
@@ -23,8 +24,6 @@ sys.path.insert(0, str(REPO / "tests"))
 import baseline_benchmark  # noqa: E402
 import longspec_benchmark  # noqa: E402
 import selfspec_benchmark  # noqa: E402
-
-from conftest import needs_smollm2, one_line_error, run_cli  # noqa: E402
 
 GAMMA = 3
 B, PREFIX, GEN = 3, 64, 40

@@ -1,15 +1,14 @@
 """Tokenizers against independent references: sentencepiece itself, transformers' tokenizers, known Llama-3 ids."""
 import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
 
+from conftest import DATA
 from magicdec.checkpoint import convert_gguf_tokenizer, smollm2_gguf
 from magicdec.errors import MagicDecError
 from magicdec.tokenizer import LLAMA3_SPECIALS, load_tokenizer
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 LLAMA2 = DATA / "tokenizers" / "llama2" / "tokenizer.model"
 LLAMA3 = DATA / "tokenizers" / "llama3" / "tokenizer.model"
 
