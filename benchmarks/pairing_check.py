@@ -75,11 +75,29 @@ def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, 
     return out
 
 
+def group_arg(text: str) -> tuple[int, int, str, list[tuple[int, int]]]:
+    """PREFIX:B:MODE[:BUDGET/GAMMA,...] -> (prefix, B, mode, fixed settings)."""
+    try:
+        P, B, mode, *rest = text.split(":")
+        fixed = [tuple(map(int, f.split("/", 1))) for f in rest[0].split(",")] if rest else []
+        P, B = int(P), int(B)
+        if mode not in MODES or len(rest) > 1 or any(len(f) != 2 for f in fixed):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: use PREFIX:B:MODE[:BUDGET/GAMMA,...] with MODE one of "
+                                         f"{sorted(MODES)}, e.g. 8000:128:greedy:1024/1,1024/2") from None
+    for budget, gamma in fixed:
+        if not 0 < budget < P or gamma < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: a fixed setting needs 0 < budget < prefix ({P}) and gamma >= 1, "
+                                             f"got {budget}/{gamma}")
+    return P, B, mode, fixed
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config", type=Path)
     p.add_argument("records", type=Path, help="the sweep's records (the auto decoder is planned from them)")
-    p.add_argument("--group", action="append", required=True,
+    p.add_argument("--group", action="append", required=True, type=group_arg,
                    help="PREFIX:B:MODE[:BUDGET/GAMMA,...] (repeatable): fixed settings timed alongside")
     p.add_argument("--skip_tokens", type=int, nargs="+", default=[None],
                    help="run every group once per value (prompts start this many tokens into each book; default: "
@@ -94,12 +112,11 @@ def main(argv=None) -> None:
         sweep.load()
         checks = []
         for g, skip in ((g, skip) for skip in a.skip_tokens for g in a.group):
-            P, B, mode, *rest = g.split(":")
-            fixed = [tuple(map(int, f.split("/"))) for f in rest[0].split(",")] if rest else []
             start = time.perf_counter()
-            checks.append(group_check(sweep, int(P), int(B), mode, fixed, a.repeats, a.min_seconds, skip))
+            checks.append(group_check(sweep, *g, a.repeats, a.min_seconds, skip))
             row = checks[-1]
-            print(f"{g} (skip_tokens {row['skip_tokens']}): {row['rounds']} rounds, {time.perf_counter() - start:.0f} s", flush=True)
+            print(f"{':'.join(map(str, g[:3]))} (skip_tokens {row['skip_tokens']}): {row['rounds']} rounds, "
+                  f"{time.perf_counter() - start:.0f} s", flush=True)
             for name, d in row["decoders"].items():
                 print(f"  {name:10s} median {d['median_s'] * 1e3:8.2f} ms  paired vs A {d['paired_vs_A']:.4f} "
                       f"[{d['paired_vs_A_range'][0]:.3f}, {d['paired_vs_A_range'][1]:.3f}]  gpu {d['gpu_phase_s']}"
@@ -109,6 +126,7 @@ def main(argv=None) -> None:
             a.output.write_text(json.dumps({"environment": sweep.env, "command": "python benchmarks/pairing_check.py "
                                             + " ".join(argv if argv is not None else sys.argv[1:]),
                                             "checks": checks}, indent=1, default=str))
+
 
 if __name__ == "__main__":
     main()

@@ -6,6 +6,8 @@ import json
 import statistics
 from pathlib import Path
 
+import pytest
+
 from conftest import TINY_SWEEP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,3 +38,14 @@ def test_pairing_check_times_all_decoders_in_the_same_rounds(tmp_path):
         assert d["paired_vs_A"] == statistics.median(x / y for x, y in zip(a, d["round_s"]))
     assert decoders["A"]["paired_vs_A"] == 1.0 and decoders["b24 g2"]["gamma_use"] is None
     assert sum(decoders["auto"]["gamma_use"].values()) > 0  # the policy chose (and recorded) every verification
+
+
+@pytest.mark.parametrize("group,needle", [("4096:1", "use PREFIX:B:MODE"), ("4096:1:beam", "use PREFIX:B:MODE"),
+                                          ("4096:1:greedy:1024-1", "use PREFIX:B:MODE"),
+                                          ("1024:1:greedy:1024/1", "0 < budget < prefix (1024)"),
+                                          ("1024:1:greedy:256/0", "gamma >= 1")])
+def test_bad_group_is_one_line(tmp_path, capsys, group, needle):
+    with pytest.raises(SystemExit) as e:
+        pairing_check.main(["cfg.toml", str(tmp_path), "--group", group, "--output", str(tmp_path / "o.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and needle in err[-1] and "Traceback" not in "\n".join(err)
