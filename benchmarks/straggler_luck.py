@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
 from magicdec.planner import spread_alphas  # noqa: E402
 from magicdec.sweep import spread_of  # noqa: E402
 
@@ -80,7 +81,11 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=2000, help="simulated batches per (group, gamma)")
     p.add_argument("--output", type=Path, required=True)
     a = p.parse_args(argv)
-    rows = luck(a.records, a.batches)
+    with one_line_errors():
+        if not any(groups(a.records).values()):
+            raise MagicDecError(f"{a.records}: no fixed-gamma records with B > 1 (and a measured alpha); give a sweep's "
+                                "output directory")
+        rows = luck(a.records, a.batches)
     print("| prefix | B | decoding | budget | spread | verifications measured / model mean ± sd (z) per γ "
           "| model's γ | fastest measured | model's γ lost | P(another γ faster) |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -43,3 +43,9 @@ def test_luck_on_hand_written_records(tmp_path, capsys):
         assert q["z"] == pytest.approx((q["measured"] - q["model_mean"]) / q["model_sd"])
     assert 0.0 <= row["p_other_gamma_faster"] <= 1.0
     assert "| 4096 | 16 | greedy | 512 |" in capsys.readouterr().out
+
+
+def test_no_records_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        straggler_luck.main([str(tmp_path / "missing"), "--output", str(tmp_path / "luck.json")])
+    assert e.value.code == 2 and "no fixed-gamma records" in capsys.readouterr().err
