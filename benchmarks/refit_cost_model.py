@@ -6,7 +6,9 @@ gave 23 to 124 us per layer on the same H100 from call to call; the sweep now fi
 shows what the committed records' predictions become with the fitted cost (every measured number stays as recorded:
 bandwidth and matmul rate of the calibration record, alpha, Omega_eff, speedups), with and without a fixed cost
 T_O per verification fitted to each method's B = 1 point at the shortest prefix (cost_model.fit_verify_overhead), the
-draft's StreamingLLM ring read whole (sweeps made before 2026-11-23 13:00 modelled neither):
+draft's StreamingLLM ring read whole (sweeps made before 2026-11-23 13:00 modelled neither), and sampled points with
+the seconds per logit of sampling fitted to the sweep's sampled and greedy baselines at its largest batch (the
+difference of their steps over B * vocab_size logits; sweeps made before 2026-11-23 16:00 left sampling out):
 
     python benchmarks/refit_cost_model.py results/issue5/llama31_8b results/issue5/llama2_7b_32k \
         results/issue5/smollm2 --as_model smollm2=HuggingFaceTB/SmolLM2-135M --output results/issue5/cost_model_refit.json
@@ -17,6 +19,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
@@ -39,6 +42,18 @@ def config_of(rec: dict, key: str, aliases: dict[str, str], sweep: str) -> Model
         return ModelArgs.from_name(aliases.get(sweep) if key == "model" and sweep in aliases else name)
     except MagicDecError:
         raise MagicDecError(f"{sweep}: records name model {name!r}, not a known shape; add --as_model {sweep}=KNOWN_NAME") from None
+
+
+def fit_sampling(bases: list[dict], vocab_size: int) -> tuple[float | None, list[str]]:
+    """Seconds per logit of sampled decoding: at the largest batch with sampled and greedy baselines, the median over
+    prefixes of (sampled step - greedy step) / (B * vocab_size); None where a sweep has no such pair."""
+    step = {(r["prefix_len"], r["B"], r["decoding"]): r["metrics"]["ms_per_step"] / 1e3 for r in bases}
+    pairs = [(P, B) for P, B, mode in step if mode == "sampled" and (P, B, "greedy") in step]
+    if not pairs:
+        return None, []
+    B = max(b for _, b in pairs)
+    per_logit = [(step[P, B, "sampled"] - step[P, B, "greedy"]) / (B * vocab_size) for P, b in pairs if b == B]
+    return max(statistics.median(per_logit), 0.0), [f"baseline_P{P}_B{B}" for P, b in sorted(pairs) if b == B]
 
 
 def refit(d: Path, aliases: dict[str, str]) -> dict:
@@ -65,7 +80,8 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
 
     def predict(r, dev):
         B, ctx, gamma, budget, drafter, ring = shape(r)
-        return cm.predict(target, dev, B, ctx, gamma, r["metrics"]["alpha"], budget, drafter, ring)
+        return cm.predict(target, dev, B, ctx, gamma, r["metrics"]["alpha"], budget, drafter, ring,
+                          r["decoding"] == "sampled")  # sampling counts only where dev has a cost for it
 
     # T_O per method, fitted where it weighs most: the B = 1 point at the shortest prefix, greedy, smallest budget and
     # gamma. Its measured speedup gives the verification's seconds, Omega_eff / speedup target steps.
@@ -77,14 +93,17 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
         verification_s = c["metrics"]["omega_effective"] / c["metrics"]["measured_speedup"] * predict(c, fitted)["T_T"]
         verify_overhead[method] = cm.fit_verify_overhead(target, fitted, B, ctx, gamma, budget, drafter, verification_s, ring)
         calibration[method] = c["point"]
+    per_logit, sampling_points = fit_sampling(bases, target.vocab_size)
     points = []
     for r in spec:
         m = r["metrics"]
         with_o = cm.Device(device.bandwidth, device.matmul_flops, per_layer, device.ranks, verify_overhead[r["method"]])
+        sampled = replace(with_o, sampling_s_per_logit=per_logit or 0.0)
         recorded = (m.get("cost_model") or {}).get("speedup_effective")
         points.append({"point": r["point"], "measured": m["measured_speedup"], "recorded_prediction": recorded,
                        "refitted_without_T_O_prediction": m["omega_effective"] / cm.verification_cost(predict(r, fitted), r["gamma"]),
-                       "refitted_prediction": m["omega_effective"] / cm.verification_cost(predict(r, with_o), r["gamma"]),
+                       "refitted_without_sampling_prediction": m["omega_effective"] / cm.verification_cost(predict(r, with_o), r["gamma"]),
+                       "refitted_prediction": m["omega_effective"] / cm.verification_cost(predict(r, sampled), r["gamma"]),
                        "recorded_layer_overhead_us": 1e6 * (m.get("cost_model") or {}).get("device_model", {}).get("layer_overhead_s", float("nan"))})
 
     def score(key):
@@ -96,8 +115,11 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
     return {"sweep": str(d), "calibration_point": cal["point"], "calibration_ms_per_step": 1e3 * step_s,
             "fitted_layer_overhead_us": 1e6 * per_layer, "recorded_layer_overhead_us": recorded_us,
             "fitted_verify_overhead_us": {k: 1e6 * v for k, v in verify_overhead.items()},
-            "verify_overhead_calibration_point": calibration, "recorded": score("recorded_prediction"),
-            "refitted_without_T_O": score("refitted_without_T_O_prediction"), "refitted": score("refitted_prediction"),
+            "verify_overhead_calibration_point": calibration,
+            "fitted_sampling_ps_per_logit": None if per_logit is None else 1e12 * per_logit,
+            "sampling_calibration_points": sampling_points, "recorded": score("recorded_prediction"),
+            "refitted_without_T_O": score("refitted_without_T_O_prediction"),
+            "refitted_without_sampling": score("refitted_without_sampling_prediction"), "refitted": score("refitted_prediction"),
             "points": points}
 
 
@@ -111,16 +133,19 @@ def main(argv=None) -> int:
     with one_line_errors():
         aliases = dict(x.split("=", 1) for x in a.as_model)
         results = [refit(d, aliases) for d in a.sweeps]
-    print("| sweep | fitted on | fixed cost per layer: recorded → fitted (µs) | T_O fitted (µs) | within 10%: recorded "
-          "| refitted, no T_O | refitted with T_O | median error: recorded → no T_O → with T_O |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| sweep | fitted on | fixed cost per layer: recorded → fitted (µs) | T_O fitted (µs) | sampling (ps/logit) "
+          "| within 10%: recorded | refitted, no T_O | + T_O | + sampling | median error: recorded → no T_O → + T_O → "
+          "+ sampling |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        rec, lay, ref = r["recorded"], r["refitted_without_T_O"], r["refitted"]
+        keys = ["recorded", "refitted_without_T_O", "refitted_without_sampling", "refitted"]
+        ps = r["fitted_sampling_ps_per_logit"]
         print(f"| {Path(r['sweep']).name} | {r['calibration_point']} ({r['calibration_ms_per_step']:.2f} ms) "
               f"| {', '.join(f'{x:.1f}' for x in r['recorded_layer_overhead_us'])} → {r['fitted_layer_overhead_us']:.1f} "
               f"| {', '.join(f'{k} {v:.0f}' for k, v in r['fitted_verify_overhead_us'].items())} "
-              f"| {rec['within_10pct']}/{rec['of']} | {lay['within_10pct']}/{lay['of']} | {ref['within_10pct']}/{ref['of']} "
-              f"| {rec['median_error']:+.1%} → {lay['median_error']:+.1%} → {ref['median_error']:+.1%} |")
+              f"| {'—' if ps is None else f'{ps:.0f}'} | "
+              + " | ".join(f"{r[k]['within_10pct']}/{r[k]['of']}" for k in keys)
+              + " | " + " → ".join(f"{r[k]['median_error']:+.1%}" for k in keys) + " |")
     if a.output:
         a.output.write_text(json.dumps(results, indent=1))
         print(f"wrote {a.output}")

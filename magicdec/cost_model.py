@@ -15,6 +15,13 @@ steps are short: fitted to the committed SmolLM2-135M records of the H100 (2 ms 
 0.61 ms, and with it and the draft ring's real reads (predict's ring_extra) the model is within 10% of 162 of their
 192 speedups, 81 without both (on Llama-3.1-8B shapes, 0.31 ms of 7.7+ ms steps: 33/33 either way;
 benchmarks/refit_cost_model.py). fit_verify_overhead fits it to a timed verification.
+
+Sampled decoding (temperature, top-p) turns every row of logits into probabilities: a softmax and a sort over the
+vocabulary per token position per sequence, B rows in a plain step, B * (gamma + 1) in a verification. At B = 128
+over SmolLM2's 49152-token vocabulary that is ~1.2 ms of an 11.8 ms step (H100), and more of a verification; left
+out, the model overstated the sampled B = 128 speedups by a median 18% (2 of 32 within 10%) while the greedy ones
+stayed within 10%; fitted to the sweep's baselines (214 ps per logit), 29 of 32 are, and 189 of all 192 SmolLM2
+points. measure_sampling times it per logit.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ class Device:
     layer_overhead_s: float = 0.0  # fixed seconds per layer per step (launches, small kernels)
     ranks: int = 1  # tensor-parallel ranks sharing the work
     verify_overhead_s: float = 0.0  # fixed seconds per verification beyond its draft and target steps (T_O)
+    sampling_s_per_logit: float = 0.0  # sampled decoding: seconds per logit turned into top-p probabilities
 
 
 def weight_bytes(c: ModelArgs, item: int = 2) -> int:
@@ -48,11 +56,12 @@ def step_flops(c: ModelArgs, B: int, context: int, T: int) -> float:
     return 2 * B * T * (weight_bytes(c, 1) + 2 * c.n_layers * c.n_heads * c.head_dim * context)
 
 
-def step_time(c: ModelArgs, d: Device, B: int, context: int, T: int = 1) -> float:
-    """Seconds for one forward of T tokens per sequence over `context` cached tokens."""
+def step_time(c: ModelArgs, d: Device, B: int, context: int, T: int = 1, sampled: bool = False) -> float:
+    """Seconds for one forward of T tokens per sequence over `context` cached tokens (`sampled`: and the B * T rows
+    of logits turned into probabilities, which every rank does whole)."""
     bytes_read = weight_bytes(c) + B * context * kv_bytes_per_token(c)
     return (bytes_read / d.bandwidth + step_flops(c, B, context, T) / d.matmul_flops) / d.ranks \
-        + c.n_layers * d.layer_overhead_s
+        + c.n_layers * d.layer_overhead_s + (B * T * c.vocab_size * d.sampling_s_per_logit if sampled else 0.0)
 
 
 def rescale_ranks(measured_s: float, c: ModelArgs, d: Device, B: int, context: int, T: int, ranks_from: int,
@@ -70,13 +79,14 @@ def omega(alpha: float, gamma: int) -> float:
 
 
 def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha: float, budget: int,
-            draft: ModelArgs | None = None, ring_extra: int = 0) -> dict:
+            draft: ModelArgs | None = None, ring_extra: int = 0, sampled: bool = False) -> dict:
     """Predicted T_T, T_D, T_V and speedup; draft None means self-speculation (the target with a `budget` cache).
     `ring_extra`: the slots a StreamingLLM ring holds beyond its budget for what a forward writes ahead; the draft's
-    attention reads them too (masked), which at budget 256 doubles its KV reads."""
-    t_t = step_time(target, d, B, prefix, 1)
-    t_d = step_time(draft or target, d, B, budget + ring_extra if budget else prefix, 1)
-    t_v = step_time(target, d, B, prefix, gamma + 1)
+    attention reads them too (masked), which at budget 256 doubles its KV reads. `sampled`: every step also samples
+    (the draft its B rows, the verification B * (gamma + 1))."""
+    t_t = step_time(target, d, B, prefix, 1, sampled)
+    t_d = step_time(draft or target, d, B, budget + ring_extra if budget else prefix, 1, sampled)
+    t_v = step_time(target, d, B, prefix, gamma + 1, sampled)
     p = {"T_T": t_t, "T_D": t_d, "T_V": t_v, "T_O": d.verify_overhead_s, "T_D_over_T_T": t_d / t_t,
          "T_V_over_T_T": t_v / t_t, "T_O_over_T_T": d.verify_overhead_s / t_t, "omega": omega(alpha, gamma)}
     return p | {"speedup": p["omega"] / verification_cost(p, gamma)}
@@ -121,6 +131,25 @@ def measure_device(device, dtype=None) -> Device:
     k = 8192 if cuda else 512
     a, b = torch.randn(k, k, device=device, dtype=dtype), torch.randn(k, k, device=device, dtype=dtype)
     return Device(bandwidth=bandwidth, matmul_flops=2 * k ** 3 / seconds(lambda: a @ b))
+
+
+def measure_sampling(device, vocab_size: int, temperature: float, top_p: float, top_k: int = 0, dtype=None,
+                     logits: int | None = None) -> float:
+    """Seconds per logit of turning rows of logits into top-p probabilities and a draw (sampling.probabilities and
+    sample_from), timed on enough rows (`logits` in all: 16M on a GPU, 2M elsewhere) that launches do not count:
+    the cost model's sampling_s_per_logit."""
+    import torch
+
+    from magicdec.benchmark import timed
+    from magicdec.sampling import next_token
+
+    device = torch.device(device)
+    rows = max((logits or (1 << 24 if device.type == "cuda" else 1 << 21)) // vocab_size, 1)
+    logits = torch.randn(rows, vocab_size, device=device, dtype=dtype or torch.float32)
+    next_token(logits, temperature, top_p, top_k)  # warm-up
+    repeats = 10 if device.type == "cuda" else 2
+    seconds = timed(lambda: [next_token(logits, temperature, top_p, top_k) for _ in range(repeats)], device)[1]
+    return seconds / repeats / logits.numel()
 
 
 def fit_verify_overhead(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, budget: int,

@@ -143,10 +143,11 @@ class Choice:
 
 def plan(target: ModelArgs, device: cm.Device, B: int, context: int, budgets, gammas, alpha: dict[int, float],
          draft: ModelArgs | None = None, tokens: int = 64, spread: dict[int, float] | None = None,
-         ring_extra: int = 0) -> tuple[Choice, list[Choice]]:
+         ring_extra: int = 0, sampled: bool = False) -> tuple[Choice, list[Choice]]:
     """The best choice for B sequences of `tokens` new tokens each, and every option considered; alpha maps each
     budget to its expected acceptance rate, `spread` to its spread between sequences (fit_spread; none if not
-    given). Step times from the cost model (the draft's ring reading `ring_extra` slots beyond the budget);
+    given). Step times from the cost model (the draft's ring reading `ring_extra` slots beyond the budget; `sampled`:
+    each step's rows of logits also turned into probabilities);
     finishing times as in AutoGamma."""
     method = "longspec" if draft is not None else "selfspec"
     options = [Choice("baseline", None, 0, 1.0)]
@@ -157,7 +158,7 @@ def plan(target: ModelArgs, device: cm.Device, B: int, context: int, budgets, ga
         alphas = spread_alphas(alpha[budget], (spread or {}).get(budget, 0.0), B)
         verifications = finish_verifications(gammas, alphas, remaining).tolist()
         for g, n in zip(gammas, verifications):
-            p = cm.predict(target, device, B, context, g, alpha[budget], budget, draft, ring_extra)
+            p = cm.predict(target, device, B, context, g, alpha[budget], budget, draft, ring_extra, sampled)
             options.append(Choice(method, budget, g, tokens / (n * cm.verification_cost(p, g))))
     return max(options, key=lambda c: c.speedup), options
 

@@ -269,7 +269,8 @@ def describe(d: Path, name: str, recs, skipped) -> tuple[str, str]:
     dm = next((r["device_model"] for r in recs if r.get("device_model")), None)
     if dm:
         text.append(f"- measured by the sweep: copy bandwidth {dm['bandwidth'] / 1e9:.0f} GB/s, matmul "
-                    f"{dm['matmul_flops'] / 1e12:.3g} TFLOP/s, fixed cost {dm.get('layer_overhead_s', 0) * 1e6:.1f} µs per layer")
+                    f"{dm['matmul_flops'] / 1e12:.3g} TFLOP/s, fixed cost {dm.get('layer_overhead_s', 0) * 1e6:.1f} µs per layer"
+                    + (f", sampling {dm['sampling_s_per_logit'] * 1e12:.0f} ps per logit" if dm.get("sampling_s_per_logit") else ""))
     text.append(f"- {model}, {note}; gen_len {r0.get('gen_len')}, {r0.get('sinks')} sink tokens; CUDA graphs "
                 f"{'on' if r0.get('cuda_graphs') else 'off'}; records: `{d}`")
     return f"{name}: {model} on {', '.join(devs)} ({note})", "\n".join(text)

@@ -220,6 +220,10 @@ class Sweep:
         prefix, n = PROBE
         overhead = cm.fit_layer_overhead(self.config, self.cost_device, 1, prefix + n // 2, self.probe_step(prefix, n))
         self.cost_device = replace(self.cost_device, layer_overhead_s=overhead)
+        if "sampled" in self.cfg["modes"]:
+            s = MODES["sampled"]
+            self.cost_device = replace(self.cost_device, sampling_s_per_logit=cm.measure_sampling(
+                self.device, self.config.vocab_size, s.temperature, s.top_p, s.top_k, self.dtype))
         methods = {m for m in self.cfg["methods"] if m in ("selfspec", "longspec")}
         methods |= {self.draft_method} if "auto" in self.cfg["methods"] else set()
         self.verify_overhead = {m: self.probe_verification(m, n) for m in sorted(methods)}
@@ -328,7 +332,7 @@ class Sweep:
                 paired = runs.generation_metrics(b_counts, b_secs, args, base_dec[mode])
                 m = runs.generation_metrics(counts, secs, args, dec)
                 m.update(runs.speculation_metrics(m, dec.stats, paired, gamma or 0))
-                m["cost_model"] = self.predicted(P, B, budget, gamma, m, method)
+                m["cost_model"] = self.predicted(P, B, budget, gamma, m, method, mode)
                 rec = {"point": name, "method": method, "decoding": mode, "budget": budget, "gamma": gamma,
                        **self.meta(P, B), "baseline_metrics": paired, "group_baseline_metrics": base[mode],
                        "planner": chosen, "auto_gamma_profile_s": profile_s, "metrics": m}
@@ -345,7 +349,7 @@ class Sweep:
         m = runs.generation_metrics(counts, secs, args, dec)
         m.update(runs.bandwidth_metrics(self.target, self.config, args, self.dtype, secs, self.cost_device.bandwidth))
         ctx = args.prefix_len + args.gen_len // 2  # mid-generation context
-        m["cost_model"] = {"T_T_s": cm.step_time(self.config, self.cost_device, args.B, ctx)}
+        m["cost_model"] = {"T_T_s": cm.step_time(self.config, self.cost_device, args.B, ctx, 1, mode == "sampled")}
         name = point_name("baseline", args.prefix_len, args.B, mode)
         rec = {"point": name, "method": "baseline", "decoding": mode, "budget": None, "gamma": None,
                **self.meta(args.prefix_len, args.B), "device_model": vars(self.cost_device), "metrics": m}
@@ -353,7 +357,7 @@ class Sweep:
         self.log(rec)
         return rec
 
-    def predicted(self, P, B, budget, gamma, m, method) -> dict | None:
+    def predicted(self, P, B, budget, gamma, m, method, mode) -> dict | None:
         """The cost model's T_T, T_D, T_V and speedup at this point, from the measured device and the measured
         alpha (and, as `speedup_effective`, from the measured Omega_eff: tokens per verification of the whole batch,
         stragglers included, which is what the every-sequence-reaches-gen_len throughput follows)."""
@@ -362,7 +366,7 @@ class Sweep:
         draft = self.draft_config if method == "longspec" else None
         device = self.device_for(method)
         pred = cm.predict(self.config, device, B, P + self.cfg["gen_len"] // 2, gamma, m["alpha"],
-                          budget if budget else P, draft, self.ring_extra() if budget else 0)
+                          budget if budget else P, draft, self.ring_extra() if budget else 0, mode == "sampled")
         return pred | {"speedup_effective": m["omega_effective"] / cm.verification_cost(pred, gamma),
                        "device_model": vars(device)}
 
@@ -408,7 +412,8 @@ class Sweep:
         draft = self.draft_config if method == "longspec" else None
         best, options = plan(self.config, self.device_for(method), B, P + self.cfg["gen_len"] // 2,
                              [b for b in self.cfg["budgets"] if b < P], self.cfg["gammas"], alpha, draft,
-                             tokens=self.cfg["gen_len"] - 1, spread=spread, ring_extra=self.ring_extra())
+                             tokens=self.cfg["gen_len"] - 1, spread=spread, ring_extra=self.ring_extra(),
+                             sampled=mode == "sampled")
         budget = best.budget if best.budget is not None else min(b for b in self.cfg["budgets"] if b < P)
         return budget, {"predicted_best": vars(best), "budget": budget, "alpha": alpha[budget], "alpha_by_budget": alpha,
                         "spread": spread[budget], "spread_by_budget": spread, "options": [vars(o) for o in options]}

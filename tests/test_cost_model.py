@@ -1,8 +1,10 @@
 """The cost model against hand-computed values and against step times measured on GPUs (committed records)."""
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from magicdec import cost_model as cm
 from magicdec.config import ModelArgs
@@ -121,3 +123,33 @@ def test_fixed_cost_per_verification():
     ring = cm.predict(L31, d, 1, 1024, 1, 0.8, 256, ring_extra=256)
     assert ring["T_D"] == pytest.approx(step(512)) and ring["T_V"] == pytest.approx(t_v)
     assert cm.predict(L31, d, 1, 1024, 1, 0.8, 0, ring_extra=256)["T_D"] == pytest.approx(t_t)  # budget 0: full cache
+
+
+def test_sampled_decoding_adds_its_rows_of_logits():
+    """Sampled decoding turns B rows of logits into probabilities per plain or draft step and B * (gamma + 1) per
+    verification, each row vocab_size logits at the device's seconds per logit; greedy steps are unchanged."""
+    d = cm.Device(bandwidth=3e12, matmul_flops=7e14, layer_overhead_s=60e-6, sampling_s_per_logit=2e-10)
+    B, gamma, V = 16, 3, 128256
+    greedy = cm.predict(L31, d, B, 8192, gamma, 0.8, 512)
+    sampled = cm.predict(L31, d, B, 8192, gamma, 0.8, 512, sampled=True)
+    assert sampled["T_T"] == pytest.approx(greedy["T_T"] + B * V * 2e-10)
+    assert sampled["T_D"] == pytest.approx(greedy["T_D"] + B * V * 2e-10)
+    assert sampled["T_V"] == pytest.approx(greedy["T_V"] + B * (gamma + 1) * V * 2e-10)
+    assert greedy == cm.predict(L31, replace(d, sampling_s_per_logit=0.0), B, 8192, gamma, 0.8, 512)
+
+
+def test_measure_sampling_matches_a_stopwatch():
+    """The probe's seconds per logit, times the logits of a batch, is what a stopwatch gives for sampling that batch
+    (a softmax and sort per row dominate; within a factor 2 on a shared CPU)."""
+    import time
+
+    from magicdec.sampling import next_token
+
+    per_logit = cm.measure_sampling("cpu", 32000, 0.6, 0.9, logits=1 << 20)
+    logits = torch.randn(64, 32000)
+    next_token(logits, 0.6, 0.9)
+    start = time.perf_counter()
+    for _ in range(3):
+        next_token(logits, 0.6, 0.9)
+    watch = (time.perf_counter() - start) / 3
+    assert 0.5 < per_logit * logits.numel() / watch < 2.0

@@ -84,3 +84,31 @@ def test_unknown_model_name_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         refit_cost_model.main([str(tmp_path / "smol")])
     assert e.value.code != 0
+
+
+def test_refit_recovers_the_cost_of_sampling(tmp_path):
+    """Sampled decoding on the same device, each row of logits costing 200 ps per logit to sample: a sampled
+    baseline step at 32K x 16 is 16 * 128256 logits slower than the greedy one, and a sampled gamma-3 verification
+    samples 16 rows per draft step and 16 * 4 in its target step. Fitted to the pair of baselines, the cost comes
+    back as 200 ps and predicts the sampled point exactly; without it the point is overstated."""
+    d, per_logit, V = tmp_path / "l31", 200e-12, 128256
+    write(d)
+    common = dict(model=L31.name, draft_model=None, gen_len=64, decoding="sampled")
+    ctx, B, gamma, omega_eff = 32768 + 32, 16, 3, 2.8
+    rows = B * V * per_logit  # seconds to sample one token position of the batch
+    recs = {"baseline_P32768_B16_greedy": dict(common, decoding="greedy", method="baseline", metrics={"ms_per_step": 1e3 * step(B, ctx)}),
+            "baseline_P32768_B16_sampled": dict(common, method="baseline", metrics={"ms_per_step": 1e3 * (step(B, ctx) + rows)})}
+    t_t, t_d, t_v = step(B, ctx) + rows, step(B, 512 + 256) + rows, step(B, ctx, T=gamma + 1) + (gamma + 1) * rows
+    recs["selfspec_P32768_B16_sampled_b512_g3"] = dict(common, method="selfspec", budget=512, gamma=gamma, metrics={
+        "measured_speedup": omega_eff / ((gamma * t_d + t_v) / t_t), "alpha": 0.8, "omega_effective": omega_eff})
+    for name, r in recs.items():
+        (d / f"{name}.json").write_text(json.dumps({"point": name, "prefix_len": 32768, "B": B, **r}))
+    out = tmp_path / "refit.json"
+    assert refit_cost_model.main([str(d), "--output", str(out)]) == 0
+    (r,) = json.loads(out.read_text())
+    assert r["fitted_sampling_ps_per_logit"] == pytest.approx(200.0, rel=1e-6)
+    assert r["sampling_calibration_points"] == ["baseline_P32768_B16"]
+    q = next(q for q in r["points"] if q["point"] == "selfspec_P32768_B16_sampled_b512_g3")
+    assert q["refitted_prediction"] == pytest.approx(q["measured"], rel=1e-9)
+    assert q["refitted_without_sampling_prediction"] > q["measured"] * 1.01
+    assert r["refitted"]["within_10pct"] == 3

@@ -12,6 +12,7 @@ import torch
 from conftest import one_line_error, run_cli
 from magicdec import cost_model as cm
 from magicdec import sweep
+from magicdec.planner import plan
 
 CONFIG = """
 model_name = "JackFram/llama-68m"
@@ -163,3 +164,28 @@ def test_sweep_skips_what_the_scripts_refuse(tmp_path, monkeypatch):
     for spare, fits in ((0, True), (-1, False)):
         monkeypatch.setattr(bench, "available_memory", lambda device: need["total"] - need["weights"] + 6 * gib + spare)
         assert s.fits(2, 96) is fits
+
+
+def test_sampled_sweeps_probe_and_model_the_sampling_cost(tmp_path):
+    """A sweep with sampled decoding times its sampler at load, and its sampled points' predictions (and the
+    planner's) count the rows of logits each step turns into probabilities; greedy sweeps leave it out."""
+    greedy = sweep.Sweep(sweep.load_config(_write(tmp_path, CONFIG)), tmp_path / "g", torch.device("cpu"), False)
+    greedy.load()
+    assert greedy.cost_device.sampling_s_per_logit == 0.0
+    cfg = sweep.load_config(_write(tmp_path, CONFIG.replace('modes = ["greedy"]', 'modes = ["greedy", "sampled"]')))
+    sw = sweep.Sweep(cfg, tmp_path / "s", torch.device("cpu"), False)
+    sw.load()
+    per_logit = sw.cost_device.sampling_s_per_logit
+    assert per_logit > 0
+    m = {"alpha": 0.8, "omega_effective": 2.0}
+    greedy_p = sw.predicted(48, 2, 24, 2, m, "selfspec", "greedy")
+    sampled_p = sw.predicted(48, 2, 24, 2, m, "selfspec", "sampled")
+    V = sw.config.vocab_size
+    assert sampled_p["T_T"] == pytest.approx(greedy_p["T_T"] + 2 * V * per_logit)
+    assert sampled_p["T_V"] == pytest.approx(greedy_p["T_V"] + 2 * 3 * V * per_logit)
+    _, chosen = sw.plan_budget(48, 2, "sampled", 0.9)
+    args = (sw.config, sw.device_for("longspec"), 2, 48 + cfg["gen_len"] // 2, [24], cfg["gammas"], {24: 0.9},
+            sw.draft_config)  # auto drafts with the standalone draft where the sweep has one
+    kw = dict(tokens=cfg["gen_len"] - 1, spread={24: chosen["spread"]}, ring_extra=sw.ring_extra())
+    sampled_options = [vars(o) for o in plan(*args, **kw, sampled=True)[1]]
+    assert chosen["options"] == sampled_options != [vars(o) for o in plan(*args, **kw)[1]]
