@@ -99,7 +99,7 @@ def prefill_chunk(B: int) -> int:
     return max(16, 16384 // B)
 
 
-def spread_of(records) -> float:
+def spread_of(records) -> float | None:
     """The spread of acceptance between sequences (planner.fit_spread) that reproduces how far behind its slowest
     sequence each of these fixed-gamma records' batches fell."""
     return fit_spread([(r["B"], r["gamma"], r["gen_len"] - 1, r["metrics"]["alpha"], r["metrics"]["iterations"])

@@ -67,7 +67,7 @@ def test_fit_spread_recovers_the_spread_that_made_the_batches():
             rates = (0.8 + spread * torch.randn(64, generator=gen, dtype=torch.float64)).clamp(0, 1).tolist()
             points.append((64, g, 63, 0.8, simulated_verifications(rates, g, [63] * 64, runs=100, seed=g)))
         assert fit_spread(points) == pytest.approx(spread, abs=0.02)
-    assert fit_spread([(1, 2, 63, 0.8, 40.0)]) == 0.0 and fit_spread([]) == 0.0
+    assert fit_spread([(1, 2, 63, 0.8, 40.0)]) is None and fit_spread([]) is None  # unknown, not 0
 
 
 def test_auto_gamma_spreads_unseen_sequences_and_narrows_with_their_drafts():
@@ -79,7 +79,8 @@ def test_auto_gamma_spreads_unseen_sequences_and_narrows_with_their_drafts():
     first, second = p.sequence_alphas(2)
     assert first == pytest.approx(0.8 - 0.1 * 0.6745, abs=1e-3)  # the lower quantile of 2, all its spread unresolved
     assert second == pytest.approx(min((400 + w * 0.8) / (400 + w) + 0.1 * (w / (w + 400)) ** 0.5 * 0.6745, 1), abs=1e-3)
-    assert sequence_weight(0.8, 0.0) == 16 and sequence_weight(0.8, 1e-9) == 1e6  # unknown spread: the default
+    assert sequence_weight(0.8, None) == 16  # unknown spread: the default
+    assert sequence_weight(0.8, 0.0) == sequence_weight(0.8, 1e-9) == 1e6  # none: the batch's rate decides
 
 
 def test_plan_with_a_spread_between_sequences():
@@ -149,6 +150,27 @@ def test_sequence_rates_shrink_to_the_batch_rate():
     assert p.alpha == pytest.approx(batch)
     assert p.sequence_alphas(2).tolist() == pytest.approx([(8 + 16 * batch) / 24, (0 + 16 * batch) / 24])
     assert p.sequence_alphas(3).tolist() == pytest.approx([batch] * 3)  # another batch shape: the batch's rate
+
+
+def test_a_known_zero_spread_reads_a_lagging_sequence_as_luck():
+    """Llama-3.1-8B 32K x 4 on the H100 (profiled seconds per verification), synthetic alpha 0.81: every sequence
+    accepts at one rate. One sequence rejects its first draft six times while the others keep 5 of their 6 examined
+    drafts: the batch's rate falls to 0.75, still a gain for gamma 2. Told the spread is 0 (fit_spread of the
+    sweep's synthetic batches), the policy gives every sequence that rate and stays on; with the spread unknown
+    it reads the lagging sequence as a slow one (0.55) and switches off for good."""
+    costs = {0: 13.49e-3, 2: 29.5e-3, 3: 36.6e-3, 4: 44.6e-3}
+    for spread, expect in ((0.0, [2] * 7), (None, [2, 2] + [0] * 5)):
+        p = AutoGamma([2, 3, 4], 0.8075, spread=spread)
+        p.costs = dict(costs)
+        left, used = [63] * 4, [p.choose([63] * 4)]
+        for _ in range(6):
+            p.observe([0, 2, 1, 2], [1, 2, 2, 2])
+            left = [left[0] - 1, left[1] - 3, left[2] - 2, left[3] - 3]
+            used.append(p.choose(left))
+        assert used == expect
+        rates = p.sequence_alphas(4)
+        assert p.alpha == pytest.approx((5 * 6 + 32 * 0.8075) / (7 * 6 + 32))  # 5 of 7 drafts kept per verification
+        assert (rates == pytest.approx([p.alpha] * 4, abs=1e-4)) == (spread == 0.0)
 
 
 def test_auto_gamma_switches_off_when_acceptance_drops_and_stays_off():
