@@ -60,17 +60,26 @@ def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, 
                                              gamma=g, cuda_graphs=sweep.cuda)
         decoders["A2"] = Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda)
         results = runs.timed_generations(list(decoders.values()), cache, first, prompts[:, -1], args, [])
+        profiled = dict(policy.costs)
+        stats = {name: dec.stats for name, dec in decoders.items()}  # of each one's last timed run (profiling anew
+        # below replaces auto's)
+        cache.rollback(torch.full_like(cache.lengths, P))
+        runs.profile_gammas(decoders["auto"], cache, first, prompts[:, -1], args, [])  # again: its run-to-run spread
     reference, a_rounds = results[0][0], decoders["A"].round_seconds
+    # The policy's profiled seconds per verification against what the same gamma costs per iteration in a timed run
+    # of a fixed-gamma decoder (and gamma 0 in A's): where they differ, auto chooses from wrong costs.
     out = {"prefix_len": P, "B": B, "decoding": mode, "skip_tokens": args.skip_tokens, "planner": chosen,
-           "rounds": len(a_rounds), "decoders": {}}
+           "rounds": len(a_rounds), "profiled_seconds_per_verification": profiled,
+           "profiled_again": dict(policy.costs), "decoders": {}}
     for (name, dec), (tokens, _, secs) in zip(decoders.items(), results):
         vs_a = [a / r for a, r in zip(a_rounds, dec.round_seconds)]  # speedup over A, round by round
         out["decoders"][name] = {
             "median_s": secs, "round_s": dec.round_seconds,
             # greedy: speculation changes no token (sampled: the draws differ, so no check)
             "same_tokens_as_A": bool(torch.equal(tokens, reference)) if sampling.greedy else None,
-            "gpu_phase_s": dec.stats.time,
-            "gamma_use": dec.stats.policy and dec.stats.policy["iterations_per_gamma"],
+            "gpu_phase_s": stats[name].time,
+            "gamma_use": stats[name].policy and stats[name].policy["iterations_per_gamma"],
+            "iterations": stats[name].iterations, "seconds_per_iteration": secs / stats[name].iterations,
             "paired_vs_A": statistics.median(vs_a), "paired_vs_A_range": [min(vs_a), max(vs_a)]}
     return out
 
@@ -117,8 +126,12 @@ def main(argv=None) -> None:
             row = checks[-1]
             print(f"{':'.join(map(str, g[:3]))} (skip_tokens {row['skip_tokens']}): {row['rounds']} rounds, "
                   f"{time.perf_counter() - start:.0f} s", flush=True)
+            print("  profiled ms per verification: " + ", ".join(
+                f"gamma {g} {c * 1e3:.2f} (again {row['profiled_again'][g] * 1e3:.2f})"
+                for g, c in sorted(row["profiled_seconds_per_verification"].items())), flush=True)
             for name, d in row["decoders"].items():
-                print(f"  {name:10s} median {d['median_s'] * 1e3:8.2f} ms  paired vs A {d['paired_vs_A']:.4f} "
+                print(f"  {name:10s} median {d['median_s'] * 1e3:8.2f} ms  {d['seconds_per_iteration'] * 1e3:6.2f} ms/iteration"
+                      f"  paired vs A {d['paired_vs_A']:.4f} "
                       f"[{d['paired_vs_A_range'][0]:.3f}, {d['paired_vs_A_range'][1]:.3f}]  gpu {d['gpu_phase_s']}"
                       f"  gamma {d['gamma_use']}", flush=True)
             bench.release_memory(sweep.device)

@@ -8,7 +8,7 @@ bandwidth and matmul rate of the calibration record, alpha, Omega_eff, speedups)
 T_O per verification fitted to each method's B = 1 point at the shortest prefix (cost_model.fit_verify_overhead), the
 draft's StreamingLLM ring read whole (sweeps made before 2026-11-23 13:00 modelled neither), and sampled points with
 the seconds per logit of sampling fitted to the sweep's sampled and greedy baselines at its largest batch (the
-difference of their steps over B * vocab_size logits; sweeps made before 2026-11-23 16:00 left sampling out):
+difference of their steps over B * vocab_size logits; sweeps made before commit 0240841, 2026-11-23 14:00, left sampling out):
 
     python benchmarks/refit_cost_model.py results/issue5/llama31_8b results/issue5/llama2_7b_32k \
         results/issue5/smollm2 --as_model smollm2=HuggingFaceTB/SmolLM2-135M --output results/issue5/cost_model_refit.json

@@ -38,6 +38,9 @@ def test_pairing_check_times_all_decoders_in_the_same_rounds(tmp_path):
         assert d["paired_vs_A"] == statistics.median(x / y for x, y in zip(a, d["round_s"]))
     assert decoders["A"]["paired_vs_A"] == 1.0 and decoders["b24 g2"]["gamma_use"] is None
     assert sum(decoders["auto"]["gamma_use"].values()) > 0  # the policy chose (and recorded) every verification
+    for name, d in decoders.items():  # each timed run's seconds per iteration, beside the profiled costs
+        assert d["seconds_per_iteration"] == pytest.approx(d["median_s"] / d["iterations"]) and d["iterations"] > 0
+    assert set(check["profiled_seconds_per_verification"]) == set(check["profiled_again"]) == {"0", "1", "2"}
 
 
 @pytest.mark.parametrize("group,needle", [("4096:1", "use PREFIX:B:MODE"), ("4096:1:beam", "use PREFIX:B:MODE"),
