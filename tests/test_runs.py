@@ -492,3 +492,38 @@ def test_timing_rounds_until_min_seconds(monkeypatch, repeats, min_seconds, run_
     assert decoders[0].round_seconds == pytest.approx(fast_runs)
     assert fast_s == pytest.approx(sorted(fast_runs)[rounds // 2])
     assert slow_s == pytest.approx(sorted(decoders[1].round_seconds)[rounds // 2])
+
+
+def test_profile_keeps_each_length_fastest_try(monkeypatch):
+    """Profiling times each run length three times and keeps the fastest: a host pause (here 50 ms on the first try of the
+    long gamma-1 run) only adds time, and does not reach the cost. Per gamma: short and long runs of 4 and 12
+    iterations at 10 ms per iteration (20 ms per verification at gamma 1) plus 5 ms of fixed cost."""
+    import gc
+    from types import SimpleNamespace
+
+    from magicdec import runs
+    from magicdec.planner import AutoGamma
+
+    per_iteration = {0: 0.010, 1: 0.020}
+    policy = AutoGamma([1], 0.8)
+    decoder = SimpleNamespace(policy=policy, stats=SimpleNamespace(iterations=0))
+    calls, collecting = [], []
+
+    def decode(dec, cache, first, n, eos, prev=None):
+        dec.stats.iterations = n // (policy.forced + 1)
+        calls.append((policy.forced, n))
+        collecting.append(gc.isenabled())
+
+    def timed(fn, device):
+        fn()
+        g, n = calls[-1]
+        pause = 0.05 if (g, n, sum(c == (g, n) for c in calls)) == (1, 24, 1) else 0.0  # the first long try
+        return None, 0.005 + decoder.stats.iterations * per_iteration[g] + pause
+
+    monkeypatch.setattr(runs, "decode", decode)
+    monkeypatch.setattr(runs.bench, "timed", timed)
+    cache = SimpleNamespace(lengths=torch.tensor([8]), rollback=lambda lengths: None)
+    runs.profile_gammas(decoder, cache, None, None, SimpleNamespace(gen_len=64, device="cpu"), [])
+    assert policy.costs == pytest.approx(per_iteration) and policy.forced is None
+    assert sorted(set(calls)) == [(0, 4), (0, 12), (1, 8), (1, 24)] and len(calls) == 2 * (1 + 2 * 3)
+    assert not any(collecting) and gc.isenabled()  # no collection while timing; back on after
