@@ -11,7 +11,7 @@ the seconds per logit of sampling fitted to the sweep's sampled and greedy basel
 difference of their steps over B * vocab_size logits; sweeps made before commit 0240841, 2026-11-23 14:00, left sampling out):
 
     python benchmarks/refit_cost_model.py results/issue5/llama31_8b results/issue5/llama2_7b_32k \
-        results/issue5/smollm2 --as_model smollm2=HuggingFaceTB/SmolLM2-135M --output results/issue5/cost_model_refit.json
+        results/issue5/smollm2 --output results/issue5/cost_model_refit.json --markdown results/issue5/cost_model_refit.md
 """
 from __future__ import annotations
 
@@ -100,7 +100,8 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
         with_o = cm.Device(device.bandwidth, device.matmul_flops, per_layer, device.ranks, verify_overhead[r["method"]])
         sampled = replace(with_o, sampling_s_per_logit=per_logit or 0.0)
         recorded = (m.get("cost_model") or {}).get("speedup_effective")
-        points.append({"point": r["point"], "measured": m["measured_speedup"], "recorded_prediction": recorded,
+        points.append({"point": r["point"], "decoding": r["decoding"], "B": r["B"], "measured": m["measured_speedup"],
+                       "recorded_prediction": recorded,
                        "refitted_without_T_O_prediction": m["omega_effective"] / cm.verification_cost(predict(r, fitted), r["gamma"]),
                        "refitted_without_sampling_prediction": m["omega_effective"] / cm.verification_cost(predict(r, with_o), r["gamma"]),
                        "refitted_prediction": m["omega_effective"] / cm.verification_cost(predict(r, sampled), r["gamma"]),
@@ -123,29 +124,54 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
             "points": points}
 
 
+def breakdown(results: list[dict]) -> list[str]:
+    """A markdown table: per sweep, decoding and B, points within 10% and the median error of the full model."""
+    rows = ["| sweep | decoding | B | within 10% | median error |", "|---|---|---|---|---|"]
+    for r in results:
+        groups: dict[tuple[str, int], list[float]] = {}
+        for q in r["points"]:
+            groups.setdefault((q["decoding"], q["B"]), []).append(q["refitted_prediction"] / q["measured"] - 1)
+        for (mode, B), errs in sorted(groups.items()):
+            rows.append(f"| {Path(r['sweep']).name} | {mode} | {B} | {sum(abs(e) <= TOL for e in errs)}/{len(errs)} "
+                        f"| {statistics.median(errs):+.1%} |")
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("sweeps", type=Path, nargs="+")
     p.add_argument("--as_model", action="append", default=[], metavar="SWEEP=NAME",
                    help="shapes for a sweep whose records name an unknown model (e.g. a GGUF's own name)")
     p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--markdown", type=Path, default=None, help="also write the table as a markdown section")
     a = p.parse_args(argv)
     with one_line_errors():
         aliases = dict(x.split("=", 1) for x in a.as_model)
         results = [refit(d, aliases) for d in a.sweeps]
-    print("| sweep | fitted on | fixed cost per layer: recorded → fitted (µs) | T_O fitted (µs) | sampling (ps/logit) "
-          "| within 10%: recorded | refitted, no T_O | + T_O | + sampling | median error: recorded → no T_O → + T_O → "
-          "+ sampling |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    table = ["| sweep | fitted on | fixed cost per layer: recorded → fitted (µs) | T_O fitted (µs) | sampling (ps/logit) "
+             "| within 10%: recorded | refitted, no T_O | + T_O | + sampling | median error: recorded → no T_O → + T_O "
+             "→ + sampling |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         keys = ["recorded", "refitted_without_T_O", "refitted_without_sampling", "refitted"]
         ps = r["fitted_sampling_ps_per_logit"]
-        print(f"| {Path(r['sweep']).name} | {r['calibration_point']} ({r['calibration_ms_per_step']:.2f} ms) "
-              f"| {', '.join(f'{x:.1f}' for x in r['recorded_layer_overhead_us'])} → {r['fitted_layer_overhead_us']:.1f} "
-              f"| {', '.join(f'{k} {v:.0f}' for k, v in r['fitted_verify_overhead_us'].items())} "
-              f"| {'—' if ps is None else f'{ps:.0f}'} | "
-              + " | ".join(f"{r[k]['within_10pct']}/{r[k]['of']}" for k in keys)
-              + " | " + " → ".join(f"{r[k]['median_error']:+.1%}" for k in keys) + " |")
+        table.append(f"| {Path(r['sweep']).name} | {r['calibration_point']} ({r['calibration_ms_per_step']:.2f} ms) "
+                     f"| {', '.join(f'{x:.1f}' for x in r['recorded_layer_overhead_us'])} → {r['fitted_layer_overhead_us']:.1f} "
+                     f"| {', '.join(f'{k} {v:.0f}' for k, v in r['fitted_verify_overhead_us'].items())} "
+                     f"| {'—' if ps is None else f'{ps:.0f}'} | "
+                     + " | ".join(f"{r[k]['within_10pct']}/{r[k]['of']}" for k in keys)
+                     + " | " + " → ".join(f"{r[k]['median_error']:+.1%}" for k in keys) + " |")
+    print("\n".join(table))
+    if a.markdown:
+        command = "python benchmarks/refit_cost_model.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        a.markdown.write_text("\n\n".join([
+            "## The cost model refitted to the records",
+            "Each sweep's predictions made again from its records' measured bandwidth, matmul rate, α and Ω_eff, with "
+            "the fixed cost per layer fitted to its B = 1 baseline, T_O to each method's B = 1 point, the draft ring's "
+            "real reads and, for sampled points, the cost of sampling fitted to its sampled and greedy baselines "
+            "(CPU, from the committed records):", f"```bash\n{command}\n```", "\n".join(table),
+            "Within 10% by decoding and batch size, the full model (refitted with T_O and sampling):",
+            "\n".join(breakdown(results))]) + "\n")
+        print(f"wrote {a.markdown}")
     if a.output:
         a.output.write_text(json.dumps(results, indent=1))
         print(f"wrote {a.output}")

@@ -112,3 +112,8 @@ def test_refit_recovers_the_cost_of_sampling(tmp_path):
     assert q["refitted_prediction"] == pytest.approx(q["measured"], rel=1e-9)
     assert q["refitted_without_sampling_prediction"] > q["measured"] * 1.01
     assert r["refitted"]["within_10pct"] == 3
+    md = tmp_path / "refit.md"  # the same numbers as a markdown section, split by decoding and batch size
+    assert refit_cost_model.main([str(d), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert f"--markdown {md}" in text and "| l31 | baseline_P4096_B1_greedy" in text
+    assert "| l31 | sampled | 16 | 1/1 | +0.0% |" in text and "| l31 | greedy | 16 | 1/1 | +0.0% |" in text
