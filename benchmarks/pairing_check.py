@@ -61,8 +61,8 @@ def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, 
         decoders["A2"] = Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda)
         results = runs.timed_generations(list(decoders.values()), cache, first, prompts[:, -1], args, [])
         profiled = dict(policy.costs)
-        stats = {name: dec.stats for name, dec in decoders.items()}  # of each one's last timed run (profiling anew
-        # below replaces auto's)
+        # each one's stats of its last timed run, kept before profiling auto again replaces its own
+        stats = {name: dec.stats for name, dec in decoders.items()}
         cache.rollback(torch.full_like(cache.lengths, P))
         runs.profile_gammas(decoders["auto"], cache, first, prompts[:, -1], args, [])  # again: its run-to-run spread
     reference, a_rounds = results[0][0], decoders["A"].round_seconds

@@ -68,7 +68,7 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
     device = cm.Device(dm["bandwidth"], dm["matmul_flops"], 0.0, dm.get("ranks", 1))
     step_s = cal["metrics"]["ms_per_step"] / 1e3
     per_layer = cm.fit_layer_overhead(target, device, cal["B"], cal["prefix_len"] + cal["gen_len"] // 2, step_s)
-    fitted = cm.Device(device.bandwidth, device.matmul_flops, per_layer, device.ranks)
+    fitted = replace(device, layer_overhead_s=per_layer)
     spec = [r for r in recs if r["method"] in ("selfspec", "longspec") and r["metrics"].get("measured_speedup")
             and r["metrics"].get("alpha") is not None]
 
@@ -97,7 +97,7 @@ def refit(d: Path, aliases: dict[str, str]) -> dict:
     points = []
     for r in spec:
         m = r["metrics"]
-        with_o = cm.Device(device.bandwidth, device.matmul_flops, per_layer, device.ranks, verify_overhead[r["method"]])
+        with_o = replace(fitted, verify_overhead_s=verify_overhead[r["method"]])
         sampled = replace(with_o, sampling_s_per_logit=per_logit or 0.0)
         recorded = (m.get("cost_model") or {}).get("speedup_effective")
         points.append({"point": r["point"], "decoding": r["decoding"], "B": r["B"], "measured": m["measured_speedup"],

@@ -113,24 +113,28 @@ def measure_device(device, dtype=None) -> Device:
     comes from a measured step: see fit_layer_overhead."""
     import torch
 
-    from magicdec.benchmark import copy_bandwidth, timed
+    from magicdec.benchmark import copy_bandwidth
 
     device = torch.device(device)
     cuda = device.type == "cuda"
     dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
 
-    def seconds(fn, repeats=20):
-        fn()  # warm-up
-        return timed(lambda: [fn() for _ in range(repeats)], device)[1] / repeats
-
     bandwidth = copy_bandwidth(device)  # the same measure every run record carries
     if bandwidth is None:  # not on a GPU: a smaller copy timed on the wall clock
         src = torch.randn(1 << 24, device=device)
         dst = torch.empty_like(src)
-        bandwidth = 2 * src.nbytes / seconds(lambda: dst.copy_(src))
+        bandwidth = 2 * src.nbytes / seconds_per_call(lambda: dst.copy_(src), device)
     k = 8192 if cuda else 512
     a, b = torch.randn(k, k, device=device, dtype=dtype), torch.randn(k, k, device=device, dtype=dtype)
-    return Device(bandwidth=bandwidth, matmul_flops=2 * k ** 3 / seconds(lambda: a @ b))
+    return Device(bandwidth=bandwidth, matmul_flops=2 * k ** 3 / seconds_per_call(lambda: a @ b, device))
+
+
+def seconds_per_call(fn, device, repeats: int = 20) -> float:
+    """fn's seconds per call on `device`: one warm-up call, then `repeats` calls timed together."""
+    from magicdec.benchmark import timed
+
+    fn()
+    return timed(lambda: [fn() for _ in range(repeats)], device)[1] / repeats
 
 
 def measure_sampling(device, vocab_size: int, temperature: float, top_p: float, top_k: int = 0, dtype=None,
@@ -140,16 +144,14 @@ def measure_sampling(device, vocab_size: int, temperature: float, top_p: float, 
     the cost model's sampling_s_per_logit."""
     import torch
 
-    from magicdec.benchmark import timed
     from magicdec.sampling import next_token
 
     device = torch.device(device)
     rows = max((logits or (1 << 24 if device.type == "cuda" else 1 << 21)) // vocab_size, 1)
     logits = torch.randn(rows, vocab_size, device=device, dtype=dtype or torch.float32)
-    next_token(logits, temperature, top_p, top_k)  # warm-up
-    repeats = 10 if device.type == "cuda" else 2
-    seconds = timed(lambda: [next_token(logits, temperature, top_p, top_k) for _ in range(repeats)], device)[1]
-    return seconds / repeats / logits.numel()
+    seconds = seconds_per_call(lambda: next_token(logits, temperature, top_p, top_k), device,
+                               10 if device.type == "cuda" else 2)
+    return seconds / logits.numel()
 
 
 def fit_verify_overhead(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, budget: int,
