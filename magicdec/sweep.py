@@ -71,6 +71,10 @@ def load_config(path: Path) -> dict:
         raise MagicDecError(f"{path}: modes must be among {list(MODES)}")
     if min(cfg["gammas"]) < 1:
         raise MagicDecError(f"{path}: gammas must be >= 1")
+    never = [b for b in cfg["budgets"] if b and b >= max(cfg["prefix_lens"])]
+    if never and set(cfg["methods"]) & {"selfspec", "longspec", "auto"}:  # else its points vanish from the grid
+        raise MagicDecError(f"{path}: budgets {never} are >= every prefix_len (largest {max(cfg['prefix_lens'])}): a "
+                            "draft cache that holds the whole prefix saves nothing; use budgets below the prefix")
     if cfg["repeats"] < 1 or cfg["min_seconds"] < 0:
         raise MagicDecError(f"{path}: repeats must be >= 1 and min_seconds >= 0 (got {cfg['repeats']}, {cfg['min_seconds']})")
     return cfg

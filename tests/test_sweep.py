@@ -134,6 +134,7 @@ def _write(tmp_path, text, name="sweep.toml"):
     ("gammas = [1, 2]", "gammas = [0, 1]", "gammas must be >= 1"),
     ("gen_len = 8", "gen_len = 8 8", "cannot read sweep config"),
     ("sinks = 4", "sinks = 4\nmin_seconds = -1", "min_seconds >= 0"),
+    ("budgets = [24, 64]", "budgets = [24, 96]", "budgets [96] are >= every prefix_len (largest 96)"),
 ])
 def test_bad_config_is_one_line(tmp_path, old, new, needle):
     p = run_cli(_write(tmp_path, CONFIG.replace(old, new)), "--output_dir", str(tmp_path / "o"),
