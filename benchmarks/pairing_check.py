@@ -27,9 +27,13 @@ from magicdec import benchmark as bench  # noqa: E402
 from magicdec import runs  # noqa: E402
 from magicdec.errors import one_line_errors  # noqa: E402
 from magicdec.generate import Decoder, decode  # noqa: E402
-from magicdec.planner import AutoGamma  # noqa: E402
 from magicdec.sampling import next_token  # noqa: E402
 from magicdec.sweep import MODES, Sweep, load_config  # noqa: E402
+
+
+def costs_of(policy) -> dict:
+    """Profiled seconds per verification: by gamma (one draft), or by "budget/gamma" (raced budgets); 0: plain."""
+    return {f"{label}/{g}" if label is not None and g else g: s for label, m in policy.members() for g, s in m.costs.items()}
 
 
 def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, int]], repeats: int,
@@ -50,17 +54,17 @@ def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, 
         decoders = {"A": Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda)}
         decode(decoders["A"], cache, first, 8, [], prev=prompts[:, -1])  # captured first, as in the sweep
         cache.rollback(torch.full_like(cache.lengths, P))
-        budget, chosen = sweep.plan_budget(P, B, mode, None)
-        policy = AutoGamma(cfg["gammas"], chosen["alpha"], spread=chosen["spread"])
-        decoders["auto"] = Decoder(sweep.target, sampling, draft=sweep.new_draft(sweep.draft_method, budget, P, prompts),
-                                   cuda_graphs=sweep.cuda, policy=policy)
+        _, chosen = sweep.plan_budget(P, B, mode, None)
+        policy, raced = sweep.auto_policy(chosen)
+        decoders["auto"] = Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda, policy=policy,
+                                   drafts={b: sweep.new_draft(sweep.draft_method, b, P, prompts) for b in raced})
         runs.profile_gammas(decoders["auto"], cache, first, prompts[:, -1], args, [])
         for b, g in fixed:
             decoders[f"b{b} g{g}"] = Decoder(sweep.target, sampling, draft=sweep.new_draft(sweep.draft_method, b, P, prompts),
                                              gamma=g, cuda_graphs=sweep.cuda)
         decoders["A2"] = Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda)
         results = runs.timed_generations(list(decoders.values()), cache, first, prompts[:, -1], args, [])
-        profiled = dict(policy.costs)
+        profiled = costs_of(policy)
         # each one's stats of its last timed run, kept before profiling auto again replaces its own
         stats = {name: dec.stats for name, dec in decoders.items()}
         cache.rollback(torch.full_like(cache.lengths, P))
@@ -70,7 +74,7 @@ def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, 
     # of a fixed-gamma decoder (and gamma 0 in A's): where they differ, auto chooses from wrong costs.
     out = {"prefix_len": P, "B": B, "decoding": mode, "skip_tokens": args.skip_tokens, "planner": chosen,
            "rounds": len(a_rounds), "profiled_seconds_per_verification": profiled,
-           "profiled_again": dict(policy.costs), "decoders": {}}
+           "profiled_again": costs_of(policy), "decoders": {}}
     for (name, dec), (tokens, _, secs) in zip(decoders.items(), results):
         vs_a = [a / r for a, r in zip(a_rounds, dec.round_seconds)]  # speedup over A, round by round
         out["decoders"][name] = {
@@ -128,7 +132,7 @@ def main(argv=None) -> None:
                   f"{time.perf_counter() - start:.0f} s", flush=True)
             print("  profiled ms per verification: " + ", ".join(
                 f"gamma {g} {c * 1e3:.2f} (again {row['profiled_again'][g] * 1e3:.2f})"
-                for g, c in sorted(row["profiled_seconds_per_verification"].items())), flush=True)
+                for g, c in sorted(row["profiled_seconds_per_verification"].items(), key=lambda kv: str(kv[0]))), flush=True)
             for name, d in row["decoders"].items():
                 print(f"  {name:10s} median {d['median_s'] * 1e3:8.2f} ms  {d['seconds_per_iteration'] * 1e3:6.2f} ms/iteration"
                       f"  paired vs A {d['paired_vs_A']:.4f} "

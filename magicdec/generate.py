@@ -13,7 +13,8 @@ from tqdm import tqdm
 from magicdec import tp
 from magicdec.kv_cache import KVCache
 from magicdec.model import Transformer
-from magicdec.planner import AutoGamma
+from magicdec.attention import TRITON_MAX_T
+from magicdec.planner import AutoBudget, AutoGamma
 from magicdec.sampling import probabilities, sample_from
 from magicdec.verify import acceptance_landscape, greedy_verify, speculative_sampling_verify, synthetic_verify
 
@@ -160,12 +161,18 @@ class Decoder:
     """Target (+ optional draft) steps, optionally as CUDA graphs: `compile` (torch.compile, reduce-overhead)
     or `cuda_graphs` (plain capture). One graph for the verify step (gamma+1 tokens), two for the draft (its
     2-token catch-up step, then 1-token steps). With a `policy` (AutoGamma) gamma is chosen per verification, up
-    to its largest candidate; each verify length gets its own graph."""
+    to its largest candidate; each verify length gets its own graph. With an AutoBudget policy and `drafts` (label
+    -> Draft, one per budget) the draft, too, is chosen per verification."""
 
     def __init__(self, model: Transformer, sampling: Sampling, compile: bool = False, draft: Draft | None = None,
                  gamma: int = 0, synthetic_acceptance: float | None = None, trace: bool = False,
-                 cuda_graphs: bool = False, policy: AutoGamma | None = None):
+                 cuda_graphs: bool = False, policy: AutoGamma | AutoBudget | None = None,
+                 drafts: dict | None = None):
+        if drafts and len(drafts) > 1 and not isinstance(policy, AutoBudget):
+            raise ValueError("several drafts need an AutoBudget policy to choose between them")
+        draft = draft if draft is not None or not drafts else next(iter(drafts.values()))
         self.model, self.sampling, self.draft = model, sampling, draft
+        self.drafts = drafts if isinstance(policy, AutoBudget) else {None: draft}  # label -> Draft
         self.trace = [] if trace else None  # per-iteration accepted counts (a host sync each: tests only)
         self.policy = policy if draft is not None else None
         self.gamma = (policy.max_gamma if self.policy else gamma) if draft is not None else 0  # the largest gamma
@@ -178,6 +185,7 @@ class Decoder:
             wrap = lambda f: f  # noqa: E731
         self.verify_step = wrap(self._verify_step)
         self.draft_step = wrap(self._draft_step)
+        self.catch_up_step = wrap(self._catch_up_step)
         self.stats = Stats(self.gamma)
         self.round_seconds: list[float] = []  # seconds of each timed run (runs.timed_generations)
 
@@ -194,11 +202,16 @@ class Decoder:
     def _draft_step(self, tokens, cache):
         return self._distribution(self.draft.model, tokens, cache, "last")[:, -1]
 
-    def _propose(self, hist, m, base, n_new, gamma):
+    def _catch_up_step(self, tokens, cache):
+        self.draft.model(tokens, cache, logits="none")
+
+    def _propose(self, hist, m, base, n_new, gamma, behind=0):
         """gamma draft tokens per sequence, and the draft's distributions q [B, gamma, V] when sampling. A draft on
         some ranks only broadcasts them from its first rank."""
         ranks = self.draft.ranks
         if ranks is None or dist.get_rank() in ranks:
+            if behind:
+                self._catch_up(hist, m, base, n_new, behind)
             tokens, q = self._draft_tokens(hist, m, base, n_new, gamma)
         if ranks is None:
             return tokens, q
@@ -214,6 +227,22 @@ class Decoder:
     @property
     def _greedy(self) -> bool:
         return self.sampling.greedy or self.synthetic is not None
+
+    def _catch_up(self, hist, m, base, n_new, behind):
+        """A draft that sat out verifications lacks the KV of up to `behind` tokens committed meanwhile (a bound
+        from the host's gammas, with no sync): refill the columns before the usual two-token re-feed in chunks of a
+        fixed shape (one CUDA graph; few tokens, the decode attention kernel). Rows that fell behind less re-write
+        columns they already hold, which changes nothing, and columns past a row's end are written over before
+        any query can see them."""
+        cache, width = self.draft.cache, hist.shape[1]
+        chunk = min(TRITON_MAX_T, width)
+        end = torch.clamp(m, max=n_new + 1) - 2  # _draft_tokens re-feeds from this column on
+        cols = torch.arange(chunk, device=m.device)
+        n = -(-min(behind, n_new + 1) // chunk)
+        for i in range(n):
+            start = torch.clamp(end - (n - i) * chunk, min=0, max=width - chunk)
+            cache.rollback(base + start)
+            self.catch_up_step(hist.gather(1, start[:, None] + cols[None]), cache)
 
     def _draft_tokens(self, hist, m, base, n_new, gamma):
         cache = self.draft.cache
@@ -239,6 +268,13 @@ class Decoder:
         if verified.dim() == 2:
             return greedy_verify(verified, drafted)
         return speculative_sampling_verify(verified, verified[:, :0] if q is None else q, drafted)
+
+    def _choose(self, left) -> tuple[int, object]:
+        """(gamma, draft label) of the next verification."""
+        if not self.policy:
+            return self.gamma, None
+        g = self.policy.choose(left)
+        return g, getattr(self.policy, "current", None)
 
     def generate(self, cache, first: torch.Tensor, n_new: int, eos_ids=(), progress: bool = False,
                  prev: torch.Tensor | None = None):
@@ -272,7 +308,8 @@ class Decoder:
         left = [n_new - 1] * B  # tokens each sequence still needs (for the policy)
         seen = None  # the policy's numbers of the last verification, read with the loop's one sync below
         last = None  # ... once read, for the policy to take in while the GPU runs the next verification
-        upcoming = self.policy.choose(left) if self.policy else G
+        upcoming = self._choose(left)
+        behind = dict.fromkeys(self.drafts, 0)  # per draft: a bound on the tokens committed since it last drafted
         while True:
             # The one host sync per iteration. Reading the policy's numbers anywhere else would stall the host
             # until the verify finished, and then launch the bookkeeping kernels onto an idle GPU (~4% at B=1).
@@ -284,12 +321,17 @@ class Decoder:
                 seen = None
                 if finished:
                     break
-            g = upcoming
+            g, label = upcoming
             if self.policy:
                 self.policy.used(g)
             cols = all_cols[:g + 1]
             t0 = timer.stamp()
-            drafted, q = self._propose(hist, m, base, n_new, g) if g else (hist[:, :0], None)
+            if g:
+                self.draft = self.drafts[label]
+                drafted, q = self._propose(hist, m, base, n_new, g, behind[label])
+                behind = {k: 0 if k == label else b + g + 1 for k, b in behind.items()}
+            else:
+                drafted, q = hist[:, :0], None
             t1 = timer.stamp()
             verified = self.verify_step(torch.cat([hist.gather(1, (m - 1)[:, None]), drafted], 1), cache).clone()
             accepted, nxt = self._verify(verified, drafted, q, torch.clamp(m, max=n_new)[:, None] + cols[None, :g])
@@ -341,7 +383,7 @@ class Decoder:
                     left, kept_n, reached_n = last[:B], last[B:2 * B], last[2 * B:]
                     self.policy.observe(kept_n, reached_n)
                     last = None
-                upcoming = self.policy.choose(left)
+                upcoming = self._choose(left)
             if progress:
                 now = int((m - 1).clamp(max=n_new).min())
                 bar.update(now - progress_at)

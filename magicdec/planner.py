@@ -273,6 +273,13 @@ class AutoGamma:
         self.seq_kept = self.seq_kept + kept
         self.seq_reached = self.seq_reached + reached
 
+    def members(self) -> list[tuple[None, "AutoGamma"]]:
+        """The (draft label, policy) pairs whose step times are profiled: one draft, no label."""
+        return [(None, self)]
+
+    def force(self, label, gamma: int | None) -> None:
+        self.forced = gamma
+
     def summary(self) -> dict:
         used = {g: self.history.count(g) for g in sorted(set(self.history))}
         alphas = self.sequence_alphas(self.seq_kept.size) if self.seq_kept.size else None
@@ -280,3 +287,96 @@ class AutoGamma:
                 "spread": self.spread, "margin": self.margin, "alpha_estimate": self.alpha, "iterations_per_gamma": used,
                 "sequence_alpha_range": None if alphas is None else [float(alphas.min()), float(alphas.max())],
                 "switched_off": self.off}
+
+
+class AutoBudget:
+    """--gamma auto over several drafts (StreamingLLM budgets): which draft, and which gamma, per verification.
+
+    The best budget moves from batch to batch by more than the cost of finding it: at SmolLM2 8000 x 128 on the H100,
+    budget 1024 at gamma 1 beat budget 512 by 10% on one batch of prompts and lost to it by 6-9% on three others.
+    Acceptance per budget is only known on the batch itself, so the batch starts by running each candidate draft for
+    `explore` verifications, round-robin (at B = 128 one verification examines 128+ drafted tokens per budget); from
+    then on each verification takes the (draft, gamma) with the earliest expected finish, each draft's finishing
+    times from its own AutoGamma (its profiled step times, its prior and what it has accepted on this batch). A
+    draft that sat out verifications first catches up on the tokens committed meanwhile (Decoder), so changing
+    drafts is charged about one draft step (its cost at the smallest gamma over a plain step). Switching on and
+    off follow AutoGamma's rules over the best draft: a `margin` to switch on, none to stay on, off final."""
+
+    def __init__(self, drafts: dict, gammas, prior_weight: float = 32.0, margin: float = 0.03, spread=None,
+                 explore: int = 2):
+        """drafts: {label (a budget): alpha prior}; spread: one spread, or {label: spread}."""
+        if not drafts:
+            raise ValueError("AutoBudget needs at least one draft")
+        spreads = spread if isinstance(spread, dict) else {label: spread for label in drafts}
+        self.policies = {label: AutoGamma(gammas, prior, prior_weight, 0.0, spreads.get(label))
+                         for label, prior in drafts.items()}
+        self.margin, self.explore, self.forced = margin, explore, None
+        self.gammas = sorted(set(gammas))
+        self.reset()
+
+    def reset(self) -> None:
+        for p in self.policies.values():
+            p.reset()
+        self.current = next(iter(self.policies))  # the draft of the verification chosen last
+        self.off = self.on = False
+        self.history: list[tuple] = []  # (label, gamma) per verification
+        self.pending: list = []  # labels of verifications with a draft whose counts have not been observed yet
+
+    @property
+    def max_gamma(self) -> int:
+        return self.gammas[-1]
+
+    @property
+    def costs(self) -> dict:
+        return {label: p.costs for label, p in self.policies.items()}
+
+    def members(self):
+        return list(self.policies.items())
+
+    def force(self, label, gamma: int | None) -> None:
+        self.forced = None if gamma is None else (label, gamma)
+
+    def choose(self, remaining=(64,)) -> int:
+        if self.forced is not None:
+            self.current, g = self.forced
+            return g
+        if self.off:
+            return 0
+        times = {label: p.finish_times(remaining) for label, p in self.policies.items() if p.costs}
+        if not times:
+            return self.max_gamma
+        plain = next(iter(times.values()))[0]
+        # a draft that sat out first refills what it missed (Decoder._catch_up): about one draft step more
+        switch = {k: 0.0 if k == self.current or not self.history else
+                  max(self.policies[k].costs[min(self.gammas)] - self.policies[k].costs[0], 0.0) for k in times}
+        best = {label: min(((t + switch[label], g) for g, t in ts.items() if g), default=(float("inf"), 0))
+                for label, ts in times.items()}
+        label = min(best, key=lambda k: best[k][0])
+        if best[label][0] > (1 if self.on else 1 - self.margin) * plain:
+            self.off, self.on = True, False
+            return 0
+        used = {k: sum(1 for lab, g in self.history if lab == k and g) for k in times}
+        unexplored = [k for k in times if used[k] < self.explore and best[k][0] <= plain]
+        if unexplored:  # round-robin while any candidate has run fewer than `explore` verifications
+            label = min(unexplored, key=lambda k: (used[k], list(times).index(k)))
+        self.current, self.on = label, True
+        return best[label][1]
+
+    def used(self, gamma: int) -> None:
+        self.history.append((self.current if gamma else None, gamma))
+        if gamma:
+            self.policies[self.current].used(gamma)
+            self.pending.append(self.current)
+
+    def observe(self, kept, reached) -> None:
+        """Counts of the oldest verification not yet observed (the decoder reports them in order)."""
+        self.policies[self.pending.pop(0)].observe(kept, reached)
+
+    def summary(self) -> dict:
+        used = {}  # "label/gamma" (or "0", no draft) -> verifications, in the order first used
+        for label, g in self.history:
+            key = f"{label}/{g}" if g else "0"
+            used[key] = used.get(key, 0) + 1
+        return {"candidates": self.gammas, "drafts": {str(k): p.summary() for k, p in self.policies.items()},
+                "explore": self.explore, "margin": self.margin, "switched_off": self.off,
+                "iterations_per_gamma": used, "draft_order": [str(label) for label, g in self.history if g]}

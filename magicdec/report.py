@@ -64,8 +64,11 @@ def setting(r) -> str:
 
 def gammas_used(auto) -> str:
     ag = ((auto["metrics"].get("speculation") or {}).get("auto_gamma")) or {}
-    used = " ".join(f"{g}:{n}" for g, n in ag.get("iterations_per_gamma", {}).items())
-    return f"b{auto.get('budget')}, γ {used}" + (" (off)" if ag.get("switched_off") else "")
+    used = ag.get("iterations_per_gamma", {})
+    off = " (off)" if ag.get("switched_off") else ""
+    if any("/" in k for k in used):  # AutoBudget: budget/gamma per verification
+        return "γ " + " ".join(f"{k if k == '0' else 'b' + k.replace('/', ' γ')}:{n}" for k, n in used.items()) + off
+    return f"b{auto.get('budget')}, γ " + " ".join(f"{g}:{n}" for g, n in used.items()) + off
 
 
 def rows(recs) -> list[dict]:

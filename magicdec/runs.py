@@ -208,8 +208,9 @@ def profile_gammas(decoder, target_cache, first, prev, args, eos, tries: int = 3
     collecting = gc.isenabled()
     gc.disable()
     try:
-        for g in [0] + policy.gammas:
-            policy.forced = g
+        # every draft's gammas (AutoBudget: one AutoGamma per draft); the plain step once, shared by all
+        for (label, member), g in [(policy.members()[0], 0)] + [(m, g) for m in policy.members() for g in m[1].gammas]:
+            policy.force(label, g)
             decode(decoder, target_cache, first, min(args.gen_len, 4 * (g + 1)), eos, prev=prev)  # warm-up, capture
             target_cache.rollback(prompt_lengths)
             timings = []
@@ -223,15 +224,19 @@ def profile_gammas(decoder, target_cache, first, prev, args, eos, tries: int = 3
             # the difference of a short and a longer run: a generation's fixed costs (setup, final sync) cancel out
             # (where the difference drowns in the noise of a tiny model's runs, the longer run's average)
             (s0, i0), (s1, i1) = timings
-            policy.costs[g] = (s1 - s0) / (i1 - i0) if i1 > i0 and s1 > s0 else s1 / i1
+            member.costs[g] = (s1 - s0) / (i1 - i0) if i1 > i0 and s1 > s0 else s1 / i1
     finally:
         if collecting:
             gc.enable()
-    policy.forced = None
+    policy.force(None, None)
+    members = policy.members()
+    for _, member in members[1:]:
+        member.costs[0] = members[0][1].costs[0]
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        costs = [policy.costs]
+        costs = [[m.costs for _, m in members]]
         torch.distributed.broadcast_object_list(costs, src=0)
-        policy.costs = costs[0]
+        for (_, m), c in zip(members, costs[0]):
+            m.costs = c
     return time.perf_counter() - start
 
 

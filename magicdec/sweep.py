@@ -8,8 +8,8 @@ Per (prefix, B) the target is loaded once, its cache prefilled once, each draft 
 speculative point is timed in turns with the baseline of the same decoding mode, and its speedup is against those
 interleaved baseline runs (the group's baseline record is timed alone). Methods: `baseline`, `selfspec` (the
 target drafts with a StreamingLLM cache), `longspec` (the config's `draft` model drafts; budget 0 = its full
-cache) and `auto` (the planner picks the budget from the cost model and acceptance measured so far, then gamma
-per verification, 0 included: see planner.py). Config keys: see DEFAULTS.
+cache) and `auto` (the planner ranks the budgets by the cost model and acceptance measured so far; the batch races
+the close ones and keeps the best, then chooses gamma per verification, 0 included: see planner.py). Config keys: see DEFAULTS.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError, one_line_errors
 from magicdec.generate import Decoder, Draft, Sampling, prefill
 from magicdec.kv_cache import KVCache
-from magicdec.planner import AutoGamma, fit_spread, plan
+from magicdec.planner import AutoBudget, AutoGamma, fit_spread, plan
 from magicdec.sampling import next_token
 from magicdec.verify import SYNTHETIC_DRAWS
 
@@ -49,6 +49,9 @@ DEFAULTS = dict(
     min_seconds=0.0,  # ... and more rounds until each decoder was timed this long in all (short runs are noisy)
     synthetic_acceptance=None,  # a number, or {prefix: alpha}: interpolated in log(prefix) between given points
     alpha_prior=0.8,  # auto: acceptance assumed for a budget before any point of it was measured
+    auto_drafts=3,  # auto: budgets raced on each batch at most (1: the planner's budget alone)
+    auto_budget_margin=0.15,  # ... those predicted within this fraction of the best budget's speedup
+    auto_explore=2,  # ... verifications each raced budget runs at the start of a batch
     skip_prefill=False,  # random weights only: caches filled with random KV
     prefill_backend="sdpa", fuse=True)
 
@@ -118,7 +121,7 @@ def points_of(cfg: dict, P: int, B: int) -> list[tuple]:
         for method in ("selfspec", "longspec"):
             if method in cfg["methods"]:
                 out += [(method, mode, b, g) for b in cfg["budgets"] if b < P for g in cfg["gammas"]]
-        if "auto" in cfg["methods"]:
+        if "auto" in cfg["methods"] and any(b < P for b in cfg["budgets"]):
             out.append(("auto", mode, None, None))
     return out
 
@@ -324,10 +327,11 @@ class Sweep:
                     continue
                 if method == "auto":
                     budget, chosen = self.plan_budget(P, B, mode, synthetic)
-                    policy = AutoGamma(cfg["gammas"], chosen["alpha"], spread=chosen["spread"])
+                    policy, raced = self.auto_policy(chosen)
+                    raced_drafts = {b: draft_for(self.draft_method, b) for b in raced}
                 else:
-                    policy, chosen = None, None
-                dec = Decoder(self.target, sampling, draft=draft_for(self.draft_method if method == "auto" else method, budget),
+                    policy, chosen, raced_drafts = None, None, None
+                dec = Decoder(self.target, sampling, draft=None if raced_drafts else draft_for(method, budget), drafts=raced_drafts,
                               gamma=gamma or 0, cuda_graphs=self.cuda, synthetic_acceptance=synthetic, policy=policy)
                 profile_s = runs.profile_gammas(dec, cache, first, prompts[:, -1], args, []) if policy else None
                 # Timed in turns with the baseline: the speedup compares runs made under the same conditions.
@@ -418,9 +422,24 @@ class Sweep:
                              [b for b in self.cfg["budgets"] if b < P], self.cfg["gammas"], alpha, draft,
                              tokens=self.cfg["gen_len"] - 1, spread=spread, ring_extra=self.ring_extra(),
                              sampled=mode == "sampled")
-        budget = best.budget if best.budget is not None else min(b for b in self.cfg["budgets"] if b < P)
+        # every budget's best predicted speedup; the race takes those close to the best, best first (where no
+        # speculation is predicted best, the best speculative budget: the batch's own costs decide on or off)
+        top = {o.budget: max(x.speedup for x in options if x.budget == o.budget) for o in options if o.budget is not None}
+        budget = best.budget if best.budget is not None else max(top, key=top.get)
+        ranked = sorted(top, key=lambda b: (b != budget, -top[b]))
+        race = [b for b in ranked if top[b] >= (1 - self.cfg["auto_budget_margin"]) * top[budget]]
         return budget, {"predicted_best": vars(best), "budget": budget, "alpha": alpha[budget], "alpha_by_budget": alpha,
-                        "spread": spread[budget], "spread_by_budget": spread, "options": [vars(o) for o in options]}
+                        "spread": spread[budget], "spread_by_budget": spread, "options": [vars(o) for o in options],
+                        "race": race[:self.cfg["auto_drafts"]]}
+
+    def auto_policy(self, chosen: dict):
+        """The runtime policy for an auto point and the budgets it drafts with: the planner's budget alone
+        (AutoGamma), or a race between the budgets the plan cannot tell apart (AutoBudget)."""
+        cfg, race = self.cfg, chosen["race"]
+        if len(race) <= 1:
+            return AutoGamma(cfg["gammas"], chosen["alpha"], spread=chosen["spread"]), [chosen["budget"]]
+        return AutoBudget({b: chosen["alpha_by_budget"][b] for b in race}, cfg["gammas"],
+                          spread={b: chosen["spread_by_budget"][b] for b in race}, explore=cfg["auto_explore"]), race
 
     def records(self):
         for f in self.out.glob("*.json"):

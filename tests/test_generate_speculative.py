@@ -193,3 +193,74 @@ def test_stories260k_selfspec_and_standalone_equal_plain_greedy(stories, gamma):
     prompts[:, 0] = 1
     check(stories, stories, prompts, n_new=100, gamma=gamma, budget=24)
     check(stories, first_layers(stories, 2), prompts, n_new=60, gamma=gamma, budget=24)
+
+
+# --- several drafts (AutoBudget): a draft that sat out catches up -------------------------------------------------
+def test_catch_up_refills_a_draft_that_sat_out(tiny):
+    """A draft cache that missed the tokens committed while another draft ran must hold, after its catch-up and
+    re-feed, exactly the KV a StreamingLLM draft fed the whole committed text would: the reference prefills each
+    sequence's prompt + committed tokens through a fresh cache. Without the catch-up the KV differs."""
+    a, prompts = tiny.args, tiny_prompts()
+    B, P = prompts.shape
+    n_new, budget, sinks = 40, 20, 4
+    hist = torch.randint(0, 256, (B, n_new + 6), generator=torch.Generator().manual_seed(1))
+    hist[:, 0] = prompts[:, -1]
+    m = torch.tensor([9, 23, 30])  # committed columns per sequence: ragged
+    base = torch.full((B,), P - 1)
+
+    def fed(behind):
+        cache = StreamingCache(a.n_layers, B, a.n_kv_heads, budget, sinks, 64, a.head_dim, torch.float32, "cpu")
+        prefill(tiny, cache, prompts, 64)
+        decoder = Decoder(tiny, Sampling(), draft=Draft(tiny, cache), gamma=1)
+        if behind:
+            decoder._catch_up(hist, m, base, n_new, behind)
+        decoder._draft_tokens(hist, m, base, n_new, 1)  # re-feeds columns m-2, m-1
+        return cache
+
+    def agrees(cache):
+        for b in range(B):
+            ref = StreamingCache(a.n_layers, 1, a.n_kv_heads, budget, sinks, 64, a.head_dim, torch.float32, "cpu")
+            prefill(tiny, ref, torch.cat([prompts[b], hist[b, 1:m[b]]])[None], 7)
+            last = P - 1 + int(m[b]) - 1  # the last committed position
+            for pos in [*range(sinks), *range(last - (budget - sinks) + 1, last + 1)]:
+                s = int(cache.slots(torch.tensor(pos)))
+                if int(cache.key_pos[b, s]) != pos or int(ref.key_pos[0, s]) != pos:
+                    return False
+                if not all(torch.allclose(c.k[layer][b, :, s], ref.k[layer][0, :, s], atol=1e-5)
+                           for c, layer in ((cache, layer) for layer in range(a.n_layers))):
+                    return False
+        return True
+
+    assert agrees(fed(behind=int(m.max())))  # the bound the decoder passes: any value >= the largest lag
+    assert agrees(fed(behind=40))
+    assert not agrees(fed(behind=0))
+
+
+def test_racing_budgets_equals_plain_greedy(tiny, monkeypatch):
+    """Two StreamingLLM drafts (budgets 20 and 28) raced round-robin for the whole generation, so each one catches
+    up before every verification it runs: still exactly the target's plain greedy tokens (what the caught-up cache
+    holds is checked above)."""
+    from magicdec.planner import AutoBudget
+
+    a, prompts, n_new = tiny.args, tiny_prompts(), 60
+    B, P = prompts.shape
+    cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + 6, a.head_dim, torch.float32, "cpu")
+    logits = prefill(tiny, cache, prompts, 64)
+    drafts = {}
+    for budget in (20, 28):
+        dc = StreamingCache(a.n_layers, B, a.n_kv_heads, budget, 4, 64, a.head_dim, torch.float32, "cpu")
+        prefill(tiny, dc, prompts, 64)
+        drafts[budget] = Draft(tiny, dc)
+    policy = AutoBudget({20: 0.9, 28: 0.9}, [2], explore=10 ** 6)  # explore forever: alternate every verification
+    for p in policy.policies.values():
+        p.costs = {0: 1.0, 2: 0.1}  # drafting always pays: never off
+    decoder = Decoder(tiny, Sampling(), policy=policy, drafts=drafts, trace=True)
+    caught_up = []
+    catch_up = decoder._catch_up
+    monkeypatch.setattr(decoder, "_catch_up", lambda *args: caught_up.append(args[-1]) or catch_up(*args))
+    out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
+    assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
+    order = decoder.stats.policy["draft_order"]
+    assert order[:4] == ["20", "28", "20", "28"] and len(order) == decoder.stats.iterations
+    assert len(caught_up) == decoder.stats.iterations - 1 and min(caught_up) >= 3  # behind by one verification: >= 3 tokens
+    assert_ragged(decoder)

@@ -11,7 +11,7 @@ from magicdec.config import ModelArgs
 from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.model import load_model
-from magicdec.planner import AutoGamma, fit_spread, plan, sequence_weight, spread_alphas
+from magicdec.planner import AutoBudget, AutoGamma, fit_spread, plan, sequence_weight, spread_alphas
 from test_generate_speculative import plain_greedy, tiny_prompts
 
 L31 = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
@@ -257,3 +257,74 @@ def test_auto_gamma_generation_equals_plain_greedy(tiny, costs):
             assert decoder.stats.drafted == sum(g * n for g, n in used.items())
         if costs[4] < 2:
             assert len(used) > 1, used  # the tiny model's acceptance is middling: the choice moved
+
+
+def budget_policy(costs: dict, priors: dict, explore=2, weight=1.0, **kw) -> AutoBudget:
+    p = AutoBudget(priors, [g for g in next(iter(costs.values())) if g], prior_weight=weight, explore=explore, **kw)
+    for label, c in costs.items():
+        p.policies[label].costs = dict(c)
+    return p
+
+
+def run_verification(p: AutoBudget, left, rates: dict, n: int = 1000) -> tuple:
+    """One verification as the decoder reports it: choose, use, then observe that draft's counts (`n` examined
+    drafted tokens per sequence, a `rates[label]` share kept)."""
+    g = p.choose(left)
+    p.used(g)
+    label = p.current
+    if g:
+        p.observe([rates[label] * n] * len(left), [n] * len(left))
+    return label, g
+
+
+def test_auto_budget_races_each_draft_then_keeps_the_faster_one():
+    """Both drafts run `explore` verifications at the start, round-robin, whatever their priors; then the choice is
+    by measured acceptance and each draft's own step times: one sequence, many tokens left, so the best is the
+    largest Omega(alpha, gamma) / cost (cm.omega, by hand below)."""
+    costs = {512: {0: 1.0, 1: 1.2, 2: 1.4}, 1024: {0: 1.0, 1: 1.5, 2: 1.8}}
+    for rates, expect in (({512: 0.5, 1024: 0.9}, 1024), ({512: 0.8, 1024: 0.85}, 512)):
+        p = budget_policy(costs, {1024: 0.9, 512: 0.6})
+        order = [run_verification(p, [2000], rates)[0] for _ in range(4)]
+        assert order == [1024, 512, 1024, 512]
+        ratio = {(b, g): cm.omega(rates[b], g) / costs[b][g] for b in costs for g in (1, 2)}
+        best = max(ratio, key=ratio.get)
+        assert best[0] == expect
+        assert run_verification(p, [2000], rates) == best
+        assert p.summary()["iterations_per_gamma"][f"{best[0]}/{best[1]}"] >= 1
+
+
+def test_auto_budget_counts_reach_the_draft_that_drafted_them():
+    """The decoder observes each verification one late: the counts go to the draft that ran it, in order."""
+    p = budget_policy({256: {0: 1.0, 1: 1.1}, 512: {0: 1.0, 1: 1.1}}, {256: 0.8, 512: 0.8})
+    for _ in range(2):
+        p.used(p.choose([100]))
+    p.observe([1], [10])
+    p.observe([9], [10])
+    assert (p.policies[256].kept, p.policies[512].kept) == (1, 9)
+    assert p.summary()["draft_order"] == ["256", "512"]
+
+
+def test_auto_budget_switches_off_for_good_and_skips_hopeless_drafts():
+    slow = {0: 1.0, 1: 5.0, 2: 9.0}
+    p = budget_policy({512: {0: 1.0, 1: 1.1, 2: 1.2}, 1024: slow}, {512: 0.9, 1024: 0.9})
+    assert [run_verification(p, [2000], {512: 0.9})[0] for _ in range(3)] == [512] * 3  # 1024 never pays: not raced
+    p = budget_policy({512: slow, 1024: slow}, {512: 0.9, 1024: 0.9})
+    assert p.choose([2000]) == 0 and p.off
+    p.policies[512].costs = {0: 1.0, 1: 1.01, 2: 1.02}  # off stays off within the batch
+    assert p.choose([2000]) == 0
+    p.reset()
+    assert p.choose([2000]) > 0
+
+
+def test_auto_budget_charges_a_switch_one_draft_step():
+    """After the race, a draft barely ahead of the current one is not worth its catch-up (one draft step, its
+    gamma-1 cost over a plain step); one clearly ahead is."""
+    costs = {512: {0: 1.0, 1: 1.2}, 1024: {0: 1.0, 1: 1.2}}
+    p = budget_policy(costs, {512: 0.8, 1024: 0.8}, explore=1)
+    run_verification(p, [2000], {512: 0.8, 1024: 0.8})
+    run_verification(p, [2000], {512: 0.8, 1024: 0.8})  # the race is over; 1024 ran last
+    assert run_verification(p, [2000], {1024: 0.8})[0] == 1024
+    p.policies[512].costs = {0: 1.0, 1: 1.19999}  # 512 now a hair cheaper: stay
+    assert run_verification(p, [2000], {1024: 0.8})[0] == 1024
+    p.policies[512].costs = {0: 1.0, 1: 1.0}  # 17% cheaper: switch
+    assert run_verification(p, [2000], {512: 0.8})[0] == 512

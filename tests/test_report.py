@@ -163,3 +163,9 @@ def test_report_reads_a_real_sweep(tmp_path):
     assert cells[4:6] == ["selfspec b24 γ1", f"{spec['measured_speedup']:.2f}"]
     assert cells[8].startswith(f"{spec['cost_model']['speedup_effective']:.2f} (")
     assert "synthetic α 0.80" in results_md.read_text() and "# cpu, today" in results_md.read_text()
+
+
+def test_raced_budgets_show_budget_and_gamma_per_verification():
+    auto = {"budget": 512, "metrics": {"speculation": {"auto_gamma": {
+        "iterations_per_gamma": {"512/1": 2, "1024/1": 30, "0": 4}, "switched_off": True}}}}
+    assert report.gammas_used(auto) == "γ b512 γ1:2 b1024 γ1:30 0:4 (off)"

@@ -65,6 +65,7 @@ def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
         sweep.Sweep(cfg, out, torch.device("cpu"), False).run(max_minutes=None)
     monkeypatch.setattr(sweep.Sweep, "write", real_write)
     before = {f.name: f.stat().st_mtime_ns for f in out.glob("*.json")}
+    raced = []
     assert len(before) == 4 and not list(out.glob(".*.tmp"))
 
     assert sweep.Sweep(cfg, out, torch.device("cpu"), False).run(max_minutes=None) == 0
@@ -86,8 +87,15 @@ def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
         if r["method"] == "auto":
             assert r["planner"]["budget"] in (24, 64) and r["budget"] == r["planner"]["budget"]
             assert r["planner"]["spread"] >= 0 and set(r["planner"]["spread_by_budget"]) == {"24", "64"}
-            used = m["speculation"]["auto_gamma"]["iterations_per_gamma"]
-            assert sum(used.values()) == m["iterations"] and set(map(int, used)) <= {0, 1, 2}
+            used, race = m["speculation"]["auto_gamma"]["iterations_per_gamma"], r["planner"]["race"]
+            assert sum(used.values()) == m["iterations"] and race[0] == r["budget"]
+            if len(race) == 1:  # the planner's budget alone
+                assert set(map(int, used)) <= {0, 1, 2}
+            else:  # the close budgets raced: "budget/gamma" per verification
+                assert {k.split("/")[0] for k in used if k != "0"} <= set(map(str, race))
+                assert {int(k.split("/")[-1]) for k in used} <= {0, 1, 2}
+            raced.append(len(race))
+    assert max(raced) == 2  # at P = 96 both budgets are close enough to race
     assert (out / "commands.txt").read_text().count("python -m magicdec.sweep") == 3  # every run with points to do
 
 
