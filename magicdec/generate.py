@@ -230,12 +230,13 @@ class Decoder:
 
     def _catch_up(self, hist, m, base, n_new, behind):
         """A draft that sat out verifications lacks the KV of up to `behind` tokens committed meanwhile (a bound
-        from the host's gammas, with no sync): refill the columns before the usual two-token re-feed in chunks of a
-        fixed shape (one CUDA graph; few tokens, the decode attention kernel). Rows that fell behind less re-write
+        from the host's gammas, with no sync): refill the columns before the usual two-token re-feed in chunks of
+        2, 4, 8 or 16 tokens (a CUDA graph each; the decode attention kernel). Rows that fell behind less re-write
         columns they already hold, which changes nothing, and columns past a row's end are written over before
         any query can see them."""
         cache, width = self.draft.cache, hist.shape[1]
-        chunk = min(TRITON_MAX_T, width)
+        # the smallest of a few fixed shapes that covers the lag (a 16-token chunk costs several draft steps)
+        chunk = min(next(c for c in (2, 4, 8, TRITON_MAX_T) if c >= min(behind, TRITON_MAX_T)), width)
         end = torch.clamp(m, max=n_new + 1) - 2  # _draft_tokens re-feeds from this column on
         cols = torch.arange(chunk, device=m.device)
         n = -(-min(behind, n_new + 1) // chunk)

@@ -292,15 +292,22 @@ class AutoGamma:
 class AutoBudget:
     """--gamma auto over several drafts (StreamingLLM budgets): which draft, and which gamma, per verification.
 
-    The best budget moves from batch to batch by more than the cost of finding it: at SmolLM2 8000 x 128 on the H100,
-    budget 1024 at gamma 1 beat budget 512 by 10% on one batch of prompts and lost to it by 6-9% on three others.
-    Acceptance per budget is only known on the batch itself, so the batch starts by running each candidate draft for
-    `explore` verifications, round-robin (at B = 128 one verification examines 128+ drafted tokens per budget); from
-    then on each verification takes the (draft, gamma) with the earliest expected finish, each draft's finishing
-    times from its own AutoGamma (its profiled step times, its prior and what it has accepted on this batch). A
-    draft that sat out verifications first catches up on the tokens committed meanwhile (Decoder), so changing
-    drafts is charged about one draft step (its cost at the smallest gamma over a plain step). Switching on and
-    off follow AutoGamma's rules over the best draft: a `margin` to switch on, none to stay on, off final."""
+    At SmolLM2 8000 x 128 on the H100 the best budget moved from batch to batch by more than 5% (budget 1024 at
+    gamma 1 beat budget 512 by 10% on one batch of prompts and lost to it by 6-9% on three others), and acceptance
+    per budget is only known on the batch itself. So the batch starts by running each candidate draft for `explore`
+    verifications, round-robin (at B = 128 one verification examines 128+ drafted tokens per budget); then takes
+    the (draft, gamma) with the earliest expected finish, each draft's finishing times from its own AutoGamma (its
+    profiled step times, its prior, what it has accepted on this batch); once every raced draft's counts are in,
+    keeps that draft for the rest of the batch (gamma still chosen per verification). A draft that sat out
+    verifications first catches up on the tokens committed meanwhile (Decoder._catch_up), so choosing another draft
+    is charged about one draft step (its cost at the smallest gamma over a plain step). On and off follow
+    AutoGamma's rules over the best draft: a `margin` to switch on, none to stay on, off final.
+
+    Measured there (results/issue5/budget_race), the race cost more than it found: switching freely after it
+    flapped between near-equal estimates (0.78-0.85 of the best fixed setting in the same rounds); kept after it,
+    the race picked the right budget on three batches out of three, but its verifications at the other budget and
+    the catch-ups made each iteration 5-6% dearer (0.89-0.93 of the best fixed, no better than the planner's budget
+    alone). Hence opt-in (the sweep's `auto_drafts`)."""
 
     def __init__(self, drafts: dict, gammas, prior_weight: float = 32.0, margin: float = 0.03, spread=None,
                  explore: int = 2):
@@ -318,6 +325,8 @@ class AutoBudget:
         for p in self.policies.values():
             p.reset()
         self.current = next(iter(self.policies))  # the draft of the verification chosen last
+        self.committed = None  # the race's winner, once every raced draft's counts are in
+        self.observed = dict.fromkeys(self.policies, 0)
         self.off = self.on = False
         self.history: list[tuple] = []  # (label, gamma) per verification
         self.pending: list = []  # labels of verifications with a draft whose counts have not been observed yet
@@ -342,7 +351,8 @@ class AutoBudget:
             return g
         if self.off:
             return 0
-        times = {label: p.finish_times(remaining) for label, p in self.policies.items() if p.costs}
+        times = {label: p.finish_times(remaining) for label, p in self.policies.items()
+                 if p.costs and self.committed in (None, label)}
         if not times:
             return self.max_gamma
         plain = next(iter(times.values()))[0]
@@ -359,6 +369,8 @@ class AutoBudget:
         unexplored = [k for k in times if used[k] < self.explore and best[k][0] <= plain]
         if unexplored:  # round-robin while any candidate has run fewer than `explore` verifications
             label = min(unexplored, key=lambda k: (used[k], list(times).index(k)))
+        elif self.committed is None and all(self.observed[k] >= min(used[k], self.explore) for k in times):
+            self.committed = label  # the race's counts are all in: this draft for the rest of the batch
         self.current, self.on = label, True
         return best[label][1]
 
@@ -370,7 +382,9 @@ class AutoBudget:
 
     def observe(self, kept, reached) -> None:
         """Counts of the oldest verification not yet observed (the decoder reports them in order)."""
-        self.policies[self.pending.pop(0)].observe(kept, reached)
+        label = self.pending.pop(0)
+        self.policies[label].observe(kept, reached)
+        self.observed[label] += 1
 
     def summary(self) -> dict:
         used = {}  # "label/gamma" (or "0", no draft) -> verifications, in the order first used
@@ -378,5 +392,6 @@ class AutoBudget:
             key = f"{label}/{g}" if g else "0"
             used[key] = used.get(key, 0) + 1
         return {"candidates": self.gammas, "drafts": {str(k): p.summary() for k, p in self.policies.items()},
+                "committed": None if self.committed is None else str(self.committed),
                 "explore": self.explore, "margin": self.margin, "switched_off": self.off,
                 "iterations_per_gamma": used, "draft_order": [str(label) for label, g in self.history if g]}

@@ -316,15 +316,16 @@ def test_auto_budget_switches_off_for_good_and_skips_hopeless_drafts():
     assert p.choose([2000]) > 0
 
 
-def test_auto_budget_charges_a_switch_one_draft_step():
-    """After the race, a draft barely ahead of the current one is not worth its catch-up (one draft step, its
-    gamma-1 cost over a plain step); one clearly ahead is."""
-    costs = {512: {0: 1.0, 1: 1.2}, 1024: {0: 1.0, 1: 1.2}}
-    p = budget_policy(costs, {512: 0.8, 1024: 0.8}, explore=1)
-    run_verification(p, [2000], {512: 0.8, 1024: 0.8})
-    run_verification(p, [2000], {512: 0.8, 1024: 0.8})  # the race is over; 1024 ran last
-    assert run_verification(p, [2000], {1024: 0.8})[0] == 1024
-    p.policies[512].costs = {0: 1.0, 1: 1.19999}  # 512 now a hair cheaper: stay
-    assert run_verification(p, [2000], {1024: 0.8})[0] == 1024
-    p.policies[512].costs = {0: 1.0, 1: 1.0}  # 17% cheaper: switch
-    assert run_verification(p, [2000], {512: 0.8})[0] == 512
+def test_auto_budget_commits_after_the_race_charging_a_switch_one_draft_step():
+    """Once every raced draft's counts are in, one draft for the rest of the batch. Choosing it charges a draft
+    that is not the current one its catch-up (about one draft step: its gamma-1 cost over a plain step): a draft
+    a hair cheaper is not worth it, one 17% cheaper is."""
+    for cost_512, expect in ((1.19999, 1024), (1.0, 512)):
+        costs = {512: {0: 1.0, 1: cost_512}, 1024: {0: 1.0, 1: 1.2}}
+        p = budget_policy(costs, {512: 0.8, 1024: 0.8}, explore=1)
+        rates = {512: 0.8, 1024: 0.8}
+        assert [run_verification(p, [2000], rates)[0] for _ in range(2)] == [512, 1024]  # the race
+        assert run_verification(p, [2000], rates)[0] == expect and p.committed == expect
+        p.policies[1024 if expect == 512 else 512].costs = {0: 1.0, 1: 0.5}  # the other now far cheaper: no matter
+        assert [run_verification(p, [2000], rates)[0] for _ in range(3)] == [expect] * 3
+        assert p.summary()["committed"] == str(expect)

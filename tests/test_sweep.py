@@ -27,6 +27,7 @@ modes = ["greedy"]
 gen_len = 8
 sinks = 4
 synthetic_acceptance = {"48" = 0.9, "96" = 0.7}
+auto_drafts = 2
 """
 
 
@@ -198,3 +199,18 @@ def test_sampled_sweeps_probe_and_model_the_sampling_cost(tmp_path):
     kw = dict(tokens=cfg["gen_len"] - 1, spread={24: chosen["spread"]}, ring_extra=sw.ring_extra())
     sampled_options = [vars(o) for o in plan(*args, **kw, sampled=True)[1]]
     assert chosen["options"] == sampled_options != [vars(o) for o in plan(*args, **kw)[1]]
+
+
+def test_auto_races_budgets_only_when_asked(tmp_path):
+    """By default auto drafts with the planner's budget alone (AutoGamma); `auto_drafts = 2` races the two the plan
+    ranks closest (AutoBudget), the planner's first."""
+    from magicdec.planner import AutoBudget, AutoGamma
+
+    for drafts, kind in (("", AutoGamma), ("auto_drafts = 2\n", AutoBudget)):
+        cfg = sweep.load_config(_write(tmp_path, CONFIG.replace("auto_drafts = 2\n", drafts)))
+        sw = sweep.Sweep(cfg, tmp_path / "o", torch.device("cpu"), False)
+        sw.load()
+        budget, chosen = sw.plan_budget(96, 2, "greedy", 0.7)
+        policy, raced = sw.auto_policy(chosen)
+        assert isinstance(policy, kind) and raced[0] == budget
+        assert raced == ([budget] if kind is AutoGamma else chosen["race"]) and len(raced) == (1 if drafts == "" else 2)
