@@ -326,7 +326,6 @@ class AutoBudget:
             p.reset()
         self.current = next(iter(self.policies))  # the draft of the verification chosen last
         self.committed = None  # the race's winner, once every raced draft's counts are in
-        self.observed = dict.fromkeys(self.policies, 0)
         self.off = self.on = False
         self.history: list[tuple] = []  # (label, gamma) per verification
         self.pending: list = []  # labels of verifications with a draft whose counts have not been observed yet
@@ -334,10 +333,6 @@ class AutoBudget:
     @property
     def max_gamma(self) -> int:
         return self.gammas[-1]
-
-    @property
-    def costs(self) -> dict:
-        return {label: p.costs for label, p in self.policies.items()}
 
     def members(self):
         return list(self.policies.items())
@@ -365,11 +360,12 @@ class AutoBudget:
         if best[label][0] > (1 if self.on else 1 - self.margin) * plain:
             self.off, self.on = True, False
             return 0
-        used = {k: sum(1 for lab, g in self.history if lab == k and g) for k in times}
+        used = {k: len(self.policies[k].history) for k in times}  # verifications each draft ran
         unexplored = [k for k in times if used[k] < self.explore and best[k][0] <= plain]
         if unexplored:  # round-robin while any candidate has run fewer than `explore` verifications
             label = min(unexplored, key=lambda k: (used[k], list(times).index(k)))
-        elif self.committed is None and all(self.observed[k] >= min(used[k], self.explore) for k in times):
+        elif self.committed is None and all(used[k] - self.pending.count(k) >= min(used[k], self.explore)
+                                            for k in times):
             self.committed = label  # the race's counts are all in: this draft for the rest of the batch
         self.current, self.on = label, True
         return best[label][1]
@@ -382,9 +378,7 @@ class AutoBudget:
 
     def observe(self, kept, reached) -> None:
         """Counts of the oldest verification not yet observed (the decoder reports them in order)."""
-        label = self.pending.pop(0)
-        self.policies[label].observe(kept, reached)
-        self.observed[label] += 1
+        self.policies[self.pending.pop(0)].observe(kept, reached)
 
     def summary(self) -> dict:
         used = {}  # "label/gamma" (or "0", no draft) -> verifications, in the order first used

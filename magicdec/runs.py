@@ -205,11 +205,12 @@ def profile_gammas(decoder, target_cache, first, prev, args, eos, tries: int = 3
     import time
 
     policy, prompt_lengths, start = decoder.policy, target_cache.lengths.clone(), time.perf_counter()
+    members = policy.members()  # (draft label, its AutoGamma): one, or one per raced budget (AutoBudget)
     collecting = gc.isenabled()
     gc.disable()
     try:
-        # every draft's gammas (AutoBudget: one AutoGamma per draft); the plain step once, shared by all
-        for (label, member), g in [(policy.members()[0], 0)] + [(m, g) for m in policy.members() for g in m[1].gammas]:
+        # every draft's gammas; the plain step once, shared by all
+        for (label, member), g in [(members[0], 0)] + [(m, g) for m in members for g in m[1].gammas]:
             policy.force(label, g)
             decode(decoder, target_cache, first, min(args.gen_len, 4 * (g + 1)), eos, prev=prev)  # warm-up, capture
             target_cache.rollback(prompt_lengths)
@@ -229,7 +230,6 @@ def profile_gammas(decoder, target_cache, first, prev, args, eos, tries: int = 3
         if collecting:
             gc.enable()
     policy.force(None, None)
-    members = policy.members()
     for _, member in members[1:]:
         member.costs[0] = members[0][1].costs[0]
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
