@@ -27,11 +27,17 @@ from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
 from magicdec.planner import AutoGamma, spread_alphas  # noqa: E402
 
 
-def batch_seconds(costs: dict[int, float], alphas: np.ndarray, tokens: int, rng: np.random.Generator,
-                  policy: AutoGamma | None = None, gamma: int = 0) -> float:
-    """Seconds until every sequence has `tokens` more: with `policy`, gamma per verification as generate.Decoder asks
-    it (each choice sees the numbers of the verification before the last); without, a fixed `gamma`."""
-    n = len(alphas)
+def drawn_acceptance(alphas: np.ndarray, rng: np.random.Generator):
+    """accept(gamma, made) for sequences whose drafted tokens are each kept independently at the sequence's rate."""
+    return lambda g, made: np.cumprod(rng.random((len(alphas), g)) < alphas[:, None], axis=1).sum(1)
+
+
+def batch_seconds(costs: dict[int, float], accept, n: int, tokens: int, policy: AutoGamma | None = None,
+                  gamma: int = 0) -> float:
+    """Seconds until each of n sequences has `tokens` more, `accept(gamma, made)` giving the drafted tokens each
+    sequence keeps in a verification from `made` tokens on: with `policy`, gamma per verification as
+    generate.Decoder asks it (each choice sees the numbers of the verification before the last); without, a fixed
+    `gamma`."""
     made = np.zeros(n, dtype=np.int64)
     left = np.full(n, tokens)  # what the policy last read
     seen = last = None
@@ -46,8 +52,7 @@ def batch_seconds(costs: dict[int, float], alphas: np.ndarray, tokens: int, rng:
         if policy:
             policy.used(g)
         active = made < tokens
-        accepted = (np.cumprod(rng.random((n, g)) < alphas[:, None], axis=1).sum(1) if g
-                    else np.zeros(n, dtype=np.int64))
+        accepted = accept(g, made) if g else np.zeros(n, dtype=np.int64)
         made = np.where(active, made + accepted + 1, made)
         seconds += costs[g]
         if policy:
@@ -87,9 +92,9 @@ def simulate(record: dict, spreads: list[str], batches: int, seed: int) -> dict:
             if name.startswith("auto"):
                 policy = AutoGamma(gammas, planner["alpha"], spread=arg)
                 policy.costs = dict(costs)
-                speedups.append(base / batch_seconds(costs, alphas, tokens, rng, policy))
+                speedups.append(base / batch_seconds(costs, drawn_acceptance(alphas, rng), B, tokens, policy))
             else:
-                speedups.append(base / batch_seconds(costs, alphas, tokens, rng, gamma=arg))
+                speedups.append(base / batch_seconds(costs, drawn_acceptance(alphas, rng), B, tokens, gamma=arg))
         s = np.array(speedups)
         out["rows"][name] = {"mean": float(s.mean()), "p5": float(np.percentile(s, 5)),
                              "below_0_97": float((s < 0.97).mean())}

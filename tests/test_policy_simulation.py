@@ -15,14 +15,15 @@ policy_simulation = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(policy_simulation)
 
 COSTS = {0: 1.0, 1: 1.4, 2: 1.8, 3: 2.2}
+drawn = policy_simulation.drawn_acceptance
 
 
 def test_fixed_gamma_batches_by_hand():
     rng = np.random.default_rng(0)
     # every draft kept: 63 tokens in ceil(63 / 3) = 21 gamma-2 verifications; every draft rejected: 63 verifications
-    assert policy_simulation.batch_seconds(COSTS, np.ones(4), 63, rng, gamma=2) == pytest.approx(21 * 1.8)
-    assert policy_simulation.batch_seconds(COSTS, np.zeros(4), 63, rng, gamma=3) == pytest.approx(63 * 2.2)
-    assert policy_simulation.batch_seconds(COSTS, np.full(4, 0.8), 63, rng, gamma=0) == pytest.approx(63 * 1.0)
+    assert policy_simulation.batch_seconds(COSTS, drawn(np.ones(4), rng), 4, 63, gamma=2) == pytest.approx(21 * 1.8)
+    assert policy_simulation.batch_seconds(COSTS, drawn(np.zeros(4), rng), 4, 63, gamma=3) == pytest.approx(63 * 2.2)
+    assert policy_simulation.batch_seconds(COSTS, drawn(np.full(4, 0.8), rng), 4, 63, gamma=0) == pytest.approx(63 * 1.0)
 
 
 def test_simulated_batches_need_what_the_planner_computes():
@@ -30,7 +31,7 @@ def test_simulated_batches_need_what_the_planner_computes():
     expected maximum over sequences (planner.finish_verifications) within 2%."""
     rng = np.random.default_rng(1)
     alphas = np.full(8, 0.8)
-    seconds = [policy_simulation.batch_seconds({2: 1.0}, alphas, 63, rng, gamma=2) for _ in range(2000)]
+    seconds = [policy_simulation.batch_seconds({2: 1.0}, drawn(alphas, rng), 8, 63, gamma=2) for _ in range(2000)]
     expected = finish_verifications([2], alphas, np.full(8, 63))[0]
     assert np.mean(seconds) == pytest.approx(expected, rel=0.02)
 
@@ -40,7 +41,7 @@ def test_a_policy_that_never_pays_runs_the_plain_steps():
     policy = AutoGamma([1, 2], 0.5)
     policy.costs = {0: 1.0, 1: 5.0, 2: 9.0}
     rng = np.random.default_rng(2)
-    assert policy_simulation.batch_seconds(policy.costs, np.full(4, 0.5), 63, rng, policy) == pytest.approx(63.0)
+    assert policy_simulation.batch_seconds(policy.costs, drawn(np.full(4, 0.5), rng), 4, 63, policy) == pytest.approx(63.0)
     assert policy.history == [0] * 63
 
 
