@@ -63,7 +63,8 @@ def replay_batch(trace: np.ndarray, costs: dict, gammas: list[int], tokens: int,
         out[f"gamma {g}"] = {"iterations": float(np.mean(its)), "seconds": float(np.mean(its)) * costs[g]}
     secs, uses = [], {}
     for _ in range(draws):
-        policy = AutoGamma(gammas, plan["alpha"], spread=plan["spread"], margin=plan.get("margin", 0.03))
+        policy = AutoGamma(gammas, plan["alpha"], spread=plan["spread"], margin=plan.get("margin", 0.03),
+                           switch_margin=plan.get("switch_margin", 0.0))
         policy.costs = dict(costs)
         secs.append(batch_seconds(costs, traced_acceptance(trace, rng), n, tokens, policy))
         for g in policy.history:
@@ -72,25 +73,32 @@ def replay_batch(trace: np.ndarray, costs: dict, gammas: list[int], tokens: int,
     return out
 
 
-def plan_of(records: Path, P: int, B: int, mode: str) -> dict:
-    """The budget, prior and spread the sweep's auto point at (P, B, mode) was planned with."""
+def plan_of(records: Path, P: int, B: int, mode: str, budget: int | None = None) -> dict:
+    """The budget, prior and spread the sweep's auto point at (P, B, mode) was planned with; `budget`: another of the
+    sweep's budgets instead, with its prior and spread from the same plan."""
     f = records / f"auto_P{P}_B{B}_{mode}.json"
     if not f.is_file():
         raise MagicDecError(f"no auto record {f}: pass --records, the sweep's output directory with its auto points")
     p = json.loads(f.read_text())["planner"]
-    return {"budget": p["budget"], "alpha": p["alpha"], "spread": p["spread"]}
+    if budget is None or budget == p["budget"]:
+        return {"budget": p["budget"], "alpha": p["alpha"], "spread": p["spread"]}
+    if str(budget) not in (p.get("alpha_by_budget") or {}):
+        raise MagicDecError(f"--budget {budget}: the plan in {f} has no prior for it; choose one of "
+                            f"{sorted(int(b) for b in p.get('alpha_by_budget') or {})}")
+    return {"budget": budget, "alpha": p["alpha_by_budget"][str(budget)], "spread": p["spread_by_budget"][str(budget)]}
 
 
-def replay(files: list[Path], records: Path, draws: int, seed: int) -> dict:
+def replay(files: list[Path], records: Path, draws: int, seed: int, budget: int | None = None,
+           switch_margin: float = 0.0) -> dict:
     batches = []
     for f in files:
         d = json.loads(f.read_text())
         tokens, gammas = d["gen_len"] - 1, d["gammas"]
         for row in d["batches"]:
             mode = row["mode"]
-            plan = plan_of(records, d["prefix_len"], d["B"], mode)
+            plan = plan_of(records, d["prefix_len"], d["B"], mode, budget) | {"switch_margin": switch_margin}
             costs = {b: {int(g): s for g, s in c.items()} for b, c in d["costs_s"][mode].items()}
-            base = tokens * costs[str(plan["budget"])][0]
+            base = tokens * float(np.mean([c[0] for c in costs.values()]))  # the plain step, as each budget profiled it
             out = {"file": f.name, "skip_tokens": row["skip_tokens"], "mode": mode, "plan": plan,
                    "baseline_s": base, "settings": {}, "checks": {}}
             for b, t in row["acceptance"].items():
@@ -102,6 +110,8 @@ def replay(files: list[Path], records: Path, draws: int, seed: int) -> dict:
                     key = "auto" if name == "auto" else f"b{b} g{name.split()[1]}"
                     out["settings"][key] = v | {"speedup": base / v["seconds"]}
             for name, run in (row.get("runs") or {}).items():  # what the decoder did on the device
+                if name == "auto" and run.get("budget") != plan["budget"]:
+                    continue  # the device's auto drafted with another budget
                 replayed = out["settings"][name]
                 check = {"device_iterations": run["iterations"], "replayed_iterations": replayed["iterations"]}
                 if name == "auto":
@@ -109,7 +119,7 @@ def replay(files: list[Path], records: Path, draws: int, seed: int) -> dict:
                     check["replayed_gamma_use"] = {str(g): round(u, 2) for g, u in sorted(replayed["gamma_use"].items())}
                 out["checks"][name] = check
             batches.append(out)
-    return {"batches": batches, "draws": draws, "seed": seed}
+    return {"batches": batches, "draws": draws, "seed": seed, "budget": budget, "switch_margin": switch_margin}
 
 
 def summary(result: dict) -> list[str]:
@@ -133,7 +143,26 @@ def summary(result: dict) -> list[str]:
             worst = min(r["settings"][k]["speedup"] / max(v["speedup"] for n, v in r["settings"].items() if n != "auto")
                         for r in rows)
             lines.append(f"| {mode} | {len(rows)} | {k} | {total[k]:.3f} | {worst:.3f} |")
+    for mode, rows in by_mode.items():
+        lo, hi = bootstrap(rows)
+        lines.append(f"{mode}: auto's total over the best fixed setting's total, 5-95% over batches resampled: "
+                     f"{lo:.3f}-{hi:.3f}")
     return lines
+
+
+def bootstrap(rows: list[dict], n: int = 5000, seed: int = 0) -> tuple[float, float]:
+    """5th and 95th percentiles of auto's total speedup over the best fixed setting's (chosen again in each
+    resample, in hindsight) when the batches are drawn again with replacement."""
+    rng = np.random.default_rng(seed)
+    names = list(rows[0]["settings"])
+    base = np.array([r["baseline_s"] for r in rows])
+    secs = {k: np.array([r["settings"][k]["seconds"] for r in rows]) for k in names}
+    ratios = []
+    for _ in range(n):
+        i = rng.integers(0, len(rows), len(rows))
+        total = {k: base[i].sum() / secs[k][i].sum() for k in names}
+        ratios.append(total["auto"] / max(v for k, v in total.items() if k != "auto"))
+    return tuple(float(x) for x in np.percentile(ratios, [5, 95]))
 
 
 def main(argv=None) -> int:
@@ -142,6 +171,8 @@ def main(argv=None) -> int:
     p.add_argument("--records", type=Path, required=True, help="the sweep's records (its auto points' plans)")
     p.add_argument("--draws", type=int, default=200, help="replays per sampled batch")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget", type=int, default=None, help="replay auto at this budget instead of the plan's")
+    p.add_argument("--switch_margin", type=float, default=0.0, help="AutoGamma's switch_margin (0: as the sweep runs it)")
     p.add_argument("--output", type=Path, default=None)
     a = p.parse_args(argv)
     with one_line_errors():
@@ -150,7 +181,7 @@ def main(argv=None) -> int:
             raise MagicDecError(f"no trace at {missing[0]}: pass outputs of benchmarks/acceptance_trace.py")
         if a.draws < 1:
             raise MagicDecError(f"--draws {a.draws}: replay each sampled batch at least once")
-        result = replay(a.traces, a.records, a.draws, a.seed)
+        result = replay(a.traces, a.records, a.draws, a.seed, a.budget, a.switch_margin)
     result["command"] = "python benchmarks/policy_replay.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print("\n".join(summary(result)))
     bad = [(r["skip_tokens"], k, c) for r in result["batches"] for k, c in r["checks"].items()

@@ -54,6 +54,8 @@ DEFAULTS = dict(
     # cost more than it found at SmolLM2 8000 x 128 on the H100 (results/issue5/budget_race), so it is opt-in
     auto_budget_margin=0.15,  # ... those predicted within this fraction of the best budget's speedup
     auto_explore=2,  # ... verifications each raced budget runs at the start of a batch
+    auto_switch_margin=0.0,  # auto: change gamma only for this predicted gain (planner.AutoGamma's switch_margin);
+    # 0.02 did better replayed on recorded batches (results/issue5/replay), not yet timed on the GPU
     skip_prefill=False,  # random weights only: caches filled with random KV
     prefill_backend="sdpa", fuse=True)
 
@@ -438,7 +440,8 @@ class Sweep:
         (AutoGamma), or a race between the budgets the plan cannot tell apart (AutoBudget)."""
         cfg, race = self.cfg, chosen["race"]
         if len(race) <= 1:
-            return AutoGamma(cfg["gammas"], chosen["alpha"], spread=chosen["spread"]), [chosen["budget"]]
+            return AutoGamma(cfg["gammas"], chosen["alpha"], spread=chosen["spread"],
+                             switch_margin=cfg["auto_switch_margin"]), [chosen["budget"]]
         return AutoBudget({b: chosen["alpha_by_budget"][b] for b in race}, cfg["gammas"],
                           spread={b: chosen["spread_by_budget"][b] for b in race}, explore=cfg["auto_explore"]), race
 

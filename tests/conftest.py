@@ -107,6 +107,15 @@ def smol_hf():
 
 
 @pytest.fixture(scope="session")
+def tiny(tiny_hf):
+    """A tiny random Llama (4 layers, GQA) in fp32, for the speculative loop's exactness tests."""
+    from magicdec.model import load_model
+
+    _, path = tiny_hf("llama", seed=3, num_hidden_layers=4, max_position_embeddings=1024)
+    return load_model(path, "cpu", torch.float32)
+
+
+@pytest.fixture(scope="session")
 def smol_model(smol_dir):
     from magicdec.model import load_model
 

@@ -15,7 +15,7 @@ import torch
 from conftest import TINY_SWEEP
 from magicdec.generate import Draft, Sampling, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
-from test_generate_speculative import plain_greedy, speculate, tiny, tiny_prompts  # noqa: F401 (tiny: a fixture)
+from test_generate_speculative import plain_greedy, speculate, tiny_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def replayed_counts(trace: np.ndarray, gamma: int, tokens: int) -> list[list[int
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 4])
-def test_replayed_trace_is_the_decoders_acceptance(tiny, gamma):  # noqa: F811
+def test_replayed_trace_is_the_decoders_acceptance(tiny, gamma):
     n_new, budget = 40, 20
     with torch.inference_mode():
         tokens, acc = traced(tiny, tiny_prompts(), n_new + 5, budget)
@@ -80,13 +80,22 @@ def test_trace_and_replay_end_to_end(tmp_path, capsys):
     assert set(d["batches"][0]["runs"]) == {"b16 g1", "b16 g2", "b24 g1", "b24 g2", "auto"}
     for mode in ("greedy", "sampled"):  # the auto points' plans the replay reads
         (records / f"auto_P48_B2_{mode}.json").write_text(json.dumps(
-            {"planner": {"budget": 24, "alpha": 0.8, "spread": 0.05}}))
+            {"planner": {"budget": 24, "alpha": 0.8, "spread": 0.05, "alpha_by_budget": {"16": 0.7, "24": 0.8},
+                         "spread_by_budget": {"16": 0.06, "24": 0.05}}}))
     result = tmp_path / "replay.json"
     assert policy_replay.main([str(out), "--records", str(records), "--draws", "3", "--output", str(result)]) == 0
     r = json.loads(result.read_text())
     assert {k for b in r["batches"] for k in b["settings"]} == {"b16 g1", "b16 g2", "b24 g1", "b24 g2", "auto"}
     greedy = r["batches"][0]
     assert greedy["checks"]["b24 g2"]["device_iterations"] == greedy["checks"]["b24 g2"]["replayed_iterations"]
-    with pytest.raises(SystemExit) as e:
-        policy_replay.main([str(tmp_path / "none.json"), "--records", str(records)])
-    assert e.value.code == 2 and "no trace at" in capsys.readouterr().err.strip().splitlines()[-1]
+    other = tmp_path / "replay_b16.json"  # auto replayed at another budget, changing gamma only for a 2% gain
+    assert policy_replay.main([str(out), "--records", str(records), "--draws", "3", "--budget", "16",
+                               "--switch_margin", "0.02", "--output", str(other)]) == 0
+    o = json.loads(other.read_text())
+    assert (o["budget"], o["switch_margin"]) == (16, 0.02) and {b["plan"]["budget"] for b in o["batches"]} == {16}
+    drafted_at = d["batches"][0]["runs"]["auto"]["budget"]  # compared only where the device's auto drafted at 16
+    assert ("auto" in o["batches"][0]["checks"]) == (drafted_at == 16) != ("auto" in greedy["checks"])
+    for argv, needle in (([str(tmp_path / "none.json")], "no trace at"), ([str(out), "--budget", "99"], "--budget 99")):
+        with pytest.raises(SystemExit) as e:
+            policy_replay.main(argv + ["--records", str(records)])
+        assert e.value.code == 2 and needle in capsys.readouterr().err.strip().splitlines()[-1]

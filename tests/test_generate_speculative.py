@@ -79,12 +79,6 @@ def check(target, draft, prompts, n_new, gamma, budget):
 
 
 # --- a tiny random model -------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny(tiny_hf):
-    _, path = tiny_hf("llama", seed=3, num_hidden_layers=4, max_position_embeddings=1024)
-    return load_model(path, "cpu", torch.float32)
-
-
 def tiny_prompts(n=3, P=48):
     return torch.randint(0, 256, (n, P), generator=torch.Generator().manual_seed(0))
 

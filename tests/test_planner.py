@@ -10,7 +10,6 @@ from magicdec import cost_model as cm
 from magicdec.config import ModelArgs
 from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
-from magicdec.model import load_model
 from magicdec.planner import AutoBudget, AutoGamma, fit_spread, plan, sequence_weight, spread_alphas
 from test_generate_speculative import plain_greedy, tiny_prompts
 
@@ -215,15 +214,29 @@ def test_auto_gamma_keeps_speculating_below_the_margin_once_on():
     assert p.choose([2000]) == 0 and p.off
 
 
+def test_auto_gamma_changes_gamma_only_for_the_switch_margin():
+    """switch_margin: the gamma of the running verification is kept unless another finishes that much sooner (by the
+    policy's own finishing times); 0, the default, takes any predicted gain."""
+    def finish(p):
+        return p.finish_times([63] * 8)
+
+    for margin in (0.0, 0.02):
+        p = AutoGamma([1, 2], 0.8, spread=0.05, switch_margin=margin)
+        p.costs = {0: 1.0, 1: 1.4, 2: 1.8}
+        t = finish(p)
+        best, other = sorted((1, 2), key=t.get)
+        p.costs[best] *= t[other] / t[best] / 1.01  # the best now ahead by 1%
+        t = finish(p)
+        assert t[other] / t[best] == pytest.approx(1.01)
+        p.used(other)  # the running verification drafts `other`
+        assert p.choose([63] * 8) == (other if margin else best)
+    p.costs[best] *= 0.9  # 11% ahead: past the margin
+    assert p.choose([63] * 8) == best
+
+
 def test_auto_gamma_rejects_bad_candidates():
     with pytest.raises(ValueError, match=">= 1"):
         AutoGamma([0, 1])
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_hf):
-    _, path = tiny_hf("llama", seed=3, num_hidden_layers=4, max_position_embeddings=1024)
-    return load_model(path, "cpu", torch.float32)
 
 
 @pytest.mark.parametrize("costs", [

@@ -214,3 +214,8 @@ def test_auto_races_budgets_only_when_asked(tmp_path):
         policy, raced = sw.auto_policy(chosen)
         assert isinstance(policy, kind) and raced[0] == budget
         assert raced == ([budget] if kind is AutoGamma else chosen["race"]) and len(raced) == (1 if drafts == "" else 2)
+        assert kind is AutoBudget or policy.switch_margin == 0.0  # gamma changes on any predicted gain by default
+    cfg = sweep.load_config(_write(tmp_path, CONFIG.replace("auto_drafts = 2\n", "auto_switch_margin = 0.02\n")))
+    sw = sweep.Sweep(cfg, tmp_path / "o", torch.device("cpu"), False)
+    sw.load()
+    assert sw.auto_policy(sw.plan_budget(96, 2, "greedy", 0.7)[1])[0].switch_margin == 0.02
