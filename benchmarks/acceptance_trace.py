@@ -123,7 +123,13 @@ def main(argv=None) -> int:
             raise MagicDecError(f"no sweep records at {a.records}: pass the sweep's output directory")
         sweep = Sweep(cfg, a.records, torch.device(
             "cuda" if torch.cuda.is_available() else "cpu"), progress=False)
+        if sweep.draft_method != "selfspec":
+            raise MagicDecError(f"{a.config} drafts with a draft model: traces are for self-speculation sweeps only "
+                                "(drop draft / draft_name)")
         sweep.load()
+        if sweep.cuda and not sweep.fits(B, P):  # weights loaded: fits() counts the caches
+            raise MagicDecError(f"B={B} x prefix {P} with budgets {budgets} does not fit in this device's memory; "
+                                "lower --B")
         fixed = [(b, g) for b in budgets for g in cfg["gammas"]]
         n = cfg["gen_len"] + max(cfg["gammas"]) + 1  # enough columns for the last verification's draft
         result = {"environment": sweep.env, "command": "python benchmarks/acceptance_trace.py "

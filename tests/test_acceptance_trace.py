@@ -99,3 +99,12 @@ def test_trace_and_replay_end_to_end(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             policy_replay.main(argv + ["--records", str(records)])
         assert e.value.code == 2 and needle in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_trace_of_a_draft_model_sweep_is_one_line(tmp_path, capsys):
+    config = tmp_path / "sweep.toml"
+    config.write_text(TINY_SWEEP + 'draft_name = "JackFram/llama-68m"\nmethods = ["baseline", "longspec", "auto"]\n')
+    with pytest.raises(SystemExit) as e:
+        acceptance_trace.main([str(config), str(tmp_path), "--prefix_len", "48", "--B", "2", "--skip_tokens", "0",
+                               "--output", str(tmp_path / "t.json")])
+    assert e.value.code == 2 and "self-speculation sweeps only" in capsys.readouterr().err.strip().splitlines()[-1]
