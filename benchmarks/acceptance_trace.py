@@ -61,7 +61,7 @@ def trace(target, cache, first, prev, drafts: dict, sampling, n: int) -> tuple[t
             else:
                 out[label][:, i] = torch.minimum(p, probabilities(q_logits, s.temperature, s.top_p, s.top_k)).sum(-1)
         hist[:, m] = x
-    cache.rollback(base + 1)
+    cache.rollback(base + 1)  # back to the prompt
     return hist, out
 
 
@@ -158,7 +158,6 @@ def main(argv=None) -> int:
                                                    else (t * 1000).round().int().tolist())  # per mille
                                           for b, t in acc.items()},
                            "mean_acceptance": {str(b): float(t[:, :cfg["gen_len"] - 1].mean()) for b, t in acc.items()}}
-                    cache.rollback(torch.full_like(cache.lengths, P))
                     if mode not in result["costs_s"]:  # profiled once per mode, on the first batch
                         result["costs_s"][mode] = {str(b): c for b, c in profile(
                             sweep, drafts, sampling, cache, first, prompts[:, -1], args).items()}

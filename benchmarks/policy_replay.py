@@ -42,25 +42,18 @@ def traced_acceptance(trace: np.ndarray, rng: np.random.Generator):
     return accept
 
 
-class Counting(dict):
-    """costs of 1 per verification: batch_seconds then counts iterations."""
-
-    def __missing__(self, key):
-        return 1.0
-
-
-def replay_batch(trace: np.ndarray, costs: dict, gammas: list[int], tokens: int, plan: dict, draws: int,
+def replay_batch(trace: np.ndarray, costs: dict, gammas: list[int], tokens: int, plan: dict | None, draws: int,
                  seed: int) -> dict:
-    """Iterations and seconds of every fixed gamma and of the policy on one batch for one budget's trace, the mean
-    of `draws` replays (1 for greedy: nothing is random)."""
-    greedy = bool(np.isin(trace, (0.0, 1.0)).all())
-    draws = 1 if greedy else draws
+    """Iterations and seconds of every fixed gamma and, with a `plan`, of the policy on one batch for one budget's
+    trace, the mean of `draws` replays (1 for greedy: nothing is random)."""
     rng = np.random.default_rng(seed)
     n = trace.shape[0]
     out = {}
-    for g in gammas:
-        its = [batch_seconds(Counting(), traced_acceptance(trace, rng), n, tokens, gamma=g) for _ in range(draws)]
+    for g in gammas:  # at one second per verification, a batch's seconds are its iterations
+        its = [batch_seconds({g: 1.0}, traced_acceptance(trace, rng), n, tokens, gamma=g) for _ in range(draws)]
         out[f"gamma {g}"] = {"iterations": float(np.mean(its)), "seconds": float(np.mean(its)) * costs[g]}
+    if plan is None:
+        return out
     secs, uses = [], {}
     for _ in range(draws):
         policy = AutoGamma(gammas, plan["alpha"], spread=plan["spread"], margin=plan.get("margin", 0.03),
@@ -102,11 +95,11 @@ def replay(files: list[Path], records: Path, draws: int, seed: int, budget: int 
             out = {"file": f.name, "skip_tokens": row["skip_tokens"], "mode": mode, "plan": plan,
                    "baseline_s": base, "settings": {}, "checks": {}}
             for b, t in row["acceptance"].items():
-                trace = np.asarray(t, dtype=np.float64) / (1 if mode == "greedy" else 1000)
-                r = replay_batch(trace, costs[b], gammas, tokens, plan, draws, seed)
+                greedy = mode == "greedy"
+                trace = np.asarray(t, dtype=np.float64) / (1 if greedy else 1000)  # sampled: per mille
+                r = replay_batch(trace, costs[b], gammas, tokens, plan if int(b) == plan["budget"] else None,
+                                 1 if greedy else draws, seed)
                 for name, v in r.items():
-                    if name == "auto" and int(b) != plan["budget"]:
-                        continue
                     key = "auto" if name == "auto" else f"b{b} g{name.split()[1]}"
                     out["settings"][key] = v | {"speedup": base / v["seconds"]}
             for name, run in (row.get("runs") or {}).items():  # what the decoder did on the device
@@ -139,7 +132,8 @@ def summary(result: dict) -> list[str]:
         base = sum(r["baseline_s"] for r in rows)
         names = list(rows[0]["settings"])
         total = {k: base / sum(r["settings"][k]["seconds"] for r in rows) for k in names}
-        for k in sorted(names, key=lambda k: -total[k])[:6] + (["auto"] if "auto" not in sorted(names, key=lambda k: -total[k])[:6] else []):
+        top = sorted(names, key=lambda k: -total[k])[:6]
+        for k in top + ([] if "auto" in top else ["auto"]):
             worst = min(r["settings"][k]["speedup"] / max(v["speedup"] for n, v in r["settings"].items() if n != "auto")
                         for r in rows)
             lines.append(f"| {mode} | {len(rows)} | {k} | {total[k]:.3f} | {worst:.3f} |")
@@ -184,10 +178,10 @@ def main(argv=None) -> int:
         result = replay(a.traces, a.records, a.draws, a.seed, a.budget, a.switch_margin)
     result["command"] = "python benchmarks/policy_replay.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print("\n".join(summary(result)))
-    bad = [(r["skip_tokens"], k, c) for r in result["batches"] for k, c in r["checks"].items()
-           if c["device_iterations"] != c["replayed_iterations"]]
-    print(f"replayed iterations equal the device's for {sum(len(r['checks']) for r in result['batches']) - len(bad)} "
-          f"of {sum(len(r['checks']) for r in result['batches'])} runs" + "".join(f"\n  differs: {b}" for b in bad))
+    checks = [(r["skip_tokens"], k, c) for r in result["batches"] for k, c in r["checks"].items()]
+    bad = [x for x in checks if x[2]["device_iterations"] != x[2]["replayed_iterations"]]
+    print(f"replayed iterations equal the device's for {len(checks) - len(bad)} of {len(checks)} runs"
+          + "".join(f"\n  differs: {b}" for b in bad))
     if a.output:
         a.output.write_text(json.dumps(result, indent=1))
         print(f"wrote {a.output}")
