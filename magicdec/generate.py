@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 import torch
 import torch.distributed as dist
@@ -109,6 +110,34 @@ class Stats:
     def omega(self) -> float | None:
         """Mean tokens produced per verification (accepted + the target's own token)."""
         return (self.accepted + self.verifications) / self.verifications if self.verifications else None
+
+    @classmethod
+    def combine(cls, batches: list["Stats"]) -> "Stats":
+        """One generation's stats over several batches of the same shape, their sequences side by side: counts and
+        seconds add up, per-sequence lists follow one another, and the policy's gamma use adds up (each batch's own
+        summary kept under "batches")."""
+        first, out = batches[0], cls(batches[0].gamma)
+        for s in batches:
+            out.verifications += s.verifications
+            out.accepted += s.accepted
+            out.iterations += s.iterations
+            out.drafted += s.drafted
+            out.reached = [a + b for a, b in zip_longest(out.reached, s.reached, fillvalue=0)]
+            out.kept = [a + b for a, b in zip_longest(out.kept, s.kept, fillvalue=0)]
+            out.sequence_reached += s.sequence_reached
+            out.sequence_kept += s.sequence_kept
+            for k, v in s.time.items():
+                out.time[k] = out.time.get(k, 0.0) + v
+            for k, v in s.first_done.items():
+                out.first_done[k] = out.first_done.get(k, 0) + v
+        if first.policy is not None:
+            used = {}
+            for s in batches:
+                for g, n in s.policy["iterations_per_gamma"].items():
+                    used[g] = used.get(g, 0) + n
+            out.policy = first.policy | {"iterations_per_gamma": used, "batches": [s.policy for s in batches],
+                                         "switched_off": any(s.policy.get("switched_off") for s in batches)}
+        return out
 
     def to_dict(self) -> dict:
         return {"gamma": self.gamma, "alpha": self.alpha, "omega": self.omega, "verifications": self.verifications,

@@ -355,7 +355,7 @@ def run(method: str, argv=None) -> dict:
             base_decoder = Decoder(target, sampling, compile=args.compile, cuda_graphs=args.cuda_graphs)
         if method == "baseline":  # with --baseline, a speculative run times it in turns with each gamma instead
             out, counts, b_s = timed_generation(base_decoder, cache, first, prev, args, eos, progress)
-            baseline = generation_metrics(counts, b_s, args, base_decoder)
+            baseline = generation_metrics(counts, b_s, args, base_decoder.stats, base_decoder.round_seconds)
             baseline.update(bandwidth_metrics(target, target_cfg, args, dtype, b_s, copy_bw))
         sweep = {}  # gamma -> metrics of its timed run
         for g in gammas_to_time(args) if spec else []:
@@ -368,11 +368,11 @@ def run(method: str, argv=None) -> dict:
             paired = None
             if base_decoder is not None:  # timed in turns with the baseline: its speedup is against that baseline
                 (out, counts, s), (_, bc, bs) = timed_generations([decoder, base_decoder], cache, first, prev, args, eos, progress)
-                paired = generation_metrics(bc, bs, args, base_decoder)
+                paired = generation_metrics(bc, bs, args, base_decoder.stats, base_decoder.round_seconds)
                 paired.update(bandwidth_metrics(target, target_cfg, args, dtype, bs, copy_bw))
             else:
                 out, counts, s = timed_generation(decoder, cache, first, prev, args, eos, progress)
-            sweep[g] = generation_metrics(counts, s, args, decoder)
+            sweep[g] = generation_metrics(counts, s, args, decoder.stats, decoder.round_seconds)
             sweep[g].update(speculation_metrics(sweep[g], decoder.stats, baseline_given or paired, g))
             sweep[g].update(auto_gamma_profile_s=profile_s, paired_baseline=paired)
             del decoder  # its CUDA graphs' memory goes back before the next gamma captures its own
@@ -422,17 +422,19 @@ def run(method: str, argv=None) -> dict:
     return record
 
 
-def generation_metrics(counts, seconds, args, decoder) -> dict:
-    """Throughput of the decoder's timed generation (`seconds`: its median run; every run's seconds, in round order,
-    are kept as round_s). Token 1 comes from the prefill logits, so decode produced counts - 1."""
-    stats = decoder.stats
+def generation_metrics(counts, seconds, args, stats, round_seconds) -> dict:
+    """Throughput of a timed generation (`seconds`: its median run; `round_seconds`: every run's, in round order).
+    Token 1 comes from the prefill logits, so decode produced counts - 1. Over several batches of args.B sequences
+    (a sweep's skip_tokens list): counts side by side, seconds, stats and iterations summed over the batches."""
     decoded = int((counts - 1).sum())
+    batches = len(counts) // args.B
     per_seq = decoded / args.B
     return {"decode_s": seconds, "decode_tokens_per_s": decoded / seconds if decoded else None,
             "ms_per_token": 1e3 * seconds / per_seq if per_seq else None,
-            "generated_tokens": int(counts.sum()), "batch_size": args.B, "iterations": stats.iterations, "decode_steps": stats.iterations,
+            "generated_tokens": int(counts.sum()), "batch_size": args.B, "batches": batches,
+            "iterations": stats.iterations, "decode_steps": stats.iterations,
             "ms_per_step": 1e3 * seconds / stats.iterations if stats.iterations else None,
-            "time_split_s": stats.time, "round_s": decoder.round_seconds}
+            "time_split_s": stats.time, "round_s": round_seconds}
 
 
 def bandwidth_metrics(model, config, args, dtype, seconds, copy_bw) -> dict:
@@ -467,14 +469,15 @@ def speculation_metrics(metrics, stats, baseline, gamma) -> dict:
             # MagicDec's own convention (its benchmark stops at the first sequence to finish): no straggler cost
             first = stats.first_done
             if first and first["seconds"] > 0:
-                out["decode_tokens_per_s_first_done"] = (first["tokens"] - metrics["batch_size"]) / first["seconds"]
+                first_tokens = metrics["batch_size"] * metrics.get("batches", 1)  # each batch's prefill token
+                out["decode_tokens_per_s_first_done"] = (first["tokens"] - first_tokens) / first["seconds"]
                 out["measured_speedup_first_done"] = out["decode_tokens_per_s_first_done"] / baseline["decode_tokens_per_s"]
     out.update(alpha=alpha, omega=omega)
     if metrics.get("iterations"):
         # Tokens per sequence per verification of the whole batch: the loop runs until its slowest sequence is done,
         # so stragglers make this lower than omega, and the speedup follows this one.
-        b = metrics["generated_tokens"] / metrics["batch_size"]
-        out["omega_effective"] = (b - 1) / metrics["iterations"]
+        decoded = metrics["generated_tokens"] / metrics["batch_size"] - metrics.get("batches", 1)
+        out["omega_effective"] = decoded / metrics["iterations"]
         if "T_D_over_T_T" in out and stats.policy is None:
             out["predicted_speedup_effective"] = out["omega_effective"] / (gamma * out["T_D_over_T_T"] + out["T_V_over_T_T"])
     return out

@@ -6,7 +6,10 @@ cleanly between points: a 10-minute device call runs a slice, the next call goes
 
 Per (prefix, B) the target is loaded once, its cache prefilled once, each draft budget's cache prefilled once; every
 speculative point is timed in turns with the baseline of the same decoding mode, and its speedup is against those
-interleaved baseline runs (the group's baseline record is timed alone). Methods: `baseline`, `selfspec` (the
+interleaved baseline runs (the group's baseline record is timed alone). With `skip_tokens` a list, every point is
+timed on several batches of prompts (each prefilled once, every point run on it) and its record reports all of them
+together (seconds and counts summed; each batch in "batches"): one batch's best setting is partly that batch's luck
+(results/issue5/replay). Methods: `baseline`, `selfspec` (the
 target drafts with a StreamingLLM cache), `longspec` (the config's `draft` model drafts; budget 0 = its full
 cache) and `auto` (the planner picks the budget from the cost model and acceptance measured so far, or with
 `auto_drafts` > 1 the batch races the close ones; then gamma per verification, 0 included: see planner.py).
@@ -22,7 +25,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
-from dataclasses import replace
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 
 import torch
@@ -33,7 +36,7 @@ from magicdec import cost_model as cm
 from magicdec import runs
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError, one_line_errors
-from magicdec.generate import Decoder, Draft, Sampling, prefill
+from magicdec.generate import Decoder, Draft, Sampling, Stats, prefill
 from magicdec.kv_cache import KVCache
 from magicdec.planner import AutoBudget, AutoGamma, fit_spread, plan
 from magicdec.sampling import next_token
@@ -42,7 +45,8 @@ from magicdec.verify import SYNTHETIC_DRAWS
 PROBE = (256, 32)  # prefix and tokens of the B = 1 step the cost model's fixed cost per layer is fitted to
 MODES = {"greedy": Sampling(0.0), "sampled": Sampling(0.6, 0.9)}  # the sampled mode every real-model alpha reports
 DEFAULTS = dict(
-    model=None, model_name=None, random_weights=False, tokenizer=None, dataset="auto", skip_tokens=8000,
+    model=None, model_name=None, random_weights=False, tokenizer=None, dataset="auto",
+    skip_tokens=8000,  # where prompts start in each book; a list: every point is timed on one batch per value
     draft=None, draft_name=None,  # longspec: a draft model.pth, or its repo id for random weights
     prefix_lens=[4096], batch_sizes=[1], budgets=[256, 512], gammas=[1, 2, 3, 4], methods=["baseline", "selfspec"],
     modes=["greedy", "sampled"], gen_len=64, sinks=16, seed=0,
@@ -56,6 +60,7 @@ DEFAULTS = dict(
     auto_explore=2,  # ... verifications each raced budget runs at the start of a batch
     auto_switch_margin=0.0,  # auto: change gamma only for this predicted gain (planner.AutoGamma's switch_margin);
     # 0.02 did better replayed on recorded batches (results/issue5/replay), not yet timed on the GPU
+    history=[],  # auto: directories of earlier sweeps' records the planner also learns acceptance and spread from
     skip_prefill=False,  # random weights only: caches filled with random KV
     prefill_backend="sdpa", fuse=True)
 
@@ -82,6 +87,13 @@ def load_config(path: Path) -> dict:
     if never and set(cfg["methods"]) & {"selfspec", "longspec", "auto"}:  # else its points vanish from the grid
         raise MagicDecError(f"{path}: budgets {never} are >= every prefix_len (largest {max(cfg['prefix_lens'])}): a "
                             "draft cache that holds the whole prefix saves nothing; use budgets below the prefix")
+    missing = [h for h in cfg["history"] if not Path(h).is_dir()]
+    if missing:
+        raise MagicDecError(f"{path}: history directories {missing} do not exist: give earlier sweeps' output_dirs")
+    skips = batch_skips(cfg)
+    if not skips or any(not isinstance(k, int) or k < 0 for k in skips) or len(set(skips)) < len(skips):
+        raise MagicDecError(f"{path}: skip_tokens must be a non-negative integer or a list of distinct ones (one batch "
+                            f"of prompts each), got {cfg['skip_tokens']!r}")
     if cfg["repeats"] < 1 or cfg["min_seconds"] < 0:
         raise MagicDecError(f"{path}: repeats must be >= 1 and min_seconds >= 0 (got {cfg['repeats']}, {cfg['min_seconds']})")
     return cfg
@@ -112,9 +124,9 @@ def prefill_chunk(B: int) -> int:
 
 def spread_of(records) -> float | None:
     """The spread of acceptance between sequences (planner.fit_spread) that reproduces how far behind its slowest
-    sequence each of these fixed-gamma records' batches fell."""
-    return fit_spread([(r["B"], r["gamma"], r["gen_len"] - 1, r["metrics"]["alpha"], r["metrics"]["iterations"])
-                       for r in records if r.get("gamma")])
+    sequence each of these fixed-gamma records' batches fell (every batch of a record timed on several)."""
+    return fit_spread([(r["B"], r["gamma"], r["gen_len"] - 1, b["alpha"], b["iterations"])
+                       for r in records if r.get("gamma") for b in r.get("batches") or [r["metrics"]]])
 
 
 def points_of(cfg: dict, P: int, B: int) -> list[tuple]:
@@ -130,6 +142,28 @@ def points_of(cfg: dict, P: int, B: int) -> list[tuple]:
     return out
 
 
+def batch_skips(cfg: dict) -> list[int]:
+    """Where each batch's prompts start in the books: `skip_tokens` is one batch, or a list of several."""
+    skip = cfg["skip_tokens"]
+    return list(skip) if isinstance(skip, list) else [skip]
+
+
+def timing(skip: int, result, decoder) -> dict:
+    """One decoder's timed generation on one batch, as a point keeps it until its last batch: its median run's
+    counts, seconds and stats, and every round's seconds."""
+    _, counts, seconds = result
+    return {"skip_tokens": skip, "counts": counts.tolist(), "seconds": seconds, "stats": asdict(decoder.stats),
+            "round_s": decoder.round_seconds}
+
+
+def combined(timings: list[dict]):
+    """(counts, seconds, stats, round seconds) over several batches' timings: each batch's sequences side by side,
+    seconds summed, stats combined (generate.Stats.combine), the rounds one batch after another."""
+    counts = torch.tensor([c for t in timings for c in t["counts"]])
+    stats = Stats.combine([Stats(**t["stats"]) for t in timings])
+    return counts, sum(t["seconds"] for t in timings), stats, [r for t in timings for r in t["round_s"]]
+
+
 class Sweep:
     def __init__(self, cfg: dict, out_dir: Path, device: torch.device, progress: bool = True):
         self.cfg, self.out, self.device, self.progress = cfg, out_dir, device, progress
@@ -139,7 +173,7 @@ class Sweep:
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
         self.args = SimpleNamespace(
             model=cfg["model"] and Path(cfg["model"]), model_name=cfg["model_name"], random_weights=cfg["random_weights"],
-            tokenizer=cfg["tokenizer"] and Path(cfg["tokenizer"]), dataset=cfg["dataset"], skip_tokens=cfg["skip_tokens"],
+            tokenizer=cfg["tokenizer"] and Path(cfg["tokenizer"]), dataset=cfg["dataset"], skip_tokens=batch_skips(cfg)[0],
             seed=cfg["seed"], gen_len=cfg["gen_len"], repeats=cfg["repeats"], min_seconds=cfg["min_seconds"], compile=False, cuda_graphs=self.cuda, device=device,
             dtype="bfloat16" if self.cuda else "float32")
         self.config, self.checkpoint = bench.model_source(self.args)
@@ -291,14 +325,24 @@ class Sweep:
                 "model_config": self.config.to_dict(), "draft_config": self.draft_config and self.draft_config.to_dict(),
                 "random_weights": self.cfg["random_weights"], "synthetic_acceptance": synthetic_alpha(self.cfg, P),
                 "synthetic_draws": SYNTHETIC_DRAWS if synthetic_alpha(self.cfg, P) is not None else None,
-                "gen_len": self.cfg["gen_len"], "repeats": self.cfg["repeats"], "min_seconds": self.cfg["min_seconds"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],
+                "skip_tokens": batch_skips(self.cfg), "gen_len": self.cfg["gen_len"], "repeats": self.cfg["repeats"], "min_seconds": self.cfg["min_seconds"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],
                 "cuda_graphs": self.cuda, "prompt_source": getattr(self, "prompt_source", None),
                 "environment": getattr(self, "env", None)}
 
     def group(self, P, B, pts, bar, start, max_minutes):
+        """Every point of one (prefix, B) group, batch by batch: each batch of prompts is prefilled once and every
+        point still missing it is timed on it; a point's record is written after its last batch."""
+        for k, skip in enumerate(batch_skips(self.cfg)):
+            todo = [p for p in pts if len(self.partial(point_name(p[0], P, B, *p[1:]))["batches"]) <= k]
+            if todo and not self.batch(P, B, k, skip, todo, bar, start, max_minutes):
+                return
+            bench.release_memory(self.device)  # this batch's caches and graphs, before the next batch allocates
+
+    def batch(self, P, B, k, skip, pts, bar, start, max_minutes) -> bool:
+        """Time these points on batch k (prompts from `skip` tokens into each book); False if the time ran out."""
         cfg, dev, c = self.cfg, self.device, self.config
-        args = SimpleNamespace(**{**vars(self.args), "B": B, "prefix_len": P})
-        synthetic = synthetic_alpha(cfg, P)
+        args = SimpleNamespace(**{**vars(self.args), "B": B, "prefix_len": P, "skip_tokens": skip})
+        synthetic, last = synthetic_alpha(cfg, P), k == len(batch_skips(cfg)) - 1
         with torch.inference_mode():
             prompts, _ = bench.load_prompts_for(args, c, self.checkpoint)
             prompts, self.prompt_source = prompts.to(dev), args.prompt_source
@@ -310,64 +354,102 @@ class Sweep:
                 return drafts[method, budget]
 
             cache, logits = self.new_target_cache(P, prompts)
-            base, base_dec = {}, {}  # per mode: the group's baseline metrics, and its decoder (kept for pairing)
+            base_dec = {}  # per mode: the baseline decoder, kept for pairing
             for method, mode, budget, gamma in pts:
                 if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
-                    return
+                    return False
                 name = point_name(method, P, B, mode, budget, gamma)
-                sampling = MODES[mode]
+                sampling, partial = MODES[mode], self.partial(name)
                 torch.manual_seed(cfg["seed"])
                 first = next_token(logits, sampling.temperature, sampling.top_p, sampling.top_k)
                 cache.rollback(torch.full_like(cache.lengths, P))
-                if mode not in base_dec:  # this mode's baseline: timed and recorded now, or by an earlier slice
+                if mode not in base_dec:
                     base_dec[mode] = Decoder(self.target, sampling, cuda_graphs=self.cuda)
-                    rec = self.done(point_name("baseline", P, B, mode))
-                    if rec is None or "metrics" not in rec:
-                        rec = self.baseline(args, cache, base_dec[mode], first, prompts, mode)
-                    base[mode] = rec["metrics"]
+                if method == "baseline":  # timed alone
+                    result = runs.timed_generation(base_dec[mode], cache, first, prompts[:, -1], args, [], False)
+                    partial["batches"].append(timing(skip, result, base_dec[mode]))
                     cache.rollback(torch.full_like(cache.lengths, P))
-                if method == "baseline":
-                    bar.update(1)
+                    self.finish(P, B, (method, mode, budget, gamma), partial, last, bar)
                     continue
-                if method == "auto":
-                    budget, chosen = self.plan_budget(P, B, mode, synthetic)
-                    policy, raced = self.auto_policy(chosen)
+                if method == "auto":  # planned and profiled on the first batch, as a server does once per shape
+                    if "planner" not in partial:
+                        _, partial["planner"] = self.plan_budget(P, B, mode, synthetic)
+                    policy, raced = self.auto_policy(partial["planner"])
                     raced_drafts = {b: draft_for(self.draft_method, b) for b in raced}
                 else:
-                    policy, chosen, raced_drafts = None, None, None
+                    policy, raced_drafts = None, None
                 dec = Decoder(self.target, sampling, draft=None if raced_drafts else draft_for(method, budget),
                               drafts=raced_drafts, gamma=gamma or 0, cuda_graphs=self.cuda, synthetic_acceptance=synthetic, policy=policy)
-                profile_s = runs.profile_gammas(dec, cache, first, prompts[:, -1], args, []) if policy else None
+                if policy and "profiled_costs" not in partial:
+                    partial["auto_gamma_profile_s"] = runs.profile_gammas(dec, cache, first, prompts[:, -1], args, [])
+                    partial["profiled_costs"] = [m.costs for _, m in policy.members()]
+                elif policy:
+                    for (_, m), costs in zip(policy.members(), partial["profiled_costs"]):
+                        m.costs = {int(g): s for g, s in costs.items()}
                 # Timed in turns with the baseline: the speedup compares runs made under the same conditions.
-                (_, counts, secs), (_, b_counts, b_secs) = runs.timed_generations(
-                    [dec, base_dec[mode]], cache, first, prompts[:, -1], args, [])
-                paired = runs.generation_metrics(b_counts, b_secs, args, base_dec[mode])
-                m = runs.generation_metrics(counts, secs, args, dec)
-                m.update(runs.speculation_metrics(m, dec.stats, paired, gamma or 0))
-                m["cost_model"] = self.predicted(P, B, budget, gamma, m, method, mode)
-                rec = {"point": name, "method": method, "decoding": mode, "budget": budget, "gamma": gamma,
-                       **self.meta(P, B), "baseline_metrics": paired, "group_baseline_metrics": base[mode],
-                       "planner": chosen, "auto_gamma_profile_s": profile_s, "metrics": m}
-                self.write(name, rec)
-                self.log(rec)
-                bar.update(1)
+                result, b_result = runs.timed_generations([dec, base_dec[mode]], cache, first, prompts[:, -1], args, [])
+                partial["batches"].append(timing(skip, result, dec) | {"baseline": timing(skip, b_result, base_dec[mode])})
+                self.finish(P, B, (method, mode, budget, gamma), partial, last, bar)
                 del dec
                 gc.collect()  # its CUDA graphs and their memory go now, not at some later capture
             base_dec.clear()
-            drafts.clear()  # free the draft caches before the next group allocates its own
+            drafts.clear()  # free the draft caches before the next batch allocates its own
+        return True
 
-    def baseline(self, args, cache, dec, first, prompts, mode):
-        _, counts, secs = runs.timed_generation(dec, cache, first, prompts[:, -1], args, [], False)
-        m = runs.generation_metrics(counts, secs, args, dec)
-        m.update(runs.bandwidth_metrics(self.target, self.config, args, self.dtype, secs, self.cost_device.bandwidth))
-        ctx = args.prefix_len + args.gen_len // 2  # mid-generation context
-        m["cost_model"] = {"T_T_s": cm.step_time(self.config, self.cost_device, args.B, ctx, 1, mode == "sampled")}
-        name = point_name("baseline", args.prefix_len, args.B, mode)
-        rec = {"point": name, "method": "baseline", "decoding": mode, "budget": None, "gamma": None,
-               **self.meta(args.prefix_len, args.B), "device_model": vars(self.cost_device), "metrics": m}
+    def partial(self, name: str) -> dict:
+        """A point's timings on the batches done so far (kept across slices until its record is written)."""
+        f = self.out / ".batches" / f"{name}.json"
+        return json.loads(f.read_text()) if f.exists() else {"batches": []}
+
+    def finish(self, P, B, point, partial: dict, last: bool, bar) -> None:
+        """Keep this point's timings so far; after its last batch, write its record."""
+        name = point_name(point[0], P, B, *point[1:])
+        partial = json.loads(json.dumps(partial, default=str))  # one form (JSON's), whether stored or just timed
+        if not last:
+            (self.out / ".batches").mkdir(exist_ok=True)
+            tmp = self.out / ".batches" / f".{name}.tmp"
+            tmp.write_text(json.dumps(partial))
+            tmp.replace(self.out / ".batches" / f"{name}.json")
+            return
+        rec = self.record(P, B, point, partial)
         self.write(name, rec)
         self.log(rec)
-        return rec
+        (self.out / ".batches" / f"{name}.json").unlink(missing_ok=True)
+        bar.update(1)
+
+    def record(self, P, B, point, partial: dict) -> dict:
+        """A point's record from its timings on every batch: throughput and acceptance over all of them (seconds and
+        counts summed), each batch's own in "batches"."""
+        (method, mode, budget, gamma), planner = point, partial.get("planner")
+        budget = planner["budget"] if planner else budget  # auto: the planner's
+        args = SimpleNamespace(**{**vars(self.args), "B": B, "prefix_len": P})
+        timings = partial["batches"]
+        counts, secs, stats, round_s = combined(timings)
+        m = runs.generation_metrics(counts, secs, args, stats, round_s)
+        rec = {"point": point_name(method, P, B, mode, *point[2:]), "method": method, "decoding": mode, "budget": budget, "gamma": gamma, **self.meta(P, B)}
+        if method == "baseline":
+            m.update(runs.bandwidth_metrics(self.target, self.config, args, self.dtype, secs / len(timings),
+                                            self.cost_device.bandwidth))
+            ctx = P + args.gen_len // 2  # mid-generation context
+            m["cost_model"] = {"T_T_s": cm.step_time(self.config, self.cost_device, B, ctx, 1, mode == "sampled")}
+            return rec | {"device_model": vars(self.cost_device), "metrics": m, "batches": [
+                {"skip_tokens": t["skip_tokens"], "decode_s": t["seconds"], "iterations": t["stats"]["iterations"]}
+                for t in timings]}
+        b_counts, b_secs, b_stats, b_round_s = combined([t["baseline"] for t in timings])
+        paired = runs.generation_metrics(b_counts, b_secs, args, b_stats, b_round_s)
+        m.update(runs.speculation_metrics(m, stats, paired, gamma or 0))
+        m["cost_model"] = self.predicted(P, B, budget, gamma, m, method, mode)
+        group_baseline = self.done(point_name("baseline", P, B, mode))
+        per_batch = []
+        for t in timings:
+            s = Stats(**t["stats"])
+            per_batch.append({"skip_tokens": t["skip_tokens"], "decode_s": t["seconds"],
+                              "baseline_decode_s": t["baseline"]["seconds"],
+                              "measured_speedup": t["baseline"]["seconds"] / t["seconds"], "iterations": s.iterations,
+                              "alpha": s.alpha, "gamma_use": s.policy and s.policy["iterations_per_gamma"]})
+        return rec | {"baseline_metrics": paired, "group_baseline_metrics": group_baseline and group_baseline["metrics"],
+                      "planner": planner, "auto_gamma_profile_s": partial.get("auto_gamma_profile_s"), "metrics": m,
+                      "batches": per_batch}
 
     def predicted(self, P, B, budget, gamma, m, method, mode) -> dict | None:
         """The cost model's T_T, T_D, T_V and speedup at this point, from the measured device and the measured
@@ -413,7 +495,8 @@ class Sweep:
 
     def plan_budget(self, P, B, mode, synthetic) -> tuple[int, dict]:
         """The planner's budget for an auto point: acceptance per budget as measured by earlier points of this sweep
-        (any batch size: what a server has seen so far), else the prior; then the cost model's best option."""
+        and its `history` sweeps (any batch size: what a server has seen so far), else the prior; then the cost
+        model's best option."""
         method, alpha, spread, records = self.draft_method, {}, {}, list(self.records())  # read once, not per budget
         for b in self.cfg["budgets"]:
             seen = [r for r in records
@@ -446,8 +529,12 @@ class Sweep:
                           spread={b: chosen["spread_by_budget"][b] for b in race}, explore=cfg["auto_explore"]), race
 
     def records(self):
-        for f in self.out.glob("*.json"):
-            yield json.loads(f.read_text())
+        """This sweep's records, then those of the `history` sweeps (of this model)."""
+        for d in [self.out] + [Path(h) for h in self.cfg["history"]]:
+            for f in sorted(d.glob("*.json")):
+                r = json.loads(f.read_text())
+                if d == self.out or r.get("model") == self.config.name:
+                    yield r
 
     @staticmethod
     def log(rec):

@@ -169,3 +169,28 @@ def test_raced_budgets_show_budget_and_gamma_per_verification():
     auto = {"budget": 512, "metrics": {"speculation": {"auto_gamma": {
         "iterations_per_gamma": {"512/1": 2, "1024/1": 30, "0": 4}, "switched_off": True}}}}
     assert report.gammas_used(auto) == "γ b512 γ1:2 b1024 γ1:30 0:4 (off)"
+
+
+def test_points_timed_on_several_batches_get_a_row_per_batch():
+    """Per batch: the fixed setting fastest on that batch and auto against it (a baseline of 1 when every setting
+    loses there); groups timed on one batch get no such table."""
+    def rec(method, budget, gamma, speedups):
+        return {"method": method, "budget": budget, "gamma": gamma, "prefix_len": 8000, "B": 128, "decoding": "greedy",
+                "batches": [{"skip_tokens": k, "measured_speedup": s, "gamma_use": {"1": 30} if method == "auto" else None}
+                            for k, s in zip((11000, 15000), speedups)]}
+    recs = [rec("selfspec", 512, 1, (1.20, 0.90)), rec("selfspec", 1024, 2, (1.10, 0.95)), rec("auto", 512, None, (1.14, 0.97))]
+    lines = report.batch_table(recs).splitlines()
+    assert lines[2].split(" | ")[3:] == ["11000", "selfspec b512 γ1", "1.20", "1.14", "1:30", "0.950 |"]
+    assert lines[3].split(" | ")[3:] == ["15000", "selfspec b1024 γ2", "0.95", "0.97", "1:30", "0.970 |"]
+    assert report.batch_table([dict(r, batches=r["batches"][:1]) for r in recs]) is None
+    assert report.batch_table(recs[2:]) is None  # auto alone: nothing to rank the batches by
+
+
+def test_auto_without_fixed_settings_is_not_checked_against_them():
+    """A sweep of baseline and auto only (another auto setting, say) leaves the best-fixed check empty instead of
+    passing it against the baseline's 1.0."""
+    recs = [r for r in records().values() if r.get("method") in ("baseline", "auto")]
+    rows = report.rows(recs)
+    assert [(r["ok_base"], r["ok_best"]) for r in rows] == [(False, None), (True, None), (True, None), (True, None)]
+    assert row_of(report.table(rows), 4096, 8)[12:] == ["PASS", "—"]
+    assert "Planner: 0/0 points pass both checks (≥ 0.97 × baseline: 3/4, ≥ 0.95 × best fixed: 0/0)" in report.summary(recs, rows)

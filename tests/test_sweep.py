@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import one_line_error, run_cli
+from conftest import DATA, TINY_SWEEP, one_line_error, run_cli
 from magicdec import cost_model as cm
 from magicdec import sweep
 from magicdec.planner import plan
@@ -144,6 +144,8 @@ def _write(tmp_path, text, name="sweep.toml"):
     ("gen_len = 8", "gen_len = 8 8", "cannot read sweep config"),
     ("sinks = 4", "sinks = 4\nmin_seconds = -1", "min_seconds >= 0"),
     ("budgets = [24, 64]", "budgets = [24, 96]", "budgets [96] are >= every prefix_len (largest 96)"),
+    ("sinks = 4", "sinks = 4\nskip_tokens = [0, 0]", "skip_tokens must be a non-negative integer or a list of distinct"),
+    ("sinks = 4", "sinks = 4\nhistory = ['/no/such']", "history directories ['/no/such'] do not exist"),
 ])
 def test_bad_config_is_one_line(tmp_path, old, new, needle):
     p = run_cli(_write(tmp_path, CONFIG.replace(old, new)), "--output_dir", str(tmp_path / "o"),
@@ -219,3 +221,98 @@ def test_auto_races_budgets_only_when_asked(tmp_path):
     sw = sweep.Sweep(cfg, tmp_path / "o", torch.device("cpu"), False)
     sw.load()
     assert sw.auto_policy(sw.plan_budget(96, 2, "greedy", 0.7)[1])[0].switch_margin == 0.02
+
+
+BATCHES = TINY_SWEEP + f"""
+tokenizer = "{DATA / 'tokenizers' / 'llama2' / 'tokenizer.model'}"
+dataset = "{DATA / 'gutenberg'}"
+gammas = [1, 2]
+methods = ["baseline", "selfspec", "auto"]
+"""  # random weights but real text: each batch of prompts differs
+
+
+def per_sequence(r):
+    return r["metrics"]["speculation"]["per_sequence"]
+
+
+def test_several_batches_per_point_add_up_to_the_single_batch_sweeps(tmp_path):
+    """skip_tokens = [0, 500] times every point on two batches of prompts: its record equals the two one-batch
+    sweeps put together (fp32 greedy on the CPU, so each batch's decoding is the same in both): iterations summed,
+    the sequences' acceptance side by side, tokens per verification and throughput over both batches."""
+    singles, given = {}, BATCHES + "synthetic_acceptance = 0.7\n"  # a random model's own drafts all fail
+    for skip in (0, 500):
+        out = tmp_path / f"skip{skip}"
+        cfg = sweep.load_config(_write(tmp_path, given + f"skip_tokens = {skip}\n"))
+        assert sweep.Sweep(cfg, out, torch.device("cpu"), False).run(None) == 0
+        singles[skip] = records(out)
+    cfg = sweep.load_config(_write(tmp_path, given + "skip_tokens = [0, 500]\n"))
+    out = tmp_path / "both"
+    assert sweep.Sweep(cfg, out, torch.device("cpu"), False).run(None) == 0
+    both = records(out)
+    assert set(both) == set(singles[0]) and not list((out / ".batches").glob("*"))  # no leftover partial timings
+    for name, r in both.items():
+        m, one, two = r["metrics"], singles[0][name], singles[500][name]
+        assert r["skip_tokens"] == [0, 500] and [b["skip_tokens"] for b in r["batches"]] == [0, 500]
+        assert m["batches"] == 2 and m["generated_tokens"] == one["metrics"]["generated_tokens"] * 2
+        assert [b["iterations"] for b in r["batches"]] == [one["metrics"]["iterations"], two["metrics"]["iterations"]]
+        assert m["iterations"] == one["metrics"]["iterations"] + two["metrics"]["iterations"]
+        assert m["decode_s"] == pytest.approx(sum(b["decode_s"] for b in r["batches"]))
+        assert m["decode_tokens_per_s"] == pytest.approx(2 * 2 * 7 / m["decode_s"])  # 2 batches x B 2 x 7 decoded
+        if r["method"] == "baseline":
+            continue
+        if r["method"] == "selfspec":  # auto's gammas may differ between the two runs' timings: compared above only
+            assert per_sequence(r)["kept"] == per_sequence(one)["kept"] + per_sequence(two)["kept"]
+            assert per_sequence(r)["reached"] == per_sequence(one)["reached"] + per_sequence(two)["reached"]
+            assert m["alpha"] == pytest.approx(sum(per_sequence(r)["kept"]) / sum(per_sequence(r)["reached"]))
+            assert 0 < m["alpha"] < 1
+        assert m["omega_effective"] == pytest.approx(2 * 7 / m["iterations"])
+        assert m["measured_speedup"] == pytest.approx(
+            sum(b["baseline_decode_s"] for b in r["batches"]) / sum(b["decode_s"] for b in r["batches"]))
+        if r["method"] == "auto":  # planned and profiled once, on the first batch; the second reuses the costs
+            ag = m["speculation"]["auto_gamma"]
+            assert r["auto_gamma_profile_s"] > 0 and len(ag["batches"]) == 2
+            assert ag["batches"][0]["seconds_per_verification"] == ag["batches"][1]["seconds_per_verification"]
+            assert sum(ag["iterations_per_gamma"].values()) == m["iterations"]
+
+
+def test_several_batches_resume_where_they_stopped(tmp_path, monkeypatch):
+    """A crash during the second batch keeps every point's first-batch timing; the next run times only what the
+    second batch lacks and writes each record from both."""
+    cfg = sweep.load_config(_write(tmp_path, BATCHES + "skip_tokens = [0, 500]\n"))
+    out, real_finish, kept = tmp_path / "out", sweep.Sweep.finish, []
+
+    def crashing_finish(self, P, B, point, partial, last, bar):
+        if last and kept.count(True) == 1:  # the second point done with both batches
+            raise RuntimeError("simulated crash")
+        real_finish(self, P, B, point, partial, last, bar)
+        kept.append(last)
+
+    monkeypatch.setattr(sweep.Sweep, "finish", crashing_finish)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        sweep.Sweep(cfg, out, torch.device("cpu"), False).run(None)
+    monkeypatch.setattr(sweep.Sweep, "finish", real_finish)
+    first = {f.stem: json.loads(f.read_text())["batches"][0] for f in (out / ".batches").glob("*.json")}
+    assert len(records(out)) == 1 and len(first) == len(sweep.points_of(cfg, 48, 2)) - 1
+    assert sweep.Sweep(cfg, out, torch.device("cpu"), False).run(None) == 0
+    for name, r in records(out).items():
+        if name in first:  # the first batch's timing as kept before the crash, not timed again
+            assert r["batches"][0]["decode_s"] == first[name]["seconds"]
+        assert len(r["batches"]) == 2
+
+
+def test_history_feeds_the_planner(tmp_path):
+    """`history` directories count as this sweep's own earlier points for the planner (acceptance and spread per
+    budget), records of another model excepted."""
+    hist = tmp_path / "hist"
+    hist.mkdir()
+    sw = sweep.Sweep(sweep.load_config(_write(tmp_path, TINY_SWEEP)), tmp_path / "o", torch.device("cpu"), False)
+    for model, alpha in ((sw.config.name, 0.6), ("another", 0.95)):
+        (hist / f"{model.replace('/', '_')}.json").write_text(json.dumps({
+            "model": model, "method": "selfspec", "budget": 24, "prefix_len": 48, "decoding": "greedy", "B": 2,
+            "gamma": 2, "gen_len": 8, "metrics": {"alpha": alpha, "iterations": 4}}))
+    cfg = sweep.load_config(_write(tmp_path, TINY_SWEEP + f'history = ["{hist}"]\n'))
+    sw = sweep.Sweep(cfg, tmp_path / "o", torch.device("cpu"), False)
+    sw.load()
+    assert sw.plan_budget(48, 2, "greedy", None)[1]["alpha_by_budget"] == {24: 0.6}
+    sw.cfg = cfg | {"history": []}
+    assert sw.plan_budget(48, 2, "greedy", None)[1]["alpha_by_budget"] == {24: cfg["alpha_prior"]}
