@@ -194,8 +194,9 @@ class AutoGamma:
 
     `switch_margin` > 0 keeps the gamma of the last verification unless another is predicted to finish at least
     that much sooner. Replayed on 23 recorded batches of SmolLM2 8000 x 128 greedy (benchmarks/policy_replay.py,
-    results/issue5/replay), 0.02 gave 1.178x in total against 1.164x with 0 (the best fixed setting: 1.202x); it is
-    not yet timed on the GPU, so 0 by default."""
+    results/issue5/replay), 0.02 gave 1.178x in total against 1.164x with 0 (the best fixed setting: 1.202x); timed
+    on five other batches on the H100 it gave 1.170x against 1.185x with 0 (results/issue5/README.md), so 0 by
+    default."""
 
     def __init__(self, gammas, alpha_prior: float = 0.8, prior_weight: float = 32.0, margin: float = 0.03,
                  spread: float | None = None, switch_margin: float = 0.0):

@@ -133,13 +133,13 @@ def batch_table(recs) -> str | None:
             lines = ["| prefix | B | decoding | prompts from | best fixed on this batch | its speedup | auto speedup "
                      "| auto γ use | auto / best |", "|" + "---|" * 9]
         for i, skip in enumerate(b["skip_tokens"] for b in at[0]["batches"]):
-            best = max(fixed, key=lambda r: r["batches"][i]["measured_speedup"], default=None)
-            s_best = max(1.0, best["batches"][i]["measured_speedup"]) if best else 1.0
+            best = max(fixed, key=lambda r: r["batches"][i]["measured_speedup"])
+            s_best = best["batches"][i]["measured_speedup"]
             a = auto and auto["batches"][i]
             use = a and " ".join(f"{g}:{n}" for g, n in (a.get("gamma_use") or {}).items())
-            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {skip} | {setting(best) if best else '—'} "
-                         f"| {f2(best and best['batches'][i]['measured_speedup'])} | {f2(a and a['measured_speedup'])} "
-                         f"| {use or '—'} | {f2(a and a['measured_speedup'] / s_best, '{:.3f}')} |")
+            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {skip} | {setting(best)} | {f2(s_best)} "
+                         f"| {f2(a and a['measured_speedup'])} | {use or '—'} "
+                         f"| {f2(a and a['measured_speedup'] / max(1.0, s_best), '{:.3f}')} |")
     return "\n".join(lines) or None
 
 

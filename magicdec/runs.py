@@ -469,14 +469,14 @@ def speculation_metrics(metrics, stats, baseline, gamma) -> dict:
             # MagicDec's own convention (its benchmark stops at the first sequence to finish): no straggler cost
             first = stats.first_done
             if first and first["seconds"] > 0:
-                first_tokens = metrics["batch_size"] * metrics.get("batches", 1)  # each batch's prefill token
+                first_tokens = metrics["batch_size"] * metrics["batches"]  # each batch's prefill token
                 out["decode_tokens_per_s_first_done"] = (first["tokens"] - first_tokens) / first["seconds"]
                 out["measured_speedup_first_done"] = out["decode_tokens_per_s_first_done"] / baseline["decode_tokens_per_s"]
     out.update(alpha=alpha, omega=omega)
     if metrics.get("iterations"):
         # Tokens per sequence per verification of the whole batch: the loop runs until its slowest sequence is done,
         # so stragglers make this lower than omega, and the speedup follows this one.
-        decoded = metrics["generated_tokens"] / metrics["batch_size"] - metrics.get("batches", 1)
+        decoded = metrics["generated_tokens"] / metrics["batch_size"] - metrics["batches"]
         out["omega_effective"] = decoded / metrics["iterations"]
         if "T_D_over_T_T" in out and stats.policy is None:
             out["predicted_speedup_effective"] = out["omega_effective"] / (gamma * out["T_D_over_T_T"] + out["T_V_over_T_T"])

@@ -59,7 +59,8 @@ DEFAULTS = dict(
     auto_budget_margin=0.15,  # ... those predicted within this fraction of the best budget's speedup
     auto_explore=2,  # ... verifications each raced budget runs at the start of a batch
     auto_switch_margin=0.0,  # auto: change gamma only for this predicted gain (planner.AutoGamma's switch_margin);
-    # 0.02 did better replayed on recorded batches (results/issue5/replay), not yet timed on the GPU
+    # 0.02 did better replayed on recorded batches (results/issue5/replay), no better timed on five batches on the
+    # H100 (results/issue5/smollm2_batches_margin), so 0
     history=[],  # auto: directories of earlier sweeps' records the planner also learns acceptance and spread from
     skip_prefill=False,  # random weights only: caches filled with random KV
     prefill_backend="sdpa", fuse=True)
@@ -368,7 +369,6 @@ class Sweep:
                 if method == "baseline":  # timed alone
                     result = runs.timed_generation(base_dec[mode], cache, first, prompts[:, -1], args, [], False)
                     partial["batches"].append(timing(skip, result, base_dec[mode]))
-                    cache.rollback(torch.full_like(cache.lengths, P))
                     self.finish(P, B, (method, mode, budget, gamma), partial, last, bar)
                     continue
                 if method == "auto":  # planned and profiled on the first batch, as a server does once per shape
