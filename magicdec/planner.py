@@ -134,7 +134,7 @@ def sequence_weight(alpha: float, spread: float | None, default: float = 16.0) -
     where the spread is unknown (None). A spread of 0 leaves nothing to a sequence's own counts: its lag is luck,
     not a slower sequence (with the default weight instead, one unlucky sequence of 4 at synthetic alpha 0.81
     switched speculation off: a batch finished 0.5% faster than plain decoding on average, against 2.7% with the
-    batch's rate for all and 4.0% for gamma 2 throughout; benchmarks/policy_simulation.py, Llama-3.1-8B 32K x 4
+    batch's rate for all and 4.0% for gamma 2 throughout; benchmarks/planner/policy_simulation.py, Llama-3.1-8B 32K x 4
     at H100 costs)."""
     if spread is None:
         return default
@@ -190,24 +190,17 @@ class AutoGamma:
     of the verification before that one (one verification stale, and no GPU time spent on choosing).
 
     Once on, speculation stays on while it is predicted no slower (hysteresis: a 2% predicted gain late in a batch
-    is still a gain, and a needless switch-off has lost more than that on the H100).
-
-    `switch_margin` > 0 keeps the gamma of the last verification unless another is predicted to finish at least
-    that much sooner. Replayed on 23 recorded batches of SmolLM2 8000 x 128 greedy (benchmarks/policy_replay.py,
-    results/issue5/replay), 0.02 gave 1.178x in total against 1.164x with 0 (the best fixed setting: 1.202x); timed
-    on five other batches on the H100 it gave 1.170x against 1.185x with 0 (results/issue5/README.md), so 0 by
-    default."""
+    is still a gain, and a needless switch-off has lost more than that on the H100)."""
 
     def __init__(self, gammas, alpha_prior: float = 0.8, prior_weight: float = 32.0, margin: float = 0.03,
-                 spread: float | None = None, switch_margin: float = 0.0):
+                 spread: float | None = None):
         if not gammas or min(gammas) < 1:
             raise ValueError(f"candidate gammas must be >= 1, got {gammas}")
         self.gammas = sorted(set(gammas))
         self.alpha_prior, self.prior_weight, self.margin = alpha_prior, prior_weight, margin
-        self.switch_margin = switch_margin
         self.spread = spread
         self.costs: dict[int, float] = {}
-        self.forced: int | None = None  # profiling runs one gamma at a time
+        self.forced: int | None = None  # profiling (runs.profile_gammas) runs one gamma at a time
         self.reset()
 
     def reset(self) -> None:
@@ -262,9 +255,6 @@ class AutoGamma:
         else:
             times = self.finish_times(remaining)
             g = min((g for g in times if g), key=times.get, default=0)
-            last = self.history[-1] if self.history and self.switch_margin > 0 else 0
-            if g and last and last != g and times.get(last, float("inf")) <= (1 + self.switch_margin) * times[g]:
-                g = last  # not enough predicted gain to change gamma
             if g and times[g] > (1 if self.on else 1 - self.margin) * times[0]:
                 g = 0
             self.off, self.on = g == 0, g > 0
@@ -283,120 +273,11 @@ class AutoGamma:
         self.seq_kept = self.seq_kept + kept
         self.seq_reached = self.seq_reached + reached
 
-    def members(self) -> list[tuple[None, "AutoGamma"]]:
-        """The (draft label, policy) pairs whose step times are profiled: one draft, no label."""
-        return [(None, self)]
-
-    def force(self, label, gamma: int | None) -> None:
-        self.forced = gamma
-
     def summary(self) -> dict:
         used = {g: self.history.count(g) for g in sorted(set(self.history))}
         alphas = self.sequence_alphas(self.seq_kept.size) if self.seq_kept.size else None
         return {"candidates": self.gammas, "seconds_per_verification": self.costs, "alpha_prior": self.alpha_prior,
-                "spread": self.spread, "margin": self.margin, "switch_margin": self.switch_margin,
+                "spread": self.spread, "margin": self.margin,
                 "alpha_estimate": self.alpha, "iterations_per_gamma": used,
                 "sequence_alpha_range": None if alphas is None else [float(alphas.min()), float(alphas.max())],
                 "switched_off": self.off}
-
-
-class AutoBudget:
-    """--gamma auto over several drafts (StreamingLLM budgets): which draft, and which gamma, per verification.
-
-    At SmolLM2 8000 x 128 on the H100 the best budget moved from batch to batch by more than 5% (budget 1024 at
-    gamma 1 beat budget 512 by 10% on one batch of prompts and lost to it by 6-9% on three others), and acceptance
-    per budget is only known on the batch itself. So the batch starts by running each candidate draft for `explore`
-    verifications, round-robin (at B = 128 one verification examines 128+ drafted tokens per budget); then takes
-    the (draft, gamma) with the earliest expected finish, each draft's finishing times from its own AutoGamma (its
-    profiled step times, its prior, what it has accepted on this batch); once every raced draft's counts are in,
-    keeps that draft for the rest of the batch (gamma still chosen per verification). A draft that sat out
-    verifications first catches up on the tokens committed meanwhile (Decoder._catch_up), so choosing another draft
-    is charged about one draft step (its cost at the smallest gamma over a plain step). On and off follow
-    AutoGamma's rules over the best draft: a `margin` to switch on, none to stay on, off final.
-
-    Measured there (results/issue5/budget_race), the race cost more than it found: switching freely after it
-    flapped between near-equal estimates (0.78-0.85 of the best fixed setting in the same rounds); kept after it,
-    the race picked the right budget on three batches out of three, but its verifications at the other budget and
-    the catch-ups made each iteration 5-6% dearer (0.89-0.93 of the best fixed, no better than the planner's budget
-    alone). Hence opt-in (the sweep's `auto_drafts`)."""
-
-    def __init__(self, drafts: dict, gammas, prior_weight: float = 32.0, margin: float = 0.03, spread=None,
-                 explore: int = 2):
-        """drafts: {label (a budget): alpha prior}; spread: one spread, or {label: spread}."""
-        if not drafts:
-            raise ValueError("AutoBudget needs at least one draft")
-        spreads = spread if isinstance(spread, dict) else {label: spread for label in drafts}
-        self.policies = {label: AutoGamma(gammas, prior, prior_weight, 0.0, spreads.get(label))
-                         for label, prior in drafts.items()}
-        self.margin, self.explore, self.forced = margin, explore, None
-        self.gammas = sorted(set(gammas))
-        self.reset()
-
-    def reset(self) -> None:
-        for p in self.policies.values():
-            p.reset()
-        self.current = next(iter(self.policies))  # the draft of the verification chosen last
-        self.committed = None  # the race's winner, once every raced draft's counts are in
-        self.off = self.on = False
-        self.history: list[tuple] = []  # (label, gamma) per verification
-        self.pending: list = []  # labels of verifications with a draft whose counts have not been observed yet
-
-    @property
-    def max_gamma(self) -> int:
-        return self.gammas[-1]
-
-    def members(self):
-        return list(self.policies.items())
-
-    def force(self, label, gamma: int | None) -> None:
-        self.forced = None if gamma is None else (label, gamma)
-
-    def choose(self, remaining=(64,)) -> int:
-        if self.forced is not None:
-            self.current, g = self.forced
-            return g
-        if self.off:
-            return 0
-        times = {label: p.finish_times(remaining) for label, p in self.policies.items()
-                 if p.costs and self.committed in (None, label)}
-        if not times:
-            return self.max_gamma
-        plain = next(iter(times.values()))[0]
-        # a draft that sat out first refills what it missed (Decoder._catch_up): about one draft step more
-        switch = {k: 0.0 if k == self.current or not self.history else
-                  max(self.policies[k].costs[min(self.gammas)] - self.policies[k].costs[0], 0.0) for k in times}
-        best = {label: min(((t + switch[label], g) for g, t in ts.items() if g), default=(float("inf"), 0))
-                for label, ts in times.items()}
-        label = min(best, key=lambda k: best[k][0])
-        if best[label][0] > (1 if self.on else 1 - self.margin) * plain:
-            self.off, self.on = True, False
-            return 0
-        used = {k: len(self.policies[k].history) for k in times}  # verifications each draft ran
-        unexplored = [k for k in times if used[k] < self.explore and best[k][0] <= plain]
-        if unexplored:  # round-robin while any candidate has run fewer than `explore` verifications
-            label = min(unexplored, key=lambda k: (used[k], list(times).index(k)))
-        elif self.committed is None and all(used[k] - self.pending.count(k) >= min(used[k], self.explore)
-                                            for k in times):
-            self.committed = label  # the race's counts are all in: this draft for the rest of the batch
-        self.current, self.on = label, True
-        return best[label][1]
-
-    def used(self, gamma: int) -> None:
-        self.history.append((self.current if gamma else None, gamma))
-        if gamma:
-            self.policies[self.current].used(gamma)
-            self.pending.append(self.current)
-
-    def observe(self, kept, reached) -> None:
-        """Counts of the oldest verification not yet observed (the decoder reports them in order)."""
-        self.policies[self.pending.pop(0)].observe(kept, reached)
-
-    def summary(self) -> dict:
-        used = {}  # "label/gamma" (or "0", no draft) -> verifications, in the order first used
-        for label, g in self.history:
-            key = f"{label}/{g}" if g else "0"
-            used[key] = used.get(key, 0) + 1
-        return {"candidates": self.gammas, "drafts": {str(k): p.summary() for k, p in self.policies.items()},
-                "committed": None if self.committed is None else str(self.committed),
-                "explore": self.explore, "margin": self.margin, "switched_off": self.off,
-                "iterations_per_gamma": used, "draft_order": [str(label) for label, g in self.history if g]}

@@ -3,9 +3,10 @@ commands that made them and the planner's check: at every point, auto >= 0.97 x 
 fixed setting (the baseline counted as one, speedup 1), both with every sequence reaching gen_len.
 
     python -m magicdec.report results/issue5/smollm2 results/issue5/llama31_8b --out results/issue5 \
-        --results_md results/RESULTS.md --include results/issue5/side_by_side.md
+        --results_md results/RESULTS.md --include results/issue5/side_by_side/README.md
 
-Every number comes from a record; writes OUT/<dir>.md (one sweep) and OUT/<dir>_*.png, and RESULTS.md (all of them).
+Every number comes from a record; writes OUT/<dir>.md (one sweep) and OUT/<dir>_*.png, and RESULTS.md (all of them,
+after a summary table with one row per sweep).
 """
 from __future__ import annotations
 
@@ -66,8 +67,6 @@ def gammas_used(auto) -> str:
     ag = ((auto["metrics"].get("speculation") or {}).get("auto_gamma")) or {}
     used = ag.get("iterations_per_gamma", {})
     off = " (off)" if ag.get("switched_off") else ""
-    if any("/" in k for k in used):  # AutoBudget: budget/gamma per verification
-        return "γ " + " ".join(f"{k if k == '0' else 'b' + k.replace('/', ' γ')}:{n}" for k, n in used.items()) + off
     return f"b{auto.get('budget')}, γ " + " ".join(f"{g}:{n}" for g, n in used.items()) + off
 
 
@@ -155,17 +154,66 @@ def fixed_metrics(recs):
     return [r["metrics"] for r in recs if r["method"] in FIXED and r["metrics"].get("measured_speedup")]
 
 
-def summary(recs, rs) -> str:
-    parts = []
+def model_counts(recs) -> list[tuple[str, int, int]]:
+    """(comparison, fixed speculative points within MODEL_TOL, points with both numbers) per comparison."""
+    out = []
     for i, label in enumerate(c[0] for c in comparisons({})):
         errs = [e for e in (rel(*comparisons(m)[i][2:]) for m in fixed_metrics(recs)) if e is not None]
-        parts.append(f"{label}: {sum(abs(e) <= MODEL_TOL for e in errs)}/{len(errs)}")
+        out.append((label, sum(abs(e) <= MODEL_TOL for e in errs), len(errs)))
+    return out
+
+
+def planner_counts(rs) -> dict[str, tuple[int, int]]:
+    """(passed, checked) for each planner check; `best` and `both` only where the point has fixed settings."""
     checked = [r for r in rs if "ok_base" in r]
     both = [r for r in checked if r["ok_best"] is not None]
+    return {"base": (sum(r["ok_base"] for r in checked), len(checked)),
+            "best": (sum(r["ok_best"] for r in both), len(both)),
+            "both": (sum(r["ok_base"] and r["ok_best"] for r in both), len(both))}
+
+
+def summary(recs, rs) -> str:
+    parts = [f"{label}: {n}/{total}" for label, n, total in model_counts(recs)]
+    c = {k: f"{n}/{total}" for k, (n, total) in planner_counts(rs).items()}
     return (f"Speculative points within {MODEL_TOL:.0%} of measurement: " + "; ".join(parts) + ". Planner: "
-            f"{sum(r['ok_base'] and r['ok_best'] for r in both)}/{len(both)} points pass both checks "
-            f"(≥ {BASE_TOL} × baseline: {sum(r['ok_base'] for r in checked)}/{len(checked)}, "
-            f"≥ {BEST_TOL} × best fixed: {sum(r['ok_best'] for r in both)}/{len(both)}).")
+            f"{c['both']} points pass both checks (≥ {BASE_TOL} × baseline: {c['base']}, "
+            f"≥ {BEST_TOL} × best fixed: {c['best']}).")
+
+
+def point(r) -> str:
+    return f"{r['prefix_len']} × {r['B']} {r['decoding']}, {setting(r)}"
+
+
+def overview_row(link: str, recs, skipped) -> str:
+    """One sweep in one line: model, weights, device, points, its best fixed speedups (each with its point), how many
+    fixed points the cost model predicts within MODEL_TOL and the planner's checks, rounded as the sweep's own table."""
+    if not recs:
+        return f"| {link} | no records | | | 0 | — | — | — | — | — |"
+    model, devs, note, _ = about(recs, skipped)
+    rs, fixed = rows(recs), [r for r in recs if r["method"] in FIXED and r["metrics"].get("measured_speedup") is not None]
+    best = max(fixed, key=lambda r: r["metrics"]["measured_speedup"], default=None)
+    first = max(fixed, key=lambda r: r["metrics"].get("measured_speedup_first_done") or 0, default=None)
+    s_all = best and best["metrics"]["measured_speedup"]
+    s_first = first and first["metrics"].get("measured_speedup_first_done")
+    # the cost model's own predictions (Ω_eff vs all reach, Ω vs first done), not the measured-ratio check
+    model_fit = "; ".join(f"{label.replace('cost model ', '')}: {n}/{total}" for label, n, total in model_counts(recs)[:2])
+    pc = planner_counts(rs)
+    checks = [f"{pc[k][0]}/{pc[k][1]}" if pc[k][1] else "—" for k in ("base", "best")]  # "—": nothing to check
+    batches = max(len(r.get("batches") or []) for r in recs)
+    cells = [link, model, note, ", ".join(devs), f"{len(rs)}" + (f", each timed on {batches} batches" if batches > 1 else ""),
+             f"{f2(s_all)} ({point(best)})" if s_all else "— (no fixed settings)",
+             f"{f2(s_first)} ({point(first)})" if s_first else "—",
+             model_fit if fixed else "—", *checks]
+    return "| " + " | ".join(cells) + " |"
+
+
+def overview(sweeps: list[tuple[str, Path, Path]], rel_to: Path) -> str:
+    """The table RESULTS.md opens with: one row per (name, sweep directory, its markdown file), linked to that file."""
+    lines = ["| sweep | model | weights | device | points (prefix × B × decoding) | best fixed speedup, all reach (point) "
+             f"| best fixed speedup, first done (point) | cost model within {MODEL_TOL:.0%} (fixed points) "
+             f"| auto ≥ {BASE_TOL} × baseline | auto ≥ {BEST_TOL} × best fixed |", "|" + "---|" * 10]
+    lines += [overview_row(f"[{name}]({os.path.relpath(md, rel_to)})", *load(d)) for name, d, md in sweeps]
+    return "\n".join(lines)
 
 
 def panels(nrows, ncols, title, w=4.2, h=3.4):
@@ -284,10 +332,10 @@ def fig_alpha(recs, path, title):
     return save(fig, path)
 
 
-def describe(d: Path, name: str, recs, skipped) -> tuple[str, str]:
-    """The sweep's title and a paragraph on its device, model and weights."""
+def about(recs, skipped) -> tuple[str, list[str], str, list[str]]:
+    """(model, devices, weights note, the records' environments as JSON) of one sweep."""
     r0 = (recs or skipped)[0]
-    envs = {json.dumps(r.get("environment") or {}, sort_keys=True) for r in recs + skipped}
+    envs = sorted({json.dumps(r.get("environment") or {}, sort_keys=True) for r in recs + skipped})
     devs = sorted({e.get("gpu") or f"{e.get('device')} {e.get('cpu', '')}".strip() for e in map(json.loads, envs)})
     model = str(r0.get("model")) + (f" + {r0['draft_model']} draft" if r0.get("draft_model") else "")
     synth = sorted({(r["prefix_len"], r["synthetic_acceptance"]) for r in recs + skipped
@@ -295,7 +343,14 @@ def describe(d: Path, name: str, recs, skipped) -> tuple[str, str]:
     synth = [f"{synth[0][1]:.2f}"] if len({a for _, a in synth}) == 1 else [f"{a:.2f} at prefix {P}" for P, a in synth]
     note = ("random weights" + (", synthetic α " + ", ".join(synth) if synth else "")
             if r0.get("random_weights") else "real weights, " + str(r0.get("prompt_source")))
-    versions = "; ".join(f"{k} {v}" for k, v in json.loads(sorted(envs)[0]).items() if k in ("torch", "python"))
+    return model, devs, note, envs
+
+
+def describe(d: Path, name: str, recs, skipped) -> tuple[str, str]:
+    """The sweep's title and a paragraph on its device, model and weights."""
+    r0 = (recs or skipped)[0]
+    model, devs, note, envs = about(recs, skipped)
+    versions = "; ".join(f"{k} {v}" for k, v in json.loads(envs[0]).items() if k in ("torch", "python"))
     text = [f"- device: {', '.join(devs)}; {versions}"]
     dm = next((r["device_model"] for r in recs if r.get("device_model")), None)
     if dm:
@@ -353,10 +408,13 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     a.results_md.parent.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m magicdec.report"] + (argv if argv is not None else sys.argv[1:]))
-    parts = ["# Results", f"Made by `{command}` from the sweep records below.", CONVENTIONS]
     names = [d.resolve().name for d in a.sweeps]
     if len(set(names)) < len(names):  # two sweeps called out/: prefix their parents' names
         names = ["_".join(d.resolve().parts[-2:]) for d in a.sweeps]
+    parts = ["# Results", f"Made by `{command}` from the sweep records below.",
+             "Each sweep in one row (its section below has the commands, the config and every point):\n\n"
+             + overview([(n, d, a.out / f"{n}.md") for n, d in zip(names, a.sweeps)], a.results_md.parent),
+             CONVENTIONS]
     for d, name in zip(a.sweeps, names):
         text, pngs = section(d, a.out, name)
         (a.out / f"{name}.md").write_text(f"{text}\n\n{images(pngs, a.out)}\n")

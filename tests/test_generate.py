@@ -192,22 +192,3 @@ def test_sampling_is_seeded_and_respects_top_k(pair, prompts):
     greedy, _, _ = run_decode(model, prompts, 6)
     top1, _, _ = run_decode(model, prompts, 6, sampling=s)
     assert top1.tolist() == greedy.tolist()
-
-
-def test_stats_of_several_batches_add_up():
-    """Stats.combine: hand-written counts of two batches side by side (their sequences one after another), the
-    policy's gamma use summed and a switch-off kept if any batch switched off."""
-    from magicdec.generate import Stats
-    a = Stats(2, verifications=3, accepted=4, reached=[3, 2], kept=[2, 1], sequence_reached=[5], sequence_kept=[3],
-              iterations=3, drafted=6, time={"draft": 1.0}, first_done={"tokens": 9, "seconds": 0.5},
-              policy={"iterations_per_gamma": {1: 1, 2: 2}, "switched_off": False})
-    b = Stats(2, verifications=2, accepted=1, reached=[2], kept=[1], sequence_reached=[2], sequence_kept=[1],
-              iterations=4, drafted=4, time={"draft": 0.5, "verify": 2.0}, first_done={"tokens": 5, "seconds": 0.25},
-              policy={"iterations_per_gamma": {0: 2, 2: 2}, "switched_off": True})
-    s = Stats.combine([a, b])
-    assert (s.verifications, s.accepted, s.iterations, s.drafted) == (5, 5, 7, 10)
-    assert (s.reached, s.kept) == ([5, 2], [3, 1]) and s.alpha == 4 / 7
-    assert (s.sequence_reached, s.sequence_kept) == ([5, 2], [3, 1])
-    assert s.time == {"draft": 1.5, "verify": 2.0} and s.first_done == {"tokens": 14, "seconds": 0.75}
-    assert s.policy["iterations_per_gamma"] == {1: 1, 2: 4, 0: 2} and s.policy["switched_off"]
-    assert [p["switched_off"] for p in s.policy["batches"]] == [False, True]

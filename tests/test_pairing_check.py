@@ -1,19 +1,14 @@
-"""benchmarks/pairing_check.py on a tiny random Llama on the CPU: every decoder of a group is timed in the same
+"""benchmarks/planner/pairing_check.py on a tiny random Llama on the CPU: every decoder of a group is timed in the same
 rounds (one run each per round), the greedy speculative ones give exactly the baseline's tokens, and the paired
 ratios are the medians of the per-round ratios to decoder A."""
-import importlib.util
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 
-from conftest import TINY_SWEEP
+from conftest import TINY_SWEEP, benchmark_script
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("pairing_check", ROOT / "benchmarks" / "pairing_check.py")
-pairing_check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pairing_check)
+pairing_check = benchmark_script("planner/pairing_check")
 
 CONFIG = TINY_SWEEP + """
 gammas = [1, 2]
@@ -52,18 +47,3 @@ def test_bad_group_is_one_line(tmp_path, capsys, group, needle):
         pairing_check.main(["cfg.toml", str(tmp_path), "--group", group, "--output", str(tmp_path / "o.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and needle in err[-1] and "Traceback" not in "\n".join(err)
-
-
-def test_pairing_check_races_close_budgets(tmp_path):
-    """Where the plan cannot tell two budgets apart, the auto decoder races both (AutoBudget): profiled per budget
-    and gamma, and still A's tokens."""
-    config = tmp_path / "sweep.toml"
-    config.write_text(CONFIG.replace("budgets = [24]", "budgets = [16, 24]") + "auto_drafts = 2\n")
-    out = tmp_path / "check.json"
-    pairing_check.main([str(config), str(tmp_path / "records"), "--group", "48:2:greedy:24/1",
-                        "--repeats", "2", "--min_seconds", "0", "--output", str(out)])
-    check = json.loads(out.read_text())["checks"][0]
-    assert len(check["planner"]["race"]) == 2
-    assert set(check["profiled_seconds_per_verification"]) == {"0"} | {f"{b}/{g}" for b in (16, 24) for g in (1, 2)}
-    auto = check["decoders"]["auto"]
-    assert auto["same_tokens_as_A"] and sum(auto["gamma_use"].values()) == auto["iterations"]

@@ -10,7 +10,7 @@ from magicdec import cost_model as cm
 from magicdec.config import ModelArgs
 from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
-from magicdec.planner import AutoBudget, AutoGamma, fit_spread, plan, sequence_weight, spread_alphas
+from magicdec.planner import AutoGamma, fit_spread, plan, sequence_weight, spread_alphas
 from test_generate_speculative import plain_greedy, tiny_prompts
 
 L31 = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
@@ -214,26 +214,6 @@ def test_auto_gamma_keeps_speculating_below_the_margin_once_on():
     assert p.choose([2000]) == 0 and p.off
 
 
-def test_auto_gamma_changes_gamma_only_for_the_switch_margin():
-    """switch_margin: the gamma of the running verification is kept unless another finishes that much sooner (by the
-    policy's own finishing times); 0, the default, takes any predicted gain."""
-    def finish(p):
-        return p.finish_times([63] * 8)
-
-    for margin in (0.0, 0.02):
-        p = AutoGamma([1, 2], 0.8, spread=0.05, switch_margin=margin)
-        p.costs = {0: 1.0, 1: 1.4, 2: 1.8}
-        t = finish(p)
-        best, other = sorted((1, 2), key=t.get)
-        p.costs[best] *= t[other] / t[best] / 1.01  # the best now ahead by 1%
-        t = finish(p)
-        assert t[other] / t[best] == pytest.approx(1.01)
-        p.used(other)  # the running verification drafts `other`
-        assert p.choose([63] * 8) == (other if margin else best)
-    p.costs[best] *= 0.9  # 11% ahead: past the margin
-    assert p.choose([63] * 8) == best
-
-
 def test_auto_gamma_rejects_bad_candidates():
     with pytest.raises(ValueError, match=">= 1"):
         AutoGamma([0, 1])
@@ -270,75 +250,3 @@ def test_auto_gamma_generation_equals_plain_greedy(tiny, costs):
             assert decoder.stats.drafted == sum(g * n for g, n in used.items())
         if costs[4] < 2:
             assert len(used) > 1, used  # the tiny model's acceptance is middling: the choice moved
-
-
-def budget_policy(costs: dict, priors: dict, explore=2, weight=1.0, **kw) -> AutoBudget:
-    p = AutoBudget(priors, [g for g in next(iter(costs.values())) if g], prior_weight=weight, explore=explore, **kw)
-    for label, c in costs.items():
-        p.policies[label].costs = dict(c)
-    return p
-
-
-def run_verification(p: AutoBudget, left, rates: dict, n: int = 1000) -> tuple:
-    """One verification as the decoder reports it: choose, use, then observe that draft's counts (`n` examined
-    drafted tokens per sequence, a `rates[label]` share kept)."""
-    g = p.choose(left)
-    p.used(g)
-    label = p.current
-    if g:
-        p.observe([rates[label] * n] * len(left), [n] * len(left))
-    return label, g
-
-
-def test_auto_budget_races_each_draft_then_keeps_the_faster_one():
-    """Both drafts run `explore` verifications at the start, round-robin, whatever their priors; then the choice is
-    by measured acceptance and each draft's own step times: one sequence, many tokens left, so the best is the
-    largest Omega(alpha, gamma) / cost (cm.omega, by hand below)."""
-    costs = {512: {0: 1.0, 1: 1.2, 2: 1.4}, 1024: {0: 1.0, 1: 1.5, 2: 1.8}}
-    for rates, expect in (({512: 0.5, 1024: 0.9}, 1024), ({512: 0.8, 1024: 0.85}, 512)):
-        p = budget_policy(costs, {1024: 0.9, 512: 0.6})
-        order = [run_verification(p, [2000], rates)[0] for _ in range(4)]
-        assert order == [1024, 512, 1024, 512]
-        ratio = {(b, g): cm.omega(rates[b], g) / costs[b][g] for b in costs for g in (1, 2)}
-        best = max(ratio, key=ratio.get)
-        assert best[0] == expect
-        assert run_verification(p, [2000], rates) == best
-        assert p.summary()["iterations_per_gamma"][f"{best[0]}/{best[1]}"] >= 1
-
-
-def test_auto_budget_counts_reach_the_draft_that_drafted_them():
-    """The decoder observes each verification one late: the counts go to the draft that ran it, in order."""
-    p = budget_policy({256: {0: 1.0, 1: 1.1}, 512: {0: 1.0, 1: 1.1}}, {256: 0.8, 512: 0.8})
-    for _ in range(2):
-        p.used(p.choose([100]))
-    p.observe([1], [10])
-    p.observe([9], [10])
-    assert (p.policies[256].kept, p.policies[512].kept) == (1, 9)
-    assert p.summary()["draft_order"] == ["256", "512"]
-
-
-def test_auto_budget_switches_off_for_good_and_skips_hopeless_drafts():
-    slow = {0: 1.0, 1: 5.0, 2: 9.0}
-    p = budget_policy({512: {0: 1.0, 1: 1.1, 2: 1.2}, 1024: slow}, {512: 0.9, 1024: 0.9})
-    assert [run_verification(p, [2000], {512: 0.9})[0] for _ in range(3)] == [512] * 3  # 1024 never pays: not raced
-    p = budget_policy({512: slow, 1024: slow}, {512: 0.9, 1024: 0.9})
-    assert p.choose([2000]) == 0 and p.off
-    p.policies[512].costs = {0: 1.0, 1: 1.01, 2: 1.02}  # off stays off within the batch
-    assert p.choose([2000]) == 0
-    p.reset()
-    assert p.choose([2000]) > 0
-
-
-def test_auto_budget_commits_after_the_race_charging_a_switch_one_draft_step():
-    """Once every raced draft's counts are in, one draft for the rest of the batch. Choosing it charges a draft
-    that is not the current one its catch-up (about one draft step: its gamma-1 cost over a plain step): a draft
-    a hair cheaper is not worth it, one 17% cheaper is."""
-    for cost_512, expect in ((1.19999, 1024), (1.0, 512)):
-        costs = {512: {0: 1.0, 1: cost_512}, 1024: {0: 1.0, 1: 1.2}}
-        p = budget_policy(costs, {512: 0.8, 1024: 0.8}, explore=1)
-        rates = {512: 0.8, 1024: 0.8}
-        assert [run_verification(p, [2000], rates)[0] for _ in range(2)] == [512, 1024]  # the race
-        assert run_verification(p, [2000], rates)[0] == expect and p.committed == expect
-        p.policies[1024 if expect == 512 else 512].costs = {0: 1.0, 1: 0.5}  # the other now far cheaper: no matter
-        assert [run_verification(p, [2000], rates)[0] for _ in range(3)] == [expect] * 3
-        assert p.summary()["committed"] == str(expect)

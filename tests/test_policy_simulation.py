@@ -1,18 +1,15 @@
-"""benchmarks/policy_simulation.py: its batches against counts by hand and against the planner's exact model of
+"""benchmarks/planner/policy_simulation.py: its batches against counts by hand and against the planner's exact model of
 the verifications a batch needs, the policy as the decoder runs it, and bad input in one line."""
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import benchmark_script
+
 from magicdec.planner import AutoGamma, finish_verifications
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("policy_simulation", ROOT / "benchmarks" / "policy_simulation.py")
-policy_simulation = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(policy_simulation)
+policy_simulation = benchmark_script("planner/policy_simulation")
 
 COSTS = {0: 1.0, 1: 1.4, 2: 1.8, 3: 2.2}
 drawn = policy_simulation.drawn_acceptance

@@ -1,19 +1,17 @@
-"""benchmarks/refit_cost_model.py on hand-written records: a device whose layers cost 90 us each beyond their bytes,
+"""benchmarks/planner/refit_cost_model.py on hand-written records: a device whose layers cost 90 us each beyond their bytes,
 a B = 1 baseline timed on it, and speculative points whose measured speedups are what such a device gives (computed
 here by hand from bytes, bandwidth and Omega_eff). Fitted to the baseline, the fixed cost comes back as 90 us and
 every point's error as zero; the recorded predictions (made with 25 us) are off by what 65 us per layer changes."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from conftest import benchmark_script
+
 from magicdec.config import ModelArgs
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("refit_cost_model", ROOT / "benchmarks" / "refit_cost_model.py")
-refit_cost_model = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(refit_cost_model)
+refit_cost_model = benchmark_script("planner/refit_cost_model")
 
 L31 = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
 BW, FLOPS, PER_LAYER = 3e12, 7e14, 90e-6

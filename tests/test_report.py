@@ -165,12 +165,6 @@ def test_report_reads_a_real_sweep(tmp_path):
     assert "synthetic α 0.80" in results_md.read_text() and "# cpu, today" in results_md.read_text()
 
 
-def test_raced_budgets_show_budget_and_gamma_per_verification():
-    auto = {"budget": 512, "metrics": {"speculation": {"auto_gamma": {
-        "iterations_per_gamma": {"512/1": 2, "1024/1": 30, "0": 4}, "switched_off": True}}}}
-    assert report.gammas_used(auto) == "γ b512 γ1:2 b1024 γ1:30 0:4 (off)"
-
-
 def test_points_timed_on_several_batches_get_a_row_per_batch():
     """Per batch: the fixed setting fastest on that batch and auto against it (a baseline of 1 when every setting
     loses there); groups timed on one batch get no such table."""
@@ -194,3 +188,35 @@ def test_auto_without_fixed_settings_is_not_checked_against_them():
     assert [(r["ok_base"], r["ok_best"]) for r in rows] == [(False, None), (True, None), (True, None), (True, None)]
     assert row_of(report.table(rows), 4096, 8)[12:] == ["PASS", "—"]
     assert "Planner: 0/0 points pass both checks (≥ 0.97 × baseline: 3/4, ≥ 0.95 × best fixed: 0/0)" in report.summary(recs, rows)
+
+
+def test_results_md_opens_with_one_row_per_sweep(tmp_path):
+    """The summary table after the title: per sweep its model, weights, device, points, best fixed speedups with their
+    points, the cost model's count within 10% and the planner's checks, the numbers the sweep's own section shows."""
+    full = write_sweep(tmp_path / "sweeps" / "llama")
+    auto_only = tmp_path / "sweeps" / "llama_auto"
+    auto_only.mkdir()
+    for name, rec in records().items():  # baseline and auto only, each point timed on two batches
+        if rec.get("method") in ("baseline", "auto"):
+            rec = rec | {"batches": [{"skip_tokens": k, "measured_speedup": 1.0} for k in (11000, 15000)]}
+            (auto_only / f"{name}.json").write_text(json.dumps({"point": name, **rec}))
+    results_md, out = tmp_path / "results" / "RESULTS.md", tmp_path / "results" / "issue5"
+    report.main([str(full), str(auto_only), "--out", str(out), "--results_md", str(results_md)])
+    md = results_md.read_text()
+    lines = md.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.startswith("| sweep | model |"))
+    assert lines[0] == "# Results" and lines[2].startswith("Made by `python -m magicdec.report ")
+    assert head < next(i for i, x in enumerate(lines) if x.startswith("How to read these tables"))
+    cells = [[c.strip() for c in x.strip("|").split("|")] for x in lines[head + 2:head + 4]]
+    # best all reach: 16384 x 8, b256 γ3 (2.00); best first done: the same setting (2.40); cost model as in the
+    # sweep's own summary (15/16, 7/16); planner: 3/4 above 0.97 x baseline, 2/4 above 0.95 x best fixed
+    assert cells[0] == ["[llama](issue5/llama.md)", "meta-llama/Meta-Llama-3.1-8B", "random weights, synthetic α 0.80",
+                        "NVIDIA H100 80GB HBM3", "4", "2.00 (16384 × 8 greedy, selfspec b256 γ3)",
+                        "2.40 (16384 × 8 greedy, selfspec b256 γ3)", "Ω_eff vs all reach: 15/16; Ω vs first done: 7/16",
+                        "3/4", "2/4"]
+    assert "cost model Ω_eff vs all reach: 15/16; cost model Ω vs first done: 7/16;" in md
+    # no fixed settings: nothing to compare auto with, only its check against the baseline
+    assert cells[1] == ["[llama_auto](issue5/llama_auto.md)", "meta-llama/Meta-Llama-3.1-8B",
+                        "random weights, synthetic α 0.80", "NVIDIA H100 80GB HBM3", "4, each timed on 2 batches",
+                        "— (no fixed settings)", "—", "—", "3/4", "—"]
+    assert (out / "llama.md").exists() and (out / "llama_auto.md").exists()  # where the links lead

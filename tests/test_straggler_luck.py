@@ -1,19 +1,16 @@
-"""benchmarks/straggler_luck.py: its simulated batches agree with the planner's exact expected verification counts
+"""benchmarks/planner/straggler_luck.py: its simulated batches agree with the planner's exact expected verification counts
 (an independent computation: sampling, not the planner's recursion), and on hand-written records it names the
 gamma the model expects fastest from the measured step times, the measured fastest, and z-scores of the counts."""
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import benchmark_script
+
 from magicdec.planner import finish_verifications, spread_alphas
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("straggler_luck", ROOT / "benchmarks" / "straggler_luck.py")
-straggler_luck = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(straggler_luck)
+straggler_luck = benchmark_script("planner/straggler_luck")
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 4])

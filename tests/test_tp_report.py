@@ -1,16 +1,15 @@
 """benchmarks/tp_report.py on the committed 4 x H200 records: tables and plot are written, a TP=4 record moved to
 TP=4 reproduces its own cost-model prediction, and moving it to 8 ranks shrinks every step (bytes divide)."""
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
+from conftest import benchmark_script
+
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "tp"
-spec = importlib.util.spec_from_file_location("tp_report", RESULTS.parents[1] / "benchmarks" / "tp_report.py")
-tp_report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tp_report)
+tp_report = benchmark_script("tp_report")
 
 
 def test_report_from_records(tmp_path):

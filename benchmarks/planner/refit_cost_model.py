@@ -10,7 +10,7 @@ draft's StreamingLLM ring read whole (sweeps made before 2026-11-23 13:00 modell
 the seconds per logit of sampling fitted to the sweep's sampled and greedy baselines at its largest batch (the
 difference of their steps over B * vocab_size logits; sweeps made before commit 0240841, 2026-11-23 14:00, left sampling out):
 
-    python benchmarks/refit_cost_model.py results/issue5/llama31_8b results/issue5/llama2_7b_32k \
+    python benchmarks/planner/refit_cost_model.py results/issue5/llama31_8b results/issue5/llama2_7b_32k \
         results/issue5/smollm2 --output results/issue5/cost_model_refit.json --markdown results/issue5/cost_model_refit.md
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
 from magicdec import cost_model as cm  # noqa: E402
 from magicdec.config import ModelArgs  # noqa: E402
 from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                      + " | " + " → ".join(f"{r[k]['median_error']:+.1%}" for k in keys) + " |")
     print("\n".join(table))
     if a.markdown:
-        command = "python benchmarks/refit_cost_model.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python benchmarks/planner/refit_cost_model.py " + " ".join(argv if argv is not None else sys.argv[1:])
         a.markdown.write_text("\n\n".join([
             "## The cost model refitted to the records",
             "Each sweep's predictions made again from its records' measured bandwidth, matmul rate, α and Ω_eff, with "

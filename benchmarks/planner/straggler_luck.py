@@ -5,7 +5,7 @@ standard deviation of the verifications until the slowest sequence is done, agai
 run measured; and, with each gamma's measured seconds per verification, how often one batch drawn from the model
 makes another gamma faster than the one the model expects to be fastest.
 
-    python benchmarks/straggler_luck.py results/issue5/smollm2 --output results/issue5/straggler_luck.json
+    python benchmarks/planner/straggler_luck.py results/issue5/smollm2 --output results/issue5/straggler_luck.json
 
 A model computation on measured records (no timing): it runs anywhere.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
 from magicdec.planner import spread_alphas  # noqa: E402
 from magicdec.sweep import spread_of  # noqa: E402
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
               f"| γ{r['model_fastest']} | γ{r['measured_fastest']} | {r['measured_loss_of_model_choice']:.1%} "
               f"| {r['p_other_gamma_faster']:.2f} |")
     a.output.parent.mkdir(parents=True, exist_ok=True)
-    a.output.write_text(json.dumps({"command": "python benchmarks/straggler_luck.py " + " ".join(
+    a.output.write_text(json.dumps({"command": "python benchmarks/planner/straggler_luck.py " + " ".join(
         argv if argv is not None else sys.argv[1:]), "groups": rows}, indent=1))
     return 0
 

@@ -6,7 +6,7 @@ runs it: one verification stale, switching off for good. Speedup is the baseline
 plain step each) over the batch's time; per policy variant and fixed gamma, the mean, the 5th percentile and how
 often a batch falls below 0.97x.
 
-    python benchmarks/policy_simulation.py results/issue5/policy_simulation/llama31_auto_P32768_B4_greedy_13h58.json \
+    python benchmarks/planner/policy_simulation.py results/issue5/policy_simulation/llama31_auto_P32768_B4_greedy_13h58.json \
         results/issue5/llama31_8b/auto_P32768_B4_greedy.json --spread recorded unknown \
         --output results/issue5/policy_simulation/policy_simulation.json
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
 from magicdec.planner import AutoGamma, spread_alphas  # noqa: E402
 
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         for name, row in r["rows"].items():
             print(f"| {Path(r['record']).name} | {name} | {row['mean']:.3f} | {row['p5']:.3f} | {row['below_0_97']:.0%} |")
     if a.output:
-        command = "python benchmarks/policy_simulation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python benchmarks/planner/policy_simulation.py " + " ".join(argv if argv is not None else sys.argv[1:])
         a.output.write_text(json.dumps({"command": command, "results": results}, indent=1))
         print(f"wrote {a.output}")
     return 0

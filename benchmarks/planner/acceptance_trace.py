@@ -1,5 +1,5 @@
 """Where each draft agrees with the target, position by position, on real batches: the record that lets any gamma
-policy be replayed offline (benchmarks/policy_replay.py) on the very batches a sweep times.
+policy be replayed offline (benchmarks/planner/policy_replay.py) on the very batches a sweep times.
 
 For every prompt offset (`--skip_tokens`) and mode, the target generates gen_len tokens one plain step at a time,
 and at every position each draft budget's StreamingLLM cache, fed the same committed tokens as in
@@ -13,7 +13,7 @@ Beside the traces: each budget's profiled seconds per verification for gamma 0..
 sweep's auto point profiles them), and, greedy, how many iterations fixed-gamma decoders and the sweep's `auto`
 decoder took on each batch (one untimed run each), against which the replay is checked.
 
-    python benchmarks/acceptance_trace.py benchmarks/sweeps/smollm2.toml results/issue5/smollm2 --prefix_len 8000 \
+    python benchmarks/planner/acceptance_trace.py benchmarks/sweeps/smollm2.toml results/issue5/smollm2 --prefix_len 8000 \
         --B 128 --skip_tokens 8000 11000 15000 20000 --output $OUT/traces.json
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from magicdec import benchmark as bench  # noqa: E402
 from magicdec import runs  # noqa: E402
 from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
@@ -53,7 +53,7 @@ def trace(target, cache, first, prev, drafts: dict, sampling, n: int) -> tuple[t
         logits = target(hist[:, m - 1:m], cache, logits="last")[:, -1]
         p = None if s.greedy else probabilities(logits, s.temperature, s.top_p, s.top_k)
         x = logits.argmax(-1) if s.greedy else sample_from(p)
-        for label, d in drafts.items():  # as Decoder._draft_tokens: re-feed the last two committed tokens
+        for label, d in drafts.items():  # as Draft.propose: re-feed the last two committed tokens
             d.cache.rollback(base + m - 2)
             q_logits = d.model(hist[:, m - 2:m], d.cache, logits="last")[:, -1]
             if s.greedy:
@@ -88,7 +88,7 @@ def iterations(sweep: Sweep, drafts: dict, sampling, cache, first, prev, n_new: 
         out[f"b{b} g{g}"] = {"iterations": dec.stats.iterations}
     mode = "greedy" if sampling.greedy else "sampled"
     _, chosen = sweep.plan_budget(P, first.shape[0], mode, None)
-    policy, (budget, *_) = sweep.auto_policy(chosen)
+    policy, budget = sweep.auto_policy(chosen), chosen["budget"]
     dec = Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda, policy=policy, draft=drafts[budget])
     runs.profile_gammas(dec, cache, first, prev, SimpleNamespace(**{**vars(sweep.args), "gen_len": n_new}), [])
     decode(dec, cache, first, n_new, [], prev=prev)
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                                 "lower --B")
         fixed = [(b, g) for b in budgets for g in cfg["gammas"]]
         n = cfg["gen_len"] + max(cfg["gammas"]) + 1  # enough columns for the last verification's draft
-        result = {"environment": sweep.env, "command": "python benchmarks/acceptance_trace.py "
+        result = {"environment": sweep.env, "command": "python benchmarks/planner/acceptance_trace.py "
                   + " ".join(argv if argv is not None else sys.argv[1:]),
                   "prefix_len": P, "B": B, "gen_len": cfg["gen_len"], "gammas": cfg["gammas"], "budgets": budgets,
                   "sampling": {m: vars(MODES[m]) for m in modes}, "batches": [], "costs_s": {}}

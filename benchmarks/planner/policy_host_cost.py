@@ -1,7 +1,7 @@
 """Host seconds one AutoGamma decision takes (B sequences, 4 candidate gammas, mid-batch): the time the GPU would sit
 idle per verification if the decoder chose after its sync instead of while the GPU runs the previous verification.
 
-    python benchmarks/policy_host_cost.py
+    python benchmarks/planner/policy_host_cost.py
 """
 import json
 import sys
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from magicdec.planner import AutoGamma  # noqa: E402
 
 

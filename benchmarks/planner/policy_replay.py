@@ -1,4 +1,4 @@
-"""Replay gamma policies on real batches: benchmarks/acceptance_trace.py records, for each batch, where each draft
+"""Replay gamma policies on real batches: benchmarks/planner/acceptance_trace.py records, for each batch, where each draft
 budget's drafts are kept position by position; a verification drafting gamma tokens keeps the leading run of them
 (greedy exactly; sampled, each position kept with its recorded chance). So every fixed (budget, gamma) and the
 runtime policy (planner.AutoGamma, as the decoder runs it: one verification stale, off for good) can be run on the
@@ -8,7 +8,7 @@ Checked against the device: greedy, the replayed iterations of every fixed decod
 took on that batch (recorded beside the traces), and the replayed policy must use the gammas the real auto
 decoder used. Speedup: the baseline's time (one profiled plain step per token) over the replayed batch's time.
 
-    python benchmarks/policy_replay.py results/issue5/replay/traces_a.json results/issue5/replay/traces_b.json \
+    python benchmarks/planner/policy_replay.py results/issue5/replay/traces_a.json results/issue5/replay/traces_b.json \
         --records results/issue5/smollm2 --output results/issue5/replay/replay.json
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
 from magicdec.planner import AutoGamma  # noqa: E402
 
@@ -56,8 +56,7 @@ def replay_batch(trace: np.ndarray, costs: dict, gammas: list[int], tokens: int,
         return out
     secs, uses = [], {}
     for _ in range(draws):
-        policy = AutoGamma(gammas, plan["alpha"], spread=plan["spread"], margin=plan.get("margin", 0.03),
-                           switch_margin=plan.get("switch_margin", 0.0))
+        policy = AutoGamma(gammas, plan["alpha"], spread=plan["spread"], margin=plan.get("margin", 0.03))
         policy.costs = dict(costs)
         secs.append(batch_seconds(costs, traced_acceptance(trace, rng), n, tokens, policy))
         for g in policy.history:
@@ -81,15 +80,14 @@ def plan_of(records: Path, P: int, B: int, mode: str, budget: int | None = None)
     return {"budget": budget, "alpha": p["alpha_by_budget"][str(budget)], "spread": p["spread_by_budget"][str(budget)]}
 
 
-def replay(files: list[Path], records: Path, draws: int, seed: int, budget: int | None = None,
-           switch_margin: float = 0.0) -> dict:
+def replay(files: list[Path], records: Path, draws: int, seed: int, budget: int | None = None) -> dict:
     batches = []
     for f in files:
         d = json.loads(f.read_text())
         tokens, gammas = d["gen_len"] - 1, d["gammas"]
         for row in d["batches"]:
             mode = row["mode"]
-            plan = plan_of(records, d["prefix_len"], d["B"], mode, budget) | {"switch_margin": switch_margin}
+            plan = plan_of(records, d["prefix_len"], d["B"], mode, budget)
             costs = {b: {int(g): s for g, s in c.items()} for b, c in d["costs_s"][mode].items()}
             base = tokens * float(np.mean([c[0] for c in costs.values()]))  # the plain step, as each budget profiled it
             out = {"file": f.name, "skip_tokens": row["skip_tokens"], "mode": mode, "plan": plan,
@@ -112,7 +110,7 @@ def replay(files: list[Path], records: Path, draws: int, seed: int, budget: int 
                     check["replayed_gamma_use"] = {str(g): round(u, 2) for g, u in sorted(replayed["gamma_use"].items())}
                 out["checks"][name] = check
             batches.append(out)
-    return {"batches": batches, "draws": draws, "seed": seed, "budget": budget, "switch_margin": switch_margin}
+    return {"batches": batches, "draws": draws, "seed": seed, "budget": budget}
 
 
 def summary(result: dict) -> list[str]:
@@ -161,22 +159,21 @@ def bootstrap(rows: list[dict], n: int = 5000, seed: int = 0) -> tuple[float, fl
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("traces", type=Path, nargs="+", help="outputs of benchmarks/acceptance_trace.py")
+    p.add_argument("traces", type=Path, nargs="+", help="outputs of benchmarks/planner/acceptance_trace.py")
     p.add_argument("--records", type=Path, required=True, help="the sweep's records (its auto points' plans)")
     p.add_argument("--draws", type=int, default=200, help="replays per sampled batch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget", type=int, default=None, help="replay auto at this budget instead of the plan's")
-    p.add_argument("--switch_margin", type=float, default=0.0, help="AutoGamma's switch_margin (0: as the sweep runs it)")
     p.add_argument("--output", type=Path, default=None)
     a = p.parse_args(argv)
     with one_line_errors():
         missing = [f for f in a.traces if not f.is_file()]
         if missing:
-            raise MagicDecError(f"no trace at {missing[0]}: pass outputs of benchmarks/acceptance_trace.py")
+            raise MagicDecError(f"no trace at {missing[0]}: pass outputs of benchmarks/planner/acceptance_trace.py")
         if a.draws < 1:
             raise MagicDecError(f"--draws {a.draws}: replay each sampled batch at least once")
-        result = replay(a.traces, a.records, a.draws, a.seed, a.budget, a.switch_margin)
-    result["command"] = "python benchmarks/policy_replay.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        result = replay(a.traces, a.records, a.draws, a.seed, a.budget)
+    result["command"] = "python benchmarks/planner/policy_replay.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print("\n".join(summary(result)))
     checks = [(r["skip_tokens"], k, c) for r in result["batches"] for k, c in r["checks"].items()]
     bad = [x for x in checks if x[2]["device_iterations"] != x[2]["replayed_iterations"]]

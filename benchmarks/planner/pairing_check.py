@@ -7,7 +7,7 @@ A2 captured after it, and optionally fixed settings of the sweep's drafting meth
 off is what the sweep reports at points where the planner switched speculation off; auto / best fixed in the same
 rounds is the planner check without two different baseline pairings in between.
 
-    python benchmarks/pairing_check.py benchmarks/sweeps/smollm2.toml results/issue5/smollm2 \
+    python benchmarks/planner/pairing_check.py benchmarks/sweeps/smollm2.toml results/issue5/smollm2 \
         --group 4096:1:greedy --group 8000:128:greedy:1024/1,1024/2 --min_seconds 3 --output results/issue5/pairing_check.json
 """
 from __future__ import annotations
@@ -22,18 +22,13 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from magicdec import benchmark as bench  # noqa: E402
 from magicdec import runs  # noqa: E402
 from magicdec.errors import one_line_errors  # noqa: E402
 from magicdec.generate import Decoder, decode  # noqa: E402
 from magicdec.sampling import next_token  # noqa: E402
 from magicdec.sweep import MODES, Sweep, load_config  # noqa: E402
-
-
-def costs_of(policy) -> dict:
-    """Profiled seconds per verification: by gamma (one draft), or by "budget/gamma" (raced budgets); 0: plain."""
-    return {f"{label}/{g}" if label is not None and g else g: s for label, m in policy.members() for g, s in m.costs.items()}
 
 
 def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, int]], repeats: int,
@@ -55,16 +50,16 @@ def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, 
         decode(decoders["A"], cache, first, 8, [], prev=prompts[:, -1])  # captured first, as in the sweep
         cache.rollback(torch.full_like(cache.lengths, P))
         _, chosen = sweep.plan_budget(P, B, mode, None)
-        policy, raced = sweep.auto_policy(chosen)
+        policy = sweep.auto_policy(chosen)
         decoders["auto"] = Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda, policy=policy,
-                                   drafts={b: sweep.new_draft(sweep.draft_method, b, P, prompts) for b in raced})
+                                   draft=sweep.new_draft(sweep.draft_method, chosen["budget"], P, prompts))
         runs.profile_gammas(decoders["auto"], cache, first, prompts[:, -1], args, [])
         for b, g in fixed:
             decoders[f"b{b} g{g}"] = Decoder(sweep.target, sampling, draft=sweep.new_draft(sweep.draft_method, b, P, prompts),
                                              gamma=g, cuda_graphs=sweep.cuda)
         decoders["A2"] = Decoder(sweep.target, sampling, cuda_graphs=sweep.cuda)
         results = runs.timed_generations(list(decoders.values()), cache, first, prompts[:, -1], args, [])
-        profiled = costs_of(policy)
+        profiled = dict(policy.costs)  # seconds per verification by gamma (0: the plain step)
         # each one's stats of its last timed run, kept before profiling auto again replaces its own
         stats = {name: dec.stats for name, dec in decoders.items()}
         cache.rollback(torch.full_like(cache.lengths, P))
@@ -74,7 +69,7 @@ def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, 
     # of a fixed-gamma decoder (and gamma 0 in A's): where they differ, auto chooses from wrong costs.
     out = {"prefix_len": P, "B": B, "decoding": mode, "skip_tokens": args.skip_tokens, "planner": chosen,
            "rounds": len(a_rounds), "profiled_seconds_per_verification": profiled,
-           "profiled_again": costs_of(policy), "decoders": {}}
+           "profiled_again": policy.costs, "decoders": {}}
     for (name, dec), (tokens, _, secs) in zip(decoders.items(), results):
         vs_a = [a / r for a, r in zip(a_rounds, dec.round_seconds)]  # speedup over A, round by round
         out["decoders"][name] = {
@@ -140,7 +135,7 @@ def main(argv=None) -> None:
                       f"  gamma {d['gamma_use']}", flush=True)
             bench.release_memory(sweep.device)
             a.output.parent.mkdir(parents=True, exist_ok=True)  # after every check: a time limit loses only one
-            a.output.write_text(json.dumps({"environment": sweep.env, "command": "python benchmarks/pairing_check.py "
+            a.output.write_text(json.dumps({"environment": sweep.env, "command": "python benchmarks/planner/pairing_check.py "
                                             + " ".join(argv if argv is not None else sys.argv[1:]),
                                             "checks": checks}, indent=1, default=str))
 

@@ -1,0 +1,174 @@
+"""What a newcomer sees on the command line (issue #21): --help with defaults and a word for every flag, the summary
+table (prompts, baseline beside speculation, why speculation was off, no speed claim on a CPU, the default model's
+name), and one-line errors that name the bad flag, its value and the fix, before anything big is loaded."""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import DATA, needs_smollm2, one_line_error, run_cli
+from magicdec import benchmark as bench
+from magicdec import runs
+from magicdec.checkpoint import SMOLLM2_NAME
+from magicdec.config import ModelArgs
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = {m: REPO / "tests" / f"{m}_benchmark.py" for m in ("baseline", "selfspec", "longspec")}
+LLAMA68M = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len", "16", "--gen_len", "2")
+LLAMA2_TOK = DATA / "tokenizers" / "llama2" / "tokenizer.model"
+TEXT = ("--tokenizer", str(LLAMA2_TOK), "--dataset", str(DATA / "gutenberg"), "--B", "1", "--prefix_len", "32",
+        "--gen_len", "4")
+
+
+# ------------------------------------------------------------------ --help
+
+@pytest.mark.parametrize("method", ["baseline", "selfspec", "longspec"])
+def test_help_shows_defaults_and_what_each_flag_does(method):
+    p = runs.parser(method)
+    text = " ".join(p.format_help().split())  # unwrapped
+    for action in p._actions:
+        assert action.help, f"{action.option_strings} has no help text"
+    for flag, default in (("--B", "1"), ("--prefix_len", "4000"), ("--gen_len", "64"), ("--skip_tokens", "8000"),
+                          ("--top_p", "1.0"), ("--top_k", "0"), ("--seed", "0"), ("--rank_group", "0")):
+        help_of = next(a.help for a in p._actions if flag in a.option_strings)
+        assert f"{help_of} (default: {default})" in text, flag
+    assert "triton" in next(a.help for a in p._actions if "--attn_backend" in a.option_strings)
+    assert ".txt file" in next(a.help for a in p._actions if "--dataset" in a.option_strings)
+    assert "issue #" not in text and "seed's" not in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+    if method != "baseline":
+        assert "(default: 3)" in text  # --gamma, as typed
+
+
+def test_help_runs_as_a_script():
+    p = run_cli(SCRIPTS["selfspec"], "--help")
+    assert p.returncode == 0 and "(default: 4000)" in p.stdout and "triton" in p.stdout, p.stderr
+
+
+# ------------------------------------------------------------------ one-line errors naming the flag
+
+@pytest.mark.parametrize("flag,value,fix", [("--temperature", "-1", ">= 0"), ("--top_p", "1.5", "(0, 1]"),
+                                            ("--top_k", "-5", ">= 0")])
+def test_sampling_flags_name_themselves(flag, value, fix):
+    msg = one_line_error(run_cli(SCRIPTS["baseline"], *LLAMA68M, flag, value), flag, value, fix)
+    others = {"--temperature", "--top_p", "--top_k"} - {flag}
+    assert not any(o in msg for o in others), msg  # one flag's problem, not a list of all three
+
+
+def test_rank_group_must_count_from_zero():
+    msg = one_line_error(run_cli(SCRIPTS["baseline"], *LLAMA68M, "--rank_group", "1"),
+                         "--rank_group 1", "0..N-1", "use --rank_group 0")
+    assert "nproc_per_node=1" not in msg  # that is what is running
+
+
+def test_model_dir_without_model_pth(tmp_path):
+    one_line_error(run_cli(SCRIPTS["baseline"], "--model", str(tmp_path)),
+                   f"--model {tmp_path} is a directory without model.pth", "convert_hf_checkpoint.py --checkpoint_dir")
+    one_line_error(run_cli(SCRIPTS["longspec"], "--target", str(tmp_path), "--model", str(tmp_path / "x.pth")),
+                   f"--target {tmp_path} is a directory without model.pth")
+
+
+def test_model_dir_holding_model_pth(tiny_hf, tmp_path):
+    """--model DIR and --target DIR: the dir convert_hf_checkpoint.py --checkpoint_dir wrote model.pth into."""
+    _, path = tiny_hf("llama", vocab_size=32000)
+    config, ckpt = bench.model_source(argparse.Namespace(random_weights=False, model=path.parent))
+    assert ckpt == path and config.dim == 64
+    draft = argparse.Namespace(random_weights=False, model=path.parent, target=path.parent, model_name=None,
+                               tokenizer=None, prefix_len=32, gen_len=4)
+    tc, tk, dc, dk = runs.sources(draft, "longspec")
+    assert tk == dk == path
+    record = runs.run("baseline", ["--model", str(path.parent), *TEXT, "--device", "cpu", "--no_progress"])
+    assert record["args"]["model"] == str(path) and record["metrics"]["generated_tokens"] == 4
+
+
+def damaged_copy(tiny_hf, d: Path, how: str) -> Path:
+    """config.json of a real tiny checkpoint beside a model.pth cut in half or replaced by random bytes."""
+    _, path = tiny_hf("llama", vocab_size=32000)
+    d.mkdir()
+    shutil.copy(path.parent / "config.json", d / "config.json")
+    data = path.read_bytes()
+    (d / "model.pth").write_bytes(data[: len(data) // 2] if how == "truncated" else os.urandom(1 << 16))
+    return d / "model.pth"
+
+
+def test_truncated_checkpoint(tiny_hf, tmp_path):
+    bad = damaged_copy(tiny_hf, tmp_path / "ckpt", "truncated")
+    msg = one_line_error(run_cli(SCRIPTS["baseline"], "--model", str(bad), *TEXT),
+                         "--model", "truncated or corrupt", "re-run convert_hf_checkpoint.py --checkpoint_dir")
+    assert "miniz" not in msg and "central directory" not in msg
+    assert len(msg.replace(str(bad.parent), "DIR")) < 150, msg
+
+
+def test_random_bytes_checkpoint(tiny_hf, tmp_path):
+    bad = damaged_copy(tiny_hf, tmp_path / "ckpt", "random")
+    msg = one_line_error(run_cli(SCRIPTS["baseline"], "--model", str(bad.parent), *TEXT),
+                         "--model", "not a PyTorch checkpoint", "re-run convert_hf_checkpoint.py --checkpoint_dir")
+    assert "_use_new_zipfile_serialization" not in msg
+
+
+# ------------------------------------------------------------------ the summary table
+
+def summary(capsys, method="selfspec", device="cpu", **metrics) -> dict[str, str]:
+    """print_summary's rows of a made-up record, as {key: value}."""
+    m = {"prefill_s": 1.0, "decode_tokens_per_s": 90.0, "ms_per_token": 11.1, "alpha": 0.8, "omega": 3.0,
+         "measured_speedup": 1.5} | metrics
+    record = {"metrics": m, "decoding": "greedy", "environment": {"device": device},
+              "prompt_source": "Python stdlib pydoc_data.topics documentation text (not PG-19)",
+              "baseline_metrics": {"decode_tokens_per_s": 60.0, "ms_per_token": 16.7} if method != "baseline" else None}
+    args = argparse.Namespace(random_weights=False, device=torch.device(device), B=1, prefix_len=4000, gamma=3,
+                              streamingllm_budget=256, synthetic_acceptance=None)
+    runs.print_summary(method, record, argparse.Namespace(name=SMOLLM2_NAME), args)
+    return rows_of(capsys.readouterr().out)
+
+
+def rows_of(out: str) -> dict[str, str]:
+    """{key: value} of a printed table (keys may hold single spaces; two or more separate the value)."""
+    return {k.strip(): v.strip() for k, _, v in (line.partition("  ") for line in out.splitlines())}
+
+
+def test_summary_rows(capsys):
+    rows = summary(capsys)
+    assert rows["prompts"].startswith("Python stdlib") and "not PG-19" in rows["prompts"]
+    assert rows["baseline tokens/s"] == "60" and rows["baseline ms / token"] == "16.7" and rows["ms / token"] == "11.1"
+    assert "no speed claim" in rows["note"] and "compute-bound" in rows["note"] and "GPU" in rows["note"]
+    assert "speculation" not in rows
+    assert "no speed claim" in summary(capsys, method="baseline")["note"]
+    assert "baseline ms / token" not in summary(capsys, method="baseline")
+    assert "note" not in summary(capsys, device="cuda")  # a GPU's numbers are what the harness is for
+
+
+def test_summary_says_why_speculation_was_off(capsys):
+    """--gamma auto chose gamma 0 throughout: alpha n/a and Omega 1 get a row saying the policy switched it off
+    (iterations_per_gamma keys are ints in the run, strings once the record went through JSON)."""
+    for used in ({0: 63}, {"0": 63}):
+        policy = {"switched_off": True, "iterations_per_gamma": used}
+        rows = summary(capsys, alpha=None, omega=1.0, speculation={"auto_gamma": policy})
+        assert rows["alpha"] == "n/a" and rows["speculation"].startswith("switched off by the --gamma auto policy")
+        assert "gamma 0: 63" in rows["speculation"]
+    rows = summary(capsys, speculation={"auto_gamma": {"switched_off": False, "iterations_per_gamma": {0: 5, 2: 20}}})
+    assert rows["speculation"].startswith("off at times") and "gamma 2: 20" in rows["speculation"]
+    rows = summary(capsys, speculation={"auto_gamma": {"switched_off": False, "iterations_per_gamma": {2: 20}}})
+    assert "speculation" not in rows
+
+
+def test_summary_of_a_real_run(capsys):
+    """A speculative run with --baseline prints the new rows from its own record."""
+    record = runs.run("selfspec", [*LLAMA68M[:3], "--device", "cpu", "--no_progress", "--B", "1", "--prefix_len", "48",
+                                   "--gen_len", "8", "--streamingllm_budget", "24", "--sinks", "4", "--gamma", "2",
+                                   "--baseline"])
+    rows = rows_of(capsys.readouterr().out)
+    assert rows["baseline ms / token"] == f"{record['baseline_metrics']['ms_per_token']:.4g}"
+    assert rows["baseline tokens/s"] == f"{record['baseline_metrics']['decode_tokens_per_s']:.4g}"
+    assert rows["prompts"].startswith("random token ids") and "no speed claim" in rows["note"]
+
+
+# ------------------------------------------------------------------ the default model's name
+
+@needs_smollm2
+def test_default_model_is_named_smollm2(smol_dir):
+    assert ModelArgs.from_checkpoint_dir(smol_dir).name == SMOLLM2_NAME == "SmolLM2-135M-Instruct"
