@@ -12,6 +12,7 @@ import torch
 
 from magicdec import benchmark as bench
 from magicdec import cost_model
+from magicdec import draft_cache
 from magicdec import tp
 from magicdec.attention import resolve_backend
 from magicdec.config import ModelArgs
@@ -48,9 +49,16 @@ def parser(method: str) -> argparse.ArgumentParser:
                         "on the batch and the acceptance measured so far, 0 (speculation off) included")
     p.add_argument("--max_gamma", type=int, default=5, help="--gamma auto: candidates 1..max_gamma")
     p.add_argument("--alpha_prior", type=float, default=0.8, help="--gamma auto: acceptance rate assumed at the start")
-    p.add_argument("--streamingllm_budget", type=int, default=256,
-                   help="draft KV budget: sinks + recent window" + (" (0 = full cache)" if method == "longspec" else ""))
+    p.add_argument("--streamingllm_budget", "--draft_budget", dest="streamingllm_budget", type=int, default=256,
+                   help="the draft's KV budget in prompt tokens (streaming: sinks + recent window)"
+                        + (" (0 = full cache)" if method == "longspec" else ""))
     p.add_argument("--sinks", type=int, default=16, help="StreamingLLM sink tokens kept at the start")
+    if method == "selfspec":
+        p.add_argument("--draft_policy", choices=draft_cache.POLICIES, default="streaming",
+                       help="how the draft picks its KV: streaming (sinks + recent window, its own prefill); snapkv or "
+                            "retrieval (selected per KV head from the target's prefill KV, the prompt's last "
+                            f"{draft_cache.WINDOW} tokens kept, generated tokens appended): see magicdec/draft_cache.py")
+        p.add_argument("--chunk_size", type=int, default=8, help="--draft_policy retrieval: tokens per scored chunk")
     p.add_argument("--synthetic_acceptance", type=float, default=None,
                    help="random-weight runs: accept each drafted token with this probability instead of comparing")
     p.add_argument("--baseline", action="store_true",
@@ -155,6 +163,18 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
             raise MagicDecError(f"--streamingllm_budget {budget} must exceed --sinks {sinks} (the budget holds the sinks plus a recent window)")
         if budget >= args.prefix_len:
             raise MagicDecError(f"--streamingllm_budget {budget} >= --prefix_len {args.prefix_len}: the draft would read the whole prompt; use a budget below the prefix length")
+    policy = getattr(args, "draft_policy", "streaming")
+    if policy != "streaming":
+        if budget <= draft_cache.WINDOW:
+            raise MagicDecError(f"--draft_budget {budget} must exceed the {draft_cache.WINDOW}-token window that "
+                                f"--draft_policy {policy} keeps at the prompt's end")
+        if policy == "retrieval" and not 1 <= args.chunk_size <= budget - draft_cache.WINDOW:
+            raise MagicDecError(f"--chunk_size {args.chunk_size}: must be 1..{budget - draft_cache.WINDOW} (the "
+                                f"--draft_budget {budget} minus the {draft_cache.WINDOW}-token window)")
+        if args.rank_group != [0]:
+            raise MagicDecError(f"--draft_policy {policy} does not run under tensor parallelism yet: use --rank_group 0")
+    elif getattr(args, "chunk_size", 8) != 8:
+        raise MagicDecError("--chunk_size applies to --draft_policy retrieval only")
     if args.synthetic_acceptance is not None and not 0 <= args.synthetic_acceptance <= 1:
         raise MagicDecError(f"--synthetic_acceptance must be in [0, 1], got {args.synthetic_acceptance}")
     if args.synthetic_acceptance is not None and args.temperature > 0:
@@ -304,9 +324,11 @@ def run(method: str, argv=None) -> dict:
     # The draft's ring holds a prefill chunk, and everything a warm-up run writes before rolling back to the prompt.
     ring_extra = ring_extra_for(args.gen_len, gamma)
     parts = [(local_config(target_cfg, target_shard), True, cache_len)]
+    selection = spec and getattr(args, "draft_policy", "streaming") != "streaming"
+    append = args.gen_len + gamma + 2  # what a selection policy's draft appends after the prompt
     if spec and rank in draft_ranks:
         budget = args.streamingllm_budget
-        draft_slots = cache_len if budget == 0 else budget + ring_extra
+        draft_slots = cache_len if budget == 0 else budget + ring_extra + (append if selection else 0)
         parts.append((local_config(draft_cfg, draft_shard), method == "longspec", draft_slots))
     bench.check_fits(bench.memory_needed(args.B, args.prefill_chunk, dtype, parts), args.device, args.B, args.prefix_len)
     prompts, tokenizer = bench.load_prompts_for(args, target_cfg, target_ckpt)
@@ -323,12 +345,13 @@ def run(method: str, argv=None) -> dict:
                     args.device, backend)
     draft = None
     if spec:
-        draft_model, draft_cache = None, None
+        draft_model, draft_kv = None, None
         if rank in draft_ranks:
             draft_model = target if method == "selfspec" else bench.load_weights(args, draft_cfg, draft_ckpt, draft_shard)
-            draft_cache = new_draft_cache(draft_cfg, args.B, draft_model.n_kv_heads, args.streamingllm_budget,
-                                          args.sinks, ring_extra, cache_len, dtype, args.device, backend)
-        draft = Draft(draft_model, draft_cache, None if len(draft_ranks) == world else draft_ranks)
+            if not selection:  # a selection policy's cache is built from the target's prefill, below
+                draft_kv = new_draft_cache(draft_cfg, args.B, draft_model.n_kv_heads, args.streamingllm_budget,
+                                              args.sinks, ring_extra, cache_len, dtype, args.device, backend)
+        draft = Draft(draft_model, draft_kv, None if len(draft_ranks) == world else draft_ranks)
         draft_chunk = draft_prefill_chunk(args.prefill_chunk, args.streamingllm_budget)
     sampling = Sampling(args.temperature, args.top_p, args.top_k)
     progress = not args.no_progress
@@ -336,7 +359,15 @@ def run(method: str, argv=None) -> dict:
     eos = [] if args.ignore_eos else target_cfg.eos_ids
 
     with torch.inference_mode():
-        if args.skip_prefill:  # random weights and ids: KV contents carry no meaning, the bytes read are the same
+        if selection:  # the target's prefill, its last tokens' queries kept; the draft's cache selected from its KV
+            policy = draft_cache.policy_for(args.draft_policy, args.streamingllm_budget, args.chunk_size)
+            (logits, queries), prefill_s = bench.timed(lambda: draft_cache.prefill_recording(
+                target, cache, prompts, policy.queries, args.prefill_chunk, progress,
+                args.seed if args.skip_prefill else None), args.device)
+            draft.cache, draft_prefill_s = bench.timed(  # the selection's time
+                lambda: draft_cache.build(policy, cache, queries, append, ring_extra), args.device)
+            del queries
+        elif args.skip_prefill:  # random weights and ids: KV contents carry no meaning, the bytes read are the same
             cache.fill_random(args.prefix_len, args.seed)
             logits, prefill_s = target(prompts[:, -1:], cache, logits="last")[:, -1], None
             draft_prefill_s = None
@@ -396,6 +427,9 @@ def run(method: str, argv=None) -> dict:
         "draft_config": draft_cfg.to_dict() if method == "longspec" else None,
         "random_weights": bool(args.random_weights),
         "prefill": "skipped: KV caches filled with random values" if args.skip_prefill else "computed",
+        "draft_cache": None if not spec else (
+            f"{args.draft_policy}: selected per KV head from the target's prefill KV, no draft prefill "
+            "(draft_prefill_s: the selection)" if selection else "its own prefill through its cache"),
         "synthetic_acceptance": getattr(args, "synthetic_acceptance", None),
         "synthetic_draws": SYNTHETIC_DRAWS if getattr(args, "synthetic_acceptance", None) is not None else None,
         "decoding": "greedy" if sampling.greedy else f"sampled (temperature {args.temperature}, top_p {args.top_p}, top_k {args.top_k})",
@@ -502,7 +536,7 @@ def print_summary(method, record, config, args) -> None:
                      ("fraction of copy", m.get("bandwidth_fraction_of_copy", 0.0))]
     else:
         rows += [("gamma", args.gamma if "gamma_sweep" not in record else f"{m['gamma']} (best of {args.gamma})"),
-                 ("budget", args.streamingllm_budget),
+                 ("budget", f"{args.streamingllm_budget} ({getattr(args, 'draft_policy', 'streaming')})"),
                  ("alpha", m["alpha"] if m["alpha"] is not None else "n/a"), ("Omega", m["omega"] or 0.0)]
         policy = (m.get("speculation") or {}).get("auto_gamma") or {}
         used = {int(g): n for g, n in (policy.get("iterations_per_gamma") or {}).items()}  # str keys once in JSON

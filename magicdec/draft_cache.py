@@ -1,0 +1,159 @@
+"""How a self-speculation draft picks its small KV cache from the target's prefill (the research question the harness
+compares on one engine). StreamingLLM (sinks + a recent window, prefilled through its own attention) is
+`kv_cache.StreamingCache`; the policies here select, per layer and per KV head, which prompt positions the draft
+keeps, from the keys and values the target's prefill already computed (no second prefill over the prompt):
+
+- `SnapKV` (MagicDec's SnapKV drafter): the attention of the prompt's last `window` queries over the rest of the
+  prompt, summed over those queries, average-pooled along positions (kernel 5), summed over each KV head's query
+  heads (GQA group); the top (budget - window) positions per KV head, plus the `window` last prompt positions.
+- `Retrieval` (TriForce's retrieval cache): the prompt before its last `window` positions in chunks of `chunk_size`;
+  each chunk scored per KV head by the last prompt query against the chunk's mean key (summed over the GQA group);
+  chunk 0 always kept, then the best chunks up to (budget - window) positions, plus the `window` last positions.
+
+Both append what generation commits after the prompt (MagicDec's SnapKV draft grows by the generated tokens). Keys
+keep their absolute RoPE positions, as the target stored them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from magicdec.generate import prefill
+from magicdec.kv_cache import KVCache, StreamingCache
+
+WINDOW = 32  # the prompt's last positions every selection keeps (SnapKV's observation window in MagicDec)
+POLICIES = ("streaming", "snapkv", "retrieval")
+
+
+class SnapKV:
+    name = "snapkv"
+
+    def __init__(self, budget: int, window: int = WINDOW, kernel: int = 5):
+        self.budget, self.window, self.kernel = budget, window, kernel
+
+    @property
+    def queries(self) -> int:
+        """How many of the prompt's last queries the selection reads."""
+        return self.window
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """q [B, H, n, D]: the prompt's last n queries (after RoPE); k [B, Hkv, P, D]: the prompt's keys. Returns
+        [B, Hkv, P - window]: each candidate position's score per KV head."""
+        B, H, n, D = q.shape
+        Hkv, P = k.shape[1], k.shape[2]
+        G = H // Hkv
+        logits = torch.einsum("bhgnd,bhpd->bhgnp", q.float().view(B, Hkv, G, n, D), k.float()) / math.sqrt(D)
+        causal = torch.arange(P, device=q.device)[None, :] > (P - n + torch.arange(n, device=q.device))[:, None]
+        attn = logits.masked_fill(causal, float("-inf")).softmax(-1)[..., :P - self.window].sum(-2)  # [B, Hkv, G, P-W]
+        pooled = F.avg_pool1d(attn.reshape(B * Hkv * G, 1, -1), self.kernel, stride=1, padding=self.kernel // 2)
+        return pooled.view(B, Hkv, G, -1).sum(2)
+
+    def select(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """[B, Hkv, budget - window] prompt positions each KV head keeps besides the window, ascending."""
+        return self.scores(q, k).topk(self.budget - self.window, dim=-1).indices.sort(-1).values
+
+
+class Retrieval:
+    name = "retrieval"
+
+    def __init__(self, budget: int, chunk_size: int = 8, window: int = WINDOW):
+        self.budget, self.chunk_size, self.window = budget, chunk_size, window
+
+    queries = 1  # the prompt's last query
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """[B, Hkv, chunks]: the last query against each whole chunk's mean key, summed over the GQA group."""
+        B, H, _, D = q.shape
+        Hkv, c = k.shape[1], self.chunk_size
+        chunks = (k.shape[2] - self.window) // c
+        mean_k = k[:, :, :chunks * c].float().view(B, Hkv, chunks, c, D).mean(3)
+        return torch.einsum("bhgd,bhcd->bhc", q[:, :, -1].float().view(B, Hkv, H // Hkv, D), mean_k)
+
+    def select(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """[B, Hkv, budget - window] prompt positions: chunk 0, then the best-scoring chunks, ascending."""
+        s = self.scores(q, k)
+        s[..., 0] = float("inf")  # chunk 0 always kept
+        n = (self.budget - self.window) // self.chunk_size
+        best = s.topk(n, dim=-1).indices.sort(-1).values
+        return (best[..., None] * self.chunk_size + torch.arange(self.chunk_size, device=q.device)).flatten(-2)
+
+
+class SelectionCache(StreamingCache):
+    """A draft cache filled from the target's prefill: `kept` slots per KV head holding the prompt positions a
+    policy selected (each head its own), then a ring like StreamingLLM's holding the prompt's last `window`
+    positions and what generation appends (`append` positions). The kept slots stand where StreamingLLM keeps its
+    sinks and are masked as sinks are (always visible): their keys carry RoPE at their true positions already."""
+
+    def __init__(self, n_layers, batch_size, n_kv_heads, kept: int, window: int, append: int, max_new: int, head_dim,
+                 dtype, device, backend: str = "sdpa"):
+        super().__init__(n_layers, batch_size, n_kv_heads, kept + window + append, kept, max_new, head_dim, dtype,
+                         device, backend)
+        self.kept, self.recent = kept, window
+
+    def fill(self, target: KVCache, layer: int, positions: torch.Tensor) -> None:
+        """Layer `layer` from the target's cache: the selected `positions` [B, Hkv, kept] into the kept slots, the
+        last `recent` prompt positions into the ring. Call after the target's prefill, before generation."""
+        P = int(target.lengths.max())
+        idx = positions[..., None].expand(-1, -1, -1, target.k[layer].shape[-1])
+        self.k[layer][:, :, :self.kept] = target.k[layer].gather(2, idx)
+        self.v[layer][:, :, :self.kept] = target.v[layer].gather(2, idx)
+        recent = torch.arange(P - self.recent, P, device=positions.device)
+        slots = self.slots(recent)
+        self.k[layer][:, :, slots] = target.k[layer][:, :, recent]
+        self.v[layer][:, :, slots] = target.v[layer][:, :, recent]
+        if layer == 0:
+            self.key_pos.fill_(torch.iinfo(torch.long).max)
+            self.key_pos[:, :self.kept] = 0  # a sink's mask: visible to every query
+            self.key_pos[:, slots] = recent
+            self.lengths.copy_(target.lengths)
+
+
+class QueryRecorder:
+    """Stands in for a cache during one forward and keeps each layer's queries (after RoPE) as attention sees them:
+    the selection policies read the prompt's last queries without a second pass over the prompt."""
+
+    def __init__(self, cache):
+        self.cache, self.queries = cache, []
+
+    def __getattr__(self, name):
+        return getattr(self.cache, name)
+
+    def attend(self, T: int):
+        inner = self.cache.attend(T)
+
+        def attend(q, k, v):
+            self.queries.append(q)
+            return inner(q, k, v)
+        return attend
+
+
+def prefill_recording(model, cache: KVCache, prompts: torch.Tensor, n: int, chunk: int, progress: bool = False,
+                      random_seed: int | None = None):
+    """Prefill the target, its last `n` prompt tokens in a chunk of their own so their queries are kept; returns the
+    last position's logits and the queries per layer ([B, H, n, D] each). With `random_seed` (random-weight speed
+    runs) random KV stands in for the prefill of all but those n tokens."""
+    if random_seed is None:
+        prefill(model, cache, prompts[:, :-n], chunk, progress)
+    else:
+        cache.fill_random(prompts.shape[1] - n, random_seed)
+    recorder = QueryRecorder(cache)
+    logits = prefill(model, recorder, prompts[:, -n:], n)
+    return logits, recorder.queries
+
+
+def policy_for(name: str, budget: int, chunk_size: int = 8):
+    return {"snapkv": lambda: SnapKV(budget), "retrieval": lambda: Retrieval(budget, chunk_size)}[name]()
+
+
+def build(policy, target: KVCache, queries: list[torch.Tensor], append: int, max_new: int) -> SelectionCache:
+    """The draft's cache for self-speculation under a selection policy, from the target's prefilled cache and the
+    queries a QueryRecorder kept of the prompt's last tokens (one [B, H, n, D] per layer)."""
+    B, Hkv, _, D = target.k[0].shape
+    P = int(target.lengths.max())
+    cache = SelectionCache(len(target.k), B, Hkv, policy.budget - policy.window, policy.window, append, max_new, D,
+                           target.k[0].dtype, target.k[0].device, target.backend)
+    for layer, q in enumerate(queries):
+        cache.fill(target, layer, policy.select(q[:, :, -policy.queries:], target.k[layer][:, :, :P]))
+    return cache
