@@ -38,7 +38,7 @@ METRICS = {"teacher_top1": "teacher-forced top-1 agreement", "teacher_min_pq": "
 def new_draft(policy: str, budget: int, target, cache: KVCache, prompts, queries, a) -> Draft:
     """The draft of one (policy, budget) over this batch: StreamingLLM by its own prefill, a selection from the
     target's prefill KV and its last prompt tokens' queries."""
-    cfg, (B, P) = target.args, prompts.shape
+    cfg, B = target.args, prompts.shape[0]
     extra = runs.ring_extra_for(max(a.gen_len, a.teacher), a.gamma)
     if policy == "streaming":
         dc = runs.new_draft_cache(cfg, B, cfg.n_kv_heads, budget, a.sinks, extra, 0, cache.k[0].dtype,
@@ -52,7 +52,7 @@ def new_draft(policy: str, budget: int, target, cache: KVCache, prompts, queries
 
 def teacher_forced(target, cache: KVCache, draft: Draft, prompts, book, logits) -> dict:
     """Top-1 agreement and sum min(p, q) at each of the book's next tokens, summed over the batch's positions."""
-    P, T = prompts.shape[1], book.shape[1]
+    P = prompts.shape[1]
     fed = torch.cat([prompts[:, -1:], book[:, :-1]], 1)  # position P-1 onwards: predicts book[:, 0..T-1]
     t_logits = torch.cat([logits[:, None], target(book[:, :-1], cache, logits="all")], 1)
     draft.cache.rollback(torch.full_like(draft.cache.lengths, P - 1))
