@@ -42,9 +42,10 @@ def new_draft(policy: str, budget: int, target, cache: KVCache, prompts, queries
     extra = runs.ring_extra_for(max(a.gen_len, a.teacher), a.gamma)
     if policy == "streaming":
         dc = runs.new_draft_cache(cfg, B, cfg.n_kv_heads, budget, a.sinks, extra, 0, cache.k[0].dtype,
-                                  cache.k[0].device, cache.backend)
+                                  cache.k[0].device, "sdpa")
         draft = Draft(target, dc)
         draft.prefill(prompts, runs.draft_prefill_chunk(a.prefill_chunk, budget))
+        dc.backend = cache.backend
         return draft
     sel = draft_cache.policy_for(policy, budget, a.chunk_size)
     return Draft(target, draft_cache.build(sel, cache, queries, max(a.gen_len, a.teacher) + a.gamma + 2, extra))
@@ -69,7 +70,7 @@ def generated_alpha(target, cache: KVCache, draft: Draft, prompts, logits, sampl
     torch.manual_seed(a.seed)
     first = logits.argmax(-1) if sampling.greedy else probabilities(logits.float(), sampling.temperature,
                                                                       sampling.top_p).multinomial(1)[:, 0]
-    decoder = Decoder(target, sampling, draft=draft, gamma=a.gamma)
+    decoder = Decoder(target, sampling, draft=draft, gamma=a.gamma, cuda_graphs=cache.k[0].is_cuda)
     decode(decoder, cache, first, a.gen_len, prev=prompts[:, -1])
     cache.rollback(torch.full_like(cache.lengths, P))
     return {"kept": sum(decoder.stats.kept), "examined": sum(decoder.stats.reached)}
@@ -88,6 +89,9 @@ def measure(a) -> dict:
         raise MagicDecError(f"--budgets must exceed the {draft_cache.WINDOW}-token window of snapkv and retrieval")
     target = bench.load_weights(args, config, ckpt)
     rows, start = [], time.time()
+    meta = {"model": config.name, "random_weights": a.random_weights, "B": a.B, "gamma": a.gamma, "gen_len": a.gen_len,
+            "teacher": a.teacher, "sinks": a.sinks, "chunk_size": a.chunk_size, "window": draft_cache.WINDOW,
+            "environment": bench.environment(args.device)}
     work = [(P, skip) for P in a.prefix_lens for skip in a.skip_tokens]
     bar = tqdm(total=len(work) * len(a.policies) * len(a.budgets), desc="drafts", disable=a.no_progress)
     with torch.inference_mode():
@@ -100,6 +104,7 @@ def measure(a) -> dict:
                             dtype, args.device, "sdpa")
             a.prefill_chunk = max(16, 16384 // a.B)
             logits, queries = draft_cache.prefill_recording(target, cache, prompts, draft_cache.WINDOW, a.prefill_chunk)
+            cache.backend = "triton" if cache.k[0].is_cuda else "sdpa"  # decode's kernel; prefill ran on sdpa
             for policy in a.policies:
                 for budget in a.budgets:
                     draft = new_draft(policy, budget, target, cache, prompts, queries, a)
@@ -107,16 +112,18 @@ def measure(a) -> dict:
                     row |= teacher_forced(target, cache, draft, prompts, book, logits)
                     for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED)):
                         row[mode] = generated_alpha(target, cache, draft, prompts, logits, sampling, a)
-                    rows.append(row)
+                    rows.append(row | {"seconds": time.time() - start})
                     del draft
+                    bench.release_memory(args.device)  # the decoders' CUDA graphs
                     bar.update(1)
+                    if a.output:  # after every row: a device call's time limit loses only the row in progress
+                        a.output.parent.mkdir(parents=True, exist_ok=True)
+                        a.output.write_text(json.dumps(meta | {"rows": rows, "partial": True,
+                                                               "prompt_source": args.prompt_source}, indent=1))
             del cache, queries
             bench.release_memory(args.device)
     bar.close()
-    return {"rows": rows, "model": config.name, "random_weights": a.random_weights, "B": a.B, "gamma": a.gamma,
-            "gen_len": a.gen_len, "teacher": a.teacher, "sinks": a.sinks, "chunk_size": a.chunk_size,
-            "window": draft_cache.WINDOW, "prompt_source": args.prompt_source, "seconds": time.time() - start,
-            "environment": bench.environment(args.device)}
+    return meta | {"rows": rows, "prompt_source": args.prompt_source, "seconds": time.time() - start}
 
 
 def summarize(result: dict) -> dict:
