@@ -203,18 +203,21 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no_progress", action="store_true")
     p.add_argument("--output", type=Path, help="write the JSON here (and its table .md and plot .png beside it)")
-    p.add_argument("--report", type=Path, help="only make the table and plot of this JSON")
+    p.add_argument("--report", type=Path, nargs="+",
+                   help="only make the table and plot of these JSONs (their rows together), written beside --output")
     a = p.parse_args(argv)
     with one_line_errors():
         if a.report:
-            result, out = json.loads(a.report.read_text()), a.report
+            parts = [json.loads(f.read_text()) for f in a.report]
+            result = parts[0] | {"rows": [r for part in parts for r in part["rows"]], "sources": [str(f) for f in a.report]}
+            out = a.output or a.report[0]
         else:
             result, out = measure(a), a.output
             result["command"] = "python benchmarks/draft_policies.py " + " ".join(argv if argv is not None else sys.argv[1:])
         print(table(result))
         if out:
             out.parent.mkdir(parents=True, exist_ok=True)
-            if not a.report:
+            if not a.report or len(a.report) > 1:
                 out.write_text(json.dumps(result, indent=1))
             out.with_suffix(".md").write_text(table(result) + "\n")
             plot(result, out.with_suffix(".png"))
