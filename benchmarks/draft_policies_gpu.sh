@@ -7,7 +7,8 @@ bash benchmarks/issue5_gpu.sh setup > /tmp/setup.log 2>&1 || { tail -5 /tmp/setu
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 end=$(( $(date +%s) + $1 )); shift
 mkdir -p results/draft_policies
-for P in "${@:-8000 4096 2048}"; do
+prefixes=("$@"); (( ${#prefixes[@]} )) || prefixes=(8000 4096 2048)
+for P in "${prefixes[@]}"; do
   left=$(( end - $(date +%s) ))
   (( left > 20 )) || break
   timeout "$left" python3 benchmarks/draft_policies.py --model /tmp/smol/model.pth --dataset /tmp/books --no_progress \
