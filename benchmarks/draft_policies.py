@@ -211,7 +211,9 @@ def main(argv=None) -> int:
     with one_line_errors():
         if a.report:
             parts = [json.loads(f.read_text()) for f in a.report]
-            result = parts[0] | {"rows": [r for part in parts for r in part["rows"]], "sources": [str(f) for f in a.report]}
+            point = lambda r: (r["prefix_len"], r["skip_tokens"], r["policy"], r["budget"])  # noqa: E731
+            rows = {point(r): r for part in parts for r in part["rows"]}  # a later file's row replaces an earlier's
+            result = parts[0] | {"rows": list(rows.values()), "sources": [str(f) for f in a.report], "partial": False}
             out = a.output or a.report[0]
         else:
             result, out = measure(a), a.output
