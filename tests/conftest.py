@@ -164,3 +164,11 @@ def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
     for n in needles:
         assert n in lines[0], lines[0]
     return lines[0]
+
+
+@pytest.fixture(scope="module")
+def smol_prompts(smol_tokenizer):
+    """Three 96-token Gutenberg prompts in SmolLM2's tokens (the speculative loops' real-text tests)."""
+    text = (DATA / "gutenberg" / "pg1342.txt").read_text()
+    ids = smol_tokenizer.encode(text[20000:40000])
+    return torch.tensor([ids[i * 96:(i + 1) * 96] for i in range(3)])

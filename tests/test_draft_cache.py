@@ -202,3 +202,12 @@ TINY_RUN = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_
 def test_bad_policy_flags_are_one_line(flags, needle):
     p = run_cli(SELFSPEC, *TINY_RUN, *flags)
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("policy", [draft_cache.SnapKV(48, window=32), draft_cache.Retrieval(48, 4, window=32)],
+                         ids=["snapkv", "retrieval"])
+def test_smollm2_selected_draft_equals_plain_greedy(smol_model, smol_prompts, policy):
+    """SmolLM2-135M on Gutenberg text (its prompts from the speculative tests): 40 tokens past a 48-token budget."""
+    out, counts, decoder = selected_speculation(smol_model, policy, smol_prompts, 40, 3)
+    assert out.tolist() == plain_greedy(smol_model, smol_prompts, 40).tolist()
+    assert_ragged(decoder)

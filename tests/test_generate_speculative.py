@@ -154,13 +154,6 @@ def test_flex_backend_speculates_identically(tiny):
 
 
 # --- SmolLM2-135M (real weights) ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def smol_prompts(smol_tokenizer):
-    text = (DATA / "gutenberg" / "pg1342.txt").read_text()
-    ids = smol_tokenizer.encode(text[20000:40000])
-    return torch.tensor([ids[i * 96:(i + 1) * 96] for i in range(3)])
-
-
 @pytest.mark.parametrize("gamma", GAMMAS)
 def test_smollm2_selfspec_equals_plain_greedy(smol_model, smol_prompts, gamma):
     check(smol_model, smol_model, smol_prompts, n_new=48, gamma=gamma, budget=32)
@@ -175,7 +168,6 @@ def test_smollm2_standalone_equals_plain_greedy(smol_model, smol_prompts):
 def stories(tmp_path_factory):
     from magicdec.checkpoint import convert_llama2c
 
-    from conftest import DATA
 
     path = convert_llama2c(DATA / "models/stories260K/stories260K.bin", tmp_path_factory.mktemp("stories"))
     return load_model(path, "cpu", torch.float32)
