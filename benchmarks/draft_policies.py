@@ -96,6 +96,7 @@ def measure(a) -> dict:
             "teacher": a.teacher, "sinks": a.sinks, "chunk_size": a.chunk_size, "window": draft_cache.WINDOW,
             "environment": bench.environment(args.device)}
     work = [(P, skip) for P in a.prefix_lens for skip in a.skip_tokens]
+    a.prefill_chunk = max(16, 16384 // a.B)
     bar = tqdm(total=len(work) * len(a.policies) * len(a.budgets), desc="drafts", disable=a.no_progress)
     with torch.inference_mode():
         for P, skip in work:
@@ -105,7 +106,6 @@ def measure(a) -> dict:
             c, dtype = config, bench.DTYPES[args.dtype]
             cache = KVCache(c.n_layers, a.B, c.n_kv_heads, P + max(a.gen_len, a.teacher) + a.gamma + 4, c.head_dim,
                             dtype, args.device, "sdpa")
-            a.prefill_chunk = max(16, 16384 // a.B)
             logits, queries = draft_cache.prefill_recording(target, cache, prompts, draft_cache.WINDOW, a.prefill_chunk)
             cache.backend = "triton" if cache.k[0].is_cuda else "sdpa"  # decode's kernel; prefill ran on sdpa
             for policy in a.policies:

@@ -90,24 +90,28 @@ class SelectionCache(StreamingCache):
                  dtype, device, backend: str = "sdpa"):
         super().__init__(n_layers, batch_size, n_kv_heads, kept + window + append, kept, max_new, head_dim, dtype,
                          device, backend)
-        self.kept, self.recent = kept, window
+        self.recent = window
 
-    def fill(self, target: KVCache, layer: int, positions: torch.Tensor) -> None:
+    @property
+    def kept(self) -> int:
+        return self.sinks
+
+    def fill(self, target: KVCache, layer: int, positions: torch.Tensor, recent: torch.Tensor) -> None:
         """Layer `layer` from the target's cache: the selected `positions` [B, Hkv, kept] into the kept slots, the
-        last `recent` prompt positions into the ring. Call after the target's prefill, before generation."""
-        P = int(target.lengths.max())
+        `recent` prompt positions (the last `self.recent`) into the ring."""
         idx = positions[..., None].expand(-1, -1, -1, target.k[layer].shape[-1])
         self.k[layer][:, :, :self.kept] = target.k[layer].gather(2, idx)
         self.v[layer][:, :, :self.kept] = target.v[layer].gather(2, idx)
-        recent = torch.arange(P - self.recent, P, device=positions.device)
         slots = self.slots(recent)
         self.k[layer][:, :, slots] = target.k[layer][:, :, recent]
         self.v[layer][:, :, slots] = target.v[layer][:, :, recent]
-        if layer == 0:
-            self.key_pos.fill_(torch.iinfo(torch.long).max)
-            self.key_pos[:, :self.kept] = 0  # a sink's mask: visible to every query
-            self.key_pos[:, slots] = recent
-            self.lengths.copy_(target.lengths)
+
+    def hold(self, recent: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Which position each slot holds, for the mask, once every layer is filled."""
+        self.key_pos.fill_(torch.iinfo(torch.long).max)
+        self.key_pos[:, :self.kept] = 0  # a sink's mask: visible to every query
+        self.key_pos[:, self.slots(recent)] = recent
+        self.lengths.copy_(lengths)
 
 
 class QueryRecorder:
@@ -154,6 +158,8 @@ def build(policy, target: KVCache, queries: list[torch.Tensor], append: int, max
     P = int(target.lengths.max())
     cache = SelectionCache(len(target.k), B, Hkv, policy.budget - policy.window, policy.window, append, max_new, D,
                            target.k[0].dtype, target.k[0].device, target.backend)
+    recent = torch.arange(P - policy.window, P, device=target.lengths.device)
     for layer, q in enumerate(queries):
-        cache.fill(target, layer, policy.select(q[:, :, -policy.queries:], target.k[layer][:, :, :P]))
+        cache.fill(target, layer, policy.select(q[:, :, -policy.queries:], target.k[layer][:, :, :P]), recent)
+    cache.hold(recent, target.lengths)
     return cache

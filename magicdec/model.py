@@ -250,12 +250,9 @@ def from_state_dict(args: ModelArgs, state: dict, device, dtype, shard: tp.Shard
 
 
 def load_model(checkpoint: str | Path, device, dtype, shard: tp.Shard | None = None) -> Transformer:
-    """Load `DIR/model.pth` (made by convert_hf_checkpoint.py; DIR itself will do) with the config in
-    `DIR/config.json`."""
+    """Load `DIR/model.pth` (made by convert_hf_checkpoint.py) with the config in `DIR/config.json`."""
     from magicdec.checkpoint import load_state_dict
 
     checkpoint = Path(checkpoint)
-    if checkpoint.is_dir():  # else the config would be looked for beside DIR, and "no config.json" would mislead
-        checkpoint = checkpoint / "model.pth"
     args = ModelArgs.from_checkpoint_dir(checkpoint.parent)
     return from_state_dict(args, load_state_dict(checkpoint), device, dtype, shard, checkpoint)
