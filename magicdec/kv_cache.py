@@ -67,21 +67,32 @@ class StreamingCache(KVCache):
     holds (`key_pos`), and attention masks by position: a query at p sees the sinks and positions (p - window, p].
     The window therefore keeps rolling for any gen_len.
 
-    Keys are rotated at their absolute positions, not re-rotated at their slot as StreamingLLM does: every model
-    here has a context at least as long as the prompt, so absolute positions are in range, rolling needs no
-    re-rotation, and draft and target share the model's RoPE code. The prompt is prefilled through this cache
-    (MagicDec's second, StreamingLLM-attention prefill), so the draft's KV is what its own attention produces.
+    By default keys keep the RoPE rotation of their absolute positions, as the target's do. With `rope` (the model's
+    inverse frequencies: `--reindex`) attention sees positions inside the cache instead, as StreamingLLM and
+    MagicDec's drafts do: the sinks at 0..sinks-1, the window right after them, the query last, so no query-key
+    distance exceeds the budget and a draft whose trained context is shorter than the prompt reads only distances
+    it was trained on. RoPE scores depend only on the query-key distance, and the window keeps its distances to the
+    query, so only the sinks need to move: their keys are kept as first written (`sink_k`) and, before each
+    forward's attention, rotated on by the distance between where they sit and where the window begins. That is
+    exact for the forward's last query (every decode step, and the token a draft's 2-token re-feed adds); an
+    earlier query of a multi-token forward sees the sinks up to T-1 positions nearer than its own window's start,
+    never past it. The prompt is prefilled through this cache (MagicDec's second, StreamingLLM-attention prefill),
+    so the draft's KV is what its own attention produces.
     """
 
     def __init__(self, n_layers, batch_size, n_kv_heads, budget: int, sinks: int, max_new: int, head_dim, dtype,
-                 device, backend: str = "sdpa"):
+                 device, backend: str = "sdpa", rope: torch.Tensor | None = None):
         self.sinks, self.window = sinks, budget - sinks
         self.ring = self.window + max_new
         super().__init__(n_layers, batch_size, n_kv_heads, sinks + self.ring, head_dim, dtype, device, backend)
         self.key_pos = torch.full((batch_size, sinks + self.ring), torch.iinfo(torch.long).max, dtype=torch.long,
                                   device=device)
+        self.rope = rope
+        # --reindex: the sinks' keys as written, rotated at their own positions 0..sinks-1
+        self.sink_k = [torch.zeros_like(k[:, :, :sinks]) for k in self.k] if rope is not None else None
         if self.lengths.is_cuda:
-            torch._dynamo.mark_static_address(self.key_pos)
+            for t in (self.key_pos, *(self.sink_k or [])):
+                torch._dynamo.mark_static_address(t)
 
     @staticmethod
     def nbytes_for(n_layers, batch_size, n_kv_heads, budget, head_dim, dtype, max_new: int = 0) -> int:
@@ -94,7 +105,20 @@ class StreamingCache(KVCache):
         slot = self.slots(self.positions(k.shape[1]))
         self.k[layer][self._rows, :, slot] = k
         self.v[layer][self._rows, :, slot] = v
+        if self.rope is not None:
+            self._reindex_sinks(layer, k.shape[1])
         return self.k[layer], self.v[layer]
+
+    def _reindex_sinks(self, layer: int, T: int) -> None:
+        """Rotate the sinks on so they sit right before the window of this forward's last query (right before the
+        first query's position when T exceeds the window): sink j at shift + j, shift >= 0."""
+        from magicdec.model import apply_rope
+
+        written = (self.lengths < self.sinks)[:, None, None, None]  # this forward wrote sink keys: keep them
+        self.sink_k[layer].copy_(torch.where(written, self.k[layer][:, :, :self.sinks], self.sink_k[layer]))
+        shift = (self.lengths + min(T, self.window) - self.window - self.sinks).clamp(min=0)
+        angles = shift[:, None, None, None].float() * self.rope  # [B, 1, 1, D/2]: one rotation per sequence
+        self.k[layer][:, :, :self.sinks] = apply_rope(self.sink_k[layer], angles.cos(), angles.sin())
 
     def attend(self, T: int):
         # Claim the new tokens' slots before any layer runs: a mask built now must already see them.
@@ -108,3 +132,5 @@ class StreamingCache(KVCache):
         pos = torch.cat([torch.arange(min(self.sinks, length)), torch.arange(max(self.sinks, length - self.window), length)])
         pos = pos.to(self.key_pos.device)
         self.key_pos[:, self.slots(pos)] = pos
+        for k, sink_k in zip(self.k, self.sink_k or []):
+            sink_k.copy_(k[:, :, :self.sinks])

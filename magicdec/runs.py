@@ -53,6 +53,9 @@ def parser(method: str) -> argparse.ArgumentParser:
                    help="the draft's KV budget in prompt tokens (streaming: sinks + recent window)"
                         + (" (0 = full cache)" if method == "longspec" else ""))
     p.add_argument("--sinks", type=int, default=16, help="StreamingLLM sink tokens kept at the start")
+    p.add_argument("--reindex", action="store_true",
+                   help="streaming: attention sees positions inside the draft's cache (sinks, then the window), not "
+                        "in the prompt, so a draft trained on contexts shorter than the prompt stays in range")
     if method == "selfspec":
         p.add_argument("--draft_policy", choices=draft_cache.POLICIES, default="streaming",
                        help="how the draft picks its KV: streaming (sinks + recent window, its own prefill); snapkv or "
@@ -175,6 +178,12 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
             raise MagicDecError(f"--draft_policy {policy} does not run under tensor parallelism yet: use --rank_group 0")
     elif getattr(args, "chunk_size", 8) != 8:
         raise MagicDecError("--chunk_size applies to --draft_policy retrieval only")
+    if args.reindex and policy != "streaming":
+        raise MagicDecError(f"--reindex applies to --draft_policy streaming only (--draft_policy {policy} keeps the "
+                            "target's keys at their prompt positions)")
+    if args.reindex and budget == 0:
+        raise MagicDecError("--reindex needs a StreamingLLM budget: --streamingllm_budget 0 is the full cache, whose "
+                            "positions are the prompt's")
     if args.synthetic_acceptance is not None and not 0 <= args.synthetic_acceptance <= 1:
         raise MagicDecError(f"--synthetic_acceptance must be in [0, 1], got {args.synthetic_acceptance}")
     if args.synthetic_acceptance is not None and args.temperature > 0:
@@ -190,10 +199,19 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
             # Every id must mean the same string: decode each one with both (a probe text can miss a permutation).
             if t.vocab_size != d.vocab_size or any(t.decode([i]) != d.decode([i]) for i in range(t.vocab_size)):
                 raise MagicDecError("draft and target tokenizers differ (same text, different ids): pick a draft trained with the target's tokenizer")
-        # The draft's keys keep their absolute positions (see StreamingCache), so with real weights a draft must
-        # have been trained on contexts this long; random-weight speed runs only need the shapes.
-        if not args.random_weights:
-            bench.check_context(draft, args.prefix_len, args.gen_len + max_gamma(args) + 1, "gen_len + gamma + 1 (draft)")
+        # Without --reindex the draft's keys keep their absolute positions (see StreamingCache), so with real weights
+        # a draft must have been trained on contexts this long; random-weight speed runs only need the shapes.
+        if args.random_weights:
+            pass
+        elif args.reindex:  # the farthest a query sees: the budget, or a prefill chunk past its sinks
+            farthest = max(budget, draft_prefill_chunk(args.prefill_chunk, budget) + sinks)
+            if farthest > draft.max_seq_len:
+                raise MagicDecError(f"--reindex: the draft would see {farthest} positions back (its budget, or a "
+                                    f"prefill chunk past the sinks), beyond its context of {draft.max_seq_len}; "
+                                    "lower --streamingllm_budget or --prefill_chunk")
+        else:
+            bench.check_context(draft, args.prefix_len, args.gen_len + max_gamma(args) + 1,
+                                "gen_len + gamma + 1 (draft; --reindex keeps a draft within its context)")
 
 
 DRAFT_PREFILL_CHUNK = 256  # the draft's ring must hold one prefill chunk: small chunks keep the ring (and its reads) small
@@ -205,13 +223,14 @@ def ring_extra_for(gen_len: int, gamma: int) -> int:
     return max(DRAFT_PREFILL_CHUNK, max(gen_len, 4 * (gamma + 1)) + 2 * gamma + 4)
 
 
-def new_draft_cache(config, B, n_kv_heads, budget, sinks, ring_extra, full_len, dtype, device, backend):
+def new_draft_cache(config, B, n_kv_heads, budget, sinks, ring_extra, full_len, dtype, device, backend, rope=None):
     """The draft's cache: a full KVCache of `full_len` slots for budget 0, else a StreamingLLM ring of `budget`
-    (sinks + recent window) with `ring_extra` slots for what a prefill chunk or a generation writes."""
+    (sinks + recent window) with `ring_extra` slots for what a prefill chunk or a generation writes; `rope` (the
+    draft's inverse frequencies) for positions inside the cache (--reindex)."""
     if budget == 0:
         return KVCache(config.n_layers, B, n_kv_heads, full_len, config.head_dim, dtype, device, backend)
     return StreamingCache(config.n_layers, B, n_kv_heads, budget, sinks, ring_extra, config.head_dim, dtype, device,
-                          backend)
+                          backend, rope)
 
 
 def draft_prefill_chunk(chunk: int, budget: int) -> int:
@@ -350,7 +369,8 @@ def run(method: str, argv=None) -> dict:
             draft_model = target if method == "selfspec" else bench.load_weights(args, draft_cfg, draft_ckpt, draft_shard)
             if not selection:  # a selection policy's cache is built from the target's prefill, below
                 draft_kv = new_draft_cache(draft_cfg, args.B, draft_model.n_kv_heads, args.streamingllm_budget,
-                                              args.sinks, ring_extra, cache_len, dtype, args.device, backend)
+                                           args.sinks, ring_extra, cache_len, dtype, args.device, backend,
+                                           draft_model.inv_freq if args.reindex else None)
         draft = Draft(draft_model, draft_kv, None if len(draft_ranks) == world else draft_ranks)
         draft_chunk = draft_prefill_chunk(args.prefill_chunk, args.streamingllm_budget)
     sampling = Sampling(args.temperature, args.top_p, args.top_k)
@@ -429,7 +449,8 @@ def run(method: str, argv=None) -> dict:
         "prefill": "skipped: KV caches filled with random values" if args.skip_prefill else "computed",
         "draft_cache": None if not spec else (
             f"{args.draft_policy}: selected per KV head from the target's prefill KV, no draft prefill "
-            "(draft_prefill_s: the selection)" if selection else "its own prefill through its cache"),
+            "(draft_prefill_s: the selection)" if selection else "its own prefill through its cache"
+            + (", positions inside the cache (--reindex)" if args.reindex else "")),
         "synthetic_acceptance": getattr(args, "synthetic_acceptance", None),
         "synthetic_draws": SYNTHETIC_DRAWS if getattr(args, "synthetic_acceptance", None) is not None else None,
         "decoding": "greedy" if sampling.greedy else f"sampled (temperature {args.temperature}, top_p {args.top_p}, top_k {args.top_k})",
@@ -536,7 +557,8 @@ def print_summary(method, record, config, args) -> None:
                      ("fraction of copy", m.get("bandwidth_fraction_of_copy", 0.0))]
     else:
         rows += [("gamma", args.gamma if "gamma_sweep" not in record else f"{m['gamma']} (best of {args.gamma})"),
-                 ("budget", f"{args.streamingllm_budget} ({getattr(args, 'draft_policy', 'streaming')})"),
+                 ("budget", f"{args.streamingllm_budget} ({getattr(args, 'draft_policy', 'streaming')}"
+                            + (", reindexed)" if args.reindex else ")")),
                  ("alpha", m["alpha"] if m["alpha"] is not None else "n/a"), ("Omega", m["omega"] or 0.0)]
         policy = (m.get("speculation") or {}).get("auto_gamma") or {}
         used = {int(g): n for g, n in (policy.get("iterations_per_gamma") or {}).items()}  # str keys once in JSON

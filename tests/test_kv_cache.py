@@ -295,3 +295,111 @@ def test_fill_random_stands_in_for_a_prefill():
     ring.fill_random(100, seed=0)
     held = sorted(p for p in ring.key_pos[0].tolist() if p < 2**62)
     assert held == [0, 1, 2, 3] + list(range(80, 100))
+
+
+def reindexed_streaming_by_hand(model: Transformer, ids: list[int], sinks: int, window: int) -> torch.Tensor:
+    """StreamingLLM with positions inside the cache, one token at a time, written out in float64: each layer keeps
+    its keys before RoPE; token p attends to the sinks 0..sinks-1 and its window (p - window, p], placed at positions
+    0..n-1 in that order (n = how many it sees, itself last), keys and query rotated there. Logits [len(ids), V]."""
+    a = model.args
+    D, G = a.head_dim, a.n_heads // a.n_kv_heads
+    inv_freq = model.inv_freq.double()
+
+    def rotate(x, pos):  # x [..., D] at position pos (rotate-half, as the HF Llama)
+        c, s = torch.cos(pos * inv_freq), torch.sin(pos * inv_freq)
+        x1, x2 = x[..., :D // 2], x[..., D // 2:]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+    keys = [[] for _ in model.layers]  # per layer: [Hkv, D] before RoPE, one per position
+    values = [[] for _ in model.layers]
+    out = []
+    for p, tok in enumerate(ids):
+        seen = [j for j in range(p + 1) if j < sinks or j > p - window]
+        x = model.tok_embeddings.weight[tok].double()
+        for i, layer in enumerate(model.layers):
+            att = layer.attention
+            h = layer.attention_norm(x.float()[None, None]).double()[0, 0]
+            q, k, v = att.wqkv.weight.double().matmul(h).split([a.n_heads * D, a.n_kv_heads * D, a.n_kv_heads * D])
+            keys[i].append(k.view(a.n_kv_heads, D))
+            values[i].append(v.view(a.n_kv_heads, D))
+            K = torch.stack([rotate(keys[i][j], n) for n, j in enumerate(seen)], 1)  # [Hkv, n, D]
+            V = torch.stack([values[i][j] for j in seen], 1)
+            q = rotate(q.view(a.n_heads, D), len(seen) - 1)
+            heads = [torch.softmax(K[hh // G] @ q[hh] / D ** 0.5, -1) @ V[hh // G] for hh in range(a.n_heads)]
+            x = x + att.wo.weight.double() @ torch.cat(heads)
+            x = x + layer.feed_forward(layer.ffn_norm(x.float()[None, None]))[0, 0].double()
+        out.append(model.output(model.norm(x.float()[None, None]))[0, 0])
+    return torch.stack(out)
+
+
+def reindexed_cache(model: Transformer, B: int, budget: int, sinks: int) -> StreamingCache:
+    a = model.args
+    return StreamingCache(a.n_layers, B, a.n_kv_heads, budget, sinks, 16, a.head_dim, torch.float32, "cpu",
+                          rope=model.inv_freq)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reindexed_streaming_is_streamingllm_at_cache_positions(model, backend):
+    """--reindex: token by token through the ring (it wraps many times), every logit equals the hand-written
+    StreamingLLM that rotates its kept keys at their place in the cache, so no query-key distance ever exceeds the
+    budget (200 positions through a 24-token budget). Some steps are rejected for some sequences (rows then sit at
+    different positions) and garbage is written and rolled back: neither changes what is kept."""
+    B, T = 3, 200
+    X = tokens(B, T, seed=17)
+    cache = reindexed_cache(model, B, BUDGET, SINKS)
+    cache.backend = backend
+    rejected = {(1, 3), (1, 50), (1, 51), (2, 80), (2, 81), (0, 120)}  # (row, step) whose token is not kept
+    kept, got = [[] for _ in range(B)], [[] for _ in range(B)]
+    for t in range(T):
+        if t == 150:  # 3 garbage tokens written, then rolled back
+            lengths = cache.lengths.clone()
+            model(tokens(B, 3, seed=4), cache)
+            cache.rollback(lengths)
+        logits = model(X[:, t:t + 1], cache)[:, 0]
+        keep = torch.tensor([(b, t) not in rejected for b in range(B)])
+        cache.advance(keep.long())
+        for b in range(B):
+            if keep[b]:
+                kept[b].append(int(X[b, t]))
+                got[b].append(logits[b])
+    assert [len(k) for k in kept] == [199, 197, 198]  # rows at different positions
+    for b in range(B):
+        ref = reindexed_streaming_by_hand(model, kept[b], SINKS, BUDGET - SINKS)
+        torch.testing.assert_close(torch.stack(got[b]), ref.float(), atol=ATOL, rtol=0)
+    # control: absolute positions (no --reindex) give other logits once the sinks are far from the window
+    a = model.args
+    plain = StreamingCache(a.n_layers, 1, a.n_kv_heads, BUDGET, SINKS, 16, a.head_dim, torch.float32, "cpu")
+    prefill(model, plain, torch.tensor([kept[0][:-1]]), 1)
+    assert (model(torch.tensor([kept[0][-1:]]), plain)[0, 0] - got[0][-1]).abs().max() > 1e-2
+
+
+def test_reindexed_multi_token_forward_is_exact_for_its_last_query(model):
+    """A forward of T tokens places the sinks by its last query, whose logits then equal the token-by-token
+    reference. With one layer every key depends on its token and position only, so the cache holds the reference's
+    keys whatever the forward length (deeper layers' keys of the forward's earlier tokens see the sinks nearer)."""
+    from test_generate_speculative import first_layers
+
+    one = first_layers(model, 1)
+    X = tokens(2, 120, seed=8)
+    cache = reindexed_cache(one, 2, BUDGET, SINKS)
+    prefill(one, cache, X[:, :100], 7)  # chunks of 7: each one's earlier queries see the sinks nearer
+    last = [one(X[:, 100:105], cache)[:, -1]]  # a 5-token verify-like forward
+    cache.advance(5)
+    last.append(one(X[:, 105:107], cache)[:, -1])  # the draft's 2-token re-feed
+    for b in range(2):
+        ref = reindexed_streaming_by_hand(one, X[b, :107].tolist(), SINKS, BUDGET - SINKS)
+        torch.testing.assert_close(torch.stack([last[0][b], last[1][b]]), ref[[104, 106]].float(), atol=ATOL, rtol=0)
+
+
+def test_reindexed_streaming_smollm2(smol_model, smol_prompts):
+    """Real weights (SmolLM2-135M, 30 layers, GQA 9/3) on a Gutenberg prompt: a 40-token reindexed draft equals the
+    hand-written StreamingLLM at cache positions at every one of 96 positions."""
+    X = smol_prompts[:1]
+    cache = reindexed_cache(smol_model, 1, 40, 4)
+    got = []
+    for t in range(X.shape[1]):
+        got.append(smol_model(X[:, t:t + 1], cache)[0, 0])
+        cache.advance(1)
+    got = torch.stack(got)
+    ref = reindexed_streaming_by_hand(smol_model, X[0].tolist(), 4, 36)
+    torch.testing.assert_close(got, ref.float(), atol=2e-3, rtol=0)

@@ -84,11 +84,12 @@ def tiny(tiny_hf, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     paths = {"target": save_checkpoint(root / "target", cfg, sd), "draft": save_checkpoint(root / "draft", cfg, sd, 1),
              "twin": save_checkpoint(root / "twin", cfg, sd),
+             "short": save_checkpoint(root / "short", cfg | {"max_position_embeddings": 40}, sd, 1),
              "permuted": save_checkpoint(root / "permuted", cfg, sd, 1),
              "word_target": save_checkpoint(root / "word_target", cfg, sd),
              "word_permuted": save_checkpoint(root / "word_permuted", cfg, sd, 1)}
     write_tokenizer(root / "target", PIECES)
-    for name in ("draft", "twin"):  # the target's own tokenizer file, copied
+    for name in ("draft", "twin", "short"):  # the target's own tokenizer file, copied
         (root / name / "tokenizer.json").write_bytes((root / "target" / "tokenizer.json").read_bytes())
     write_tokenizer(root / "permuted", PIECES[::-1])
     write_tokenizer(root / "word_target", WORDS, per_char=False)
@@ -190,6 +191,32 @@ def test_longspec_tiny_end_to_end(tiny, jsonl, tiny_baseline, tmp_path, draft, b
         assert m["alpha"] == 1.0 and m["speculation"]["per_position_acceptance"] == [1.0] * GAMMA
     else:
         assert 0.1 < m["alpha"] < 1  # some tokens accepted, some rejected
+
+
+def test_reindexed_draft_runs_beyond_its_context(tiny, jsonl, tiny_baseline):
+    """A draft trained on 40 positions under a 64-token prompt: refused with absolute positions (one line naming
+    --reindex), lossless with --reindex, which keeps every query-key distance within the 24-token budget."""
+    argv = tiny_args(jsonl, "--target", str(tiny["target"]), "--model", str(tiny["short"]), *SPEC_ARGS)
+    one_line_error(cli("longspec", *argv), "exceeds the model's context of 40", "--reindex keeps a draft within")
+    one_line_error(cli("longspec", *argv, "--reindex"), "the draft would see 260 positions back",
+                   "beyond its context of 40", "--prefill_chunk")
+    record = longspec_benchmark.run([*argv, "--reindex", "--prefill_chunk", "16"])
+    assert "--reindex" in record["draft_cache"]
+    assert_lossless(record, tiny_baseline)
+    assert 0.1 < record["metrics"]["alpha"] < 1
+
+
+def test_reindexed_selfspec_is_lossless(tiny, jsonl, tiny_baseline):
+    record = selfspec_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), *SPEC_ARGS, "--reindex"))
+    assert_lossless(record, tiny_baseline)
+    assert 0.1 < record["metrics"]["alpha"] < 1
+
+
+def test_reindex_bad_input(tiny, jsonl):
+    one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", "--streamingllm_budget", "48", "--reindex",
+                       "--draft_policy", "snapkv"), "--reindex applies to --draft_policy streaming only")
+    one_line_error(cli("longspec", *SMALL, "--draft_name", "JackFram/llama-68m", "--prefix_len", "64",
+                       "--streamingllm_budget", "0", "--reindex"), "--reindex needs a StreamingLLM budget")
 
 
 def test_auto_gamma_end_to_end(tiny, jsonl, tiny_baseline):
