@@ -134,12 +134,12 @@ class QueryRecorder:
 
 
 def prefill_recording(model, cache: KVCache, prompts: torch.Tensor, n: int, chunk: int, progress: bool = False,
-                      random_seed: int | None = None):
+                      random_seed: int | None = None, desc: str = "prefill (target)"):
     """Prefill the target, its last `n` prompt tokens in a chunk of their own so their queries are kept; returns the
     last position's logits and the queries per layer ([B, H, n, D] each). With `random_seed` (random-weight speed
     runs) random KV stands in for the prefill of all but those n tokens."""
     if random_seed is None:
-        prefill(model, cache, prompts[:, :-n], chunk, progress)
+        prefill(model, cache, prompts[:, :-n], chunk, progress, desc)
     else:
         cache.fill_random(prompts.shape[1] - n, random_seed)
     recorder = QueryRecorder(cache)
@@ -151,9 +151,11 @@ def policy_for(name: str, budget: int, chunk_size: int = 8):
     return {"snapkv": lambda: SnapKV(budget), "retrieval": lambda: Retrieval(budget, chunk_size)}[name]()
 
 
-def build(policy, target: KVCache, queries: list[torch.Tensor], append: int, max_new: int) -> SelectionCache:
+def build(policy, target: KVCache, queries: list[torch.Tensor], append: int, max_new: int = 0) -> SelectionCache:
     """The draft's cache for self-speculation under a selection policy, from the target's prefilled cache and the
-    queries a QueryRecorder kept of the prompt's last tokens (one [B, H, n, D] per layer)."""
+    queries a QueryRecorder kept of the prompt's last tokens (one [B, H, n, D] per layer). `append` covers every
+    position generation reaches, so what a forward writes never lands on a key still needed: `max_new` ring slots
+    beyond it are not needed (and would be read, masked, by every draft step)."""
     B, Hkv, _, D = target.k[0].shape
     P = int(target.lengths.max())
     cache = SelectionCache(len(target.k), B, Hkv, policy.budget - policy.window, policy.window, append, max_new, D,
@@ -163,3 +165,13 @@ def build(policy, target: KVCache, queries: list[torch.Tensor], append: int, max
         cache.fill(target, layer, policy.select(q[:, :, -policy.queries:], target.k[layer][:, :, :P]), recent)
     cache.hold(recent, target.lengths)
     return cache
+
+
+def select_by_own_prefill(policy, model, prompts: torch.Tensor, chunk: int, append: int, dtype, backend,
+                          progress: bool = False, random_seed: int | None = None) -> SelectionCache:
+    """A standalone draft's selected cache: its own prefill of the whole prompt into a full cache (freed once the
+    selection is made), its last queries kept."""
+    B, P = prompts.shape
+    full = KVCache(model.args.n_layers, B, model.n_kv_heads, P, model.args.head_dim, dtype, prompts.device, backend)
+    _, queries = prefill_recording(model, full, prompts, policy.queries, chunk, progress, random_seed, "prefill (draft)")
+    return build(policy, full, queries, append)

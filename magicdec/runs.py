@@ -34,8 +34,9 @@ def fuse_kernels() -> None:
 
 DESCRIPTIONS = {
     "baseline": "Autoregressive baseline: prefill, then one target step per token.",
-    "selfspec": "Self-speculation: the target drafts with a StreamingLLM cache and verifies with its full cache.",
-    "longspec": "Standalone draft: a small model (--model) with a StreamingLLM cache drafts for --target.",
+    "selfspec": "Self-speculation: the target drafts with a small KV cache (--draft_policy) and verifies with its full "
+                "cache.",
+    "longspec": "Standalone draft: a small model (--model) with a small KV cache (--draft_policy) drafts for --target.",
 }
 
 
@@ -56,12 +57,12 @@ def parser(method: str) -> argparse.ArgumentParser:
     p.add_argument("--reindex", action="store_true",
                    help="streaming: attention sees positions inside the draft's cache (sinks, then the window), not "
                         "in the prompt, so a draft trained on contexts shorter than the prompt stays in range")
-    if method == "selfspec":
-        p.add_argument("--draft_policy", choices=draft_cache.POLICIES, default="streaming",
-                       help="how the draft picks its KV: streaming (sinks + recent window, its own prefill); snapkv or "
-                            "retrieval (selected per KV head from the target's prefill KV, the prompt's last "
-                            f"{draft_cache.WINDOW} tokens kept, generated tokens appended): see magicdec/draft_cache.py")
-        p.add_argument("--chunk_size", type=int, default=8, help="--draft_policy retrieval: tokens per scored chunk")
+    own = "the target's prefill KV" if method == "selfspec" else "the draft's own full prefill"
+    p.add_argument("--draft_policy", choices=draft_cache.POLICIES, default="streaming",
+                   help="how the draft picks its KV: streaming (sinks + recent window, its own prefill); snapkv or "
+                        f"retrieval (selected per KV head from {own}, the prompt's last {draft_cache.WINDOW} tokens "
+                        "kept, generated tokens appended): see magicdec/draft_cache.py")
+    p.add_argument("--chunk_size", type=int, default=8, help="--draft_policy retrieval: tokens per scored chunk")
     p.add_argument("--synthetic_acceptance", type=float, default=None,
                    help="random-weight runs: accept each drafted token with this probability instead of comparing")
     p.add_argument("--baseline", action="store_true",
@@ -166,17 +167,18 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
             raise MagicDecError(f"--streamingllm_budget {budget} must exceed --sinks {sinks} (the budget holds the sinks plus a recent window)")
         if budget >= args.prefix_len:
             raise MagicDecError(f"--streamingllm_budget {budget} >= --prefix_len {args.prefix_len}: the draft would read the whole prompt; use a budget below the prefix length")
-    policy = getattr(args, "draft_policy", "streaming")
+    policy = args.draft_policy
     if policy != "streaming":
+        if method == "longspec" and budget == 0:
+            raise MagicDecError(f"--draft_policy {policy} selects within a budget: --streamingllm_budget 0 (the full "
+                                "cache) has nothing to select")
         if budget <= draft_cache.WINDOW:
             raise MagicDecError(f"--draft_budget {budget} must exceed the {draft_cache.WINDOW}-token window that "
                                 f"--draft_policy {policy} keeps at the prompt's end")
         if policy == "retrieval" and not 1 <= args.chunk_size <= budget - draft_cache.WINDOW:
             raise MagicDecError(f"--chunk_size {args.chunk_size}: must be 1..{budget - draft_cache.WINDOW} (the "
                                 f"--draft_budget {budget} minus the {draft_cache.WINDOW}-token window)")
-        if args.rank_group != [0]:
-            raise MagicDecError(f"--draft_policy {policy} does not run under tensor parallelism yet: use --rank_group 0")
-    elif getattr(args, "chunk_size", 8) != 8:
+    elif args.chunk_size != 8:
         raise MagicDecError("--chunk_size applies to --draft_policy retrieval only")
     if args.reindex and policy != "streaming":
         raise MagicDecError(f"--reindex applies to --draft_policy streaming only (--draft_policy {policy} keeps the "
@@ -343,11 +345,14 @@ def run(method: str, argv=None) -> dict:
     # The draft's ring holds a prefill chunk, and everything a warm-up run writes before rolling back to the prompt.
     ring_extra = ring_extra_for(args.gen_len, gamma)
     parts = [(local_config(target_cfg, target_shard), True, cache_len)]
-    selection = spec and getattr(args, "draft_policy", "streaming") != "streaming"
+    selection = spec and args.draft_policy != "streaming"
     append = args.gen_len + gamma + 2  # what a selection policy's draft appends after the prompt
     if spec and rank in draft_ranks:
         budget = args.streamingllm_budget
-        draft_slots = cache_len if budget == 0 else budget + ring_extra + (append if selection else 0)
+        # A selected cache's ring holds every position generation reaches (`append`), so it needs no slots beyond.
+        draft_slots = cache_len if budget == 0 else budget + (append if selection else ring_extra)
+        if selection and method == "longspec":  # the draft's own full prefill, selected from, then freed
+            draft_slots += args.prefix_len
         parts.append((local_config(draft_cfg, draft_shard), method == "longspec", draft_slots))
     bench.check_fits(bench.memory_needed(args.B, args.prefill_chunk, dtype, parts), args.device, args.B, args.prefix_len)
     prompts, tokenizer = bench.load_prompts_for(args, target_cfg, target_ckpt)
@@ -379,27 +384,32 @@ def run(method: str, argv=None) -> dict:
     eos = [] if args.ignore_eos else target_cfg.eos_ids
 
     with torch.inference_mode():
-        if selection:  # the target's prefill, its last tokens' queries kept; the draft's cache selected from its KV
-            policy = draft_cache.policy_for(args.draft_policy, args.streamingllm_budget, args.chunk_size)
+        random_kv = args.seed if args.skip_prefill else None  # random weights and ids: random KV, same bytes read
+        policy = draft_cache.policy_for(args.draft_policy, args.streamingllm_budget, args.chunk_size) if selection else None
+        draft_prefill_s = None
+        if selection and method == "selfspec":  # the target's prefill keeps its last queries; the draft selects from it
             (logits, queries), prefill_s = bench.timed(lambda: draft_cache.prefill_recording(
-                target, cache, prompts, policy.queries, args.prefill_chunk, progress,
-                args.seed if args.skip_prefill else None), args.device)
+                target, cache, prompts, policy.queries, args.prefill_chunk, progress, random_kv), args.device)
             draft.cache, draft_prefill_s = bench.timed(  # the selection's time
-                lambda: draft_cache.build(policy, cache, queries, append, ring_extra), args.device)
+                lambda: draft_cache.build(policy, cache, queries, append), args.device)
             del queries
-        elif args.skip_prefill:  # random weights and ids: KV contents carry no meaning, the bytes read are the same
-            cache.fill_random(args.prefix_len, args.seed)
-            logits, prefill_s = target(prompts[:, -1:], cache, logits="last")[:, -1], None
-            draft_prefill_s = None
-            if draft is not None and draft.model is not None:
-                draft.fill_random(args.prefix_len, args.seed + 1)
         else:
-            logits, prefill_s = bench.timed(lambda: prefill(target, cache, prompts, args.prefill_chunk, progress),
-                                            args.device)
-            draft_prefill_s = None
-            if draft is not None and draft.model is not None:  # its KV is what its (StreamingLLM) attention produces
-                _, draft_prefill_s = bench.timed(
-                    lambda: draft.prefill(prompts, draft_chunk, progress), args.device)
+            if args.skip_prefill:
+                cache.fill_random(args.prefix_len, args.seed)
+                logits, prefill_s = target(prompts[:, -1:], cache, logits="last")[:, -1], None
+            else:
+                logits, prefill_s = bench.timed(lambda: prefill(target, cache, prompts, args.prefill_chunk, progress),
+                                                args.device)
+            if draft is None or draft.model is None:
+                pass
+            elif selection:  # a standalone draft's own full prefill, selected from, then freed
+                draft.cache, draft_prefill_s = bench.timed(lambda: draft_cache.select_by_own_prefill(
+                    policy, draft.model, prompts, args.prefill_chunk, append, dtype, backend, progress,
+                    None if random_kv is None else random_kv + 1), args.device)
+            elif args.skip_prefill:
+                draft.fill_random(args.prefix_len, args.seed + 1)
+            else:  # its KV is what its (StreamingLLM) attention produces
+                _, draft_prefill_s = bench.timed(lambda: draft.prefill(prompts, draft_chunk, progress), args.device)
         torch.manual_seed(args.seed)
         first = next_token(logits, args.temperature, args.top_p, args.top_k)
         prev = prompts[:, -1]
@@ -448,8 +458,10 @@ def run(method: str, argv=None) -> dict:
         "random_weights": bool(args.random_weights),
         "prefill": "skipped: KV caches filled with random values" if args.skip_prefill else "computed",
         "draft_cache": None if not spec else (
-            f"{args.draft_policy}: selected per KV head from the target's prefill KV, no draft prefill "
-            "(draft_prefill_s: the selection)" if selection else "its own prefill through its cache"
+            (f"{args.draft_policy}: selected per KV head from the target's prefill KV, no draft prefill "
+             "(draft_prefill_s: the selection)" if method == "selfspec" else
+             f"{args.draft_policy}: selected per KV head from the draft's own full prefill (draft_prefill_s: that "
+             "prefill and the selection)") if selection else "its own prefill through its cache"
             + (", positions inside the cache (--reindex)" if args.reindex else "")),
         "synthetic_acceptance": getattr(args, "synthetic_acceptance", None),
         "synthetic_draws": SYNTHETIC_DRAWS if getattr(args, "synthetic_acceptance", None) is not None else None,

@@ -110,7 +110,7 @@ def selected_speculation(model, policy, prompts, n_new, gamma, sampling=Sampling
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
     logits, queries = draft_cache.prefill_recording(model, cache, prompts, policy.queries, 64)
-    dc = draft_cache.build(policy, cache, queries, append=n_new + gamma + 2, max_new=64)
+    dc = draft_cache.build(policy, cache, queries, append=n_new + gamma + 2)
     decoder = Decoder(model, sampling, draft=Draft(model, dc), gamma=gamma, trace=sampling.greedy)
     first = logits.argmax(-1) if first is None else first
     out, counts = decode(decoder, cache, first, n_new, prev=prompts[:, -1])

@@ -193,6 +193,23 @@ def test_longspec_tiny_end_to_end(tiny, jsonl, tiny_baseline, tmp_path, draft, b
         assert 0.1 < m["alpha"] < 1  # some tokens accepted, some rejected
 
 
+@pytest.mark.parametrize("method", ["selfspec", "longspec"])
+@pytest.mark.parametrize("policy", ["snapkv", "retrieval"])
+def test_selected_draft_end_to_end(tiny, jsonl, tiny_baseline, method, policy):
+    """A selection policy through the script, for self-speculation (from the target's prefill) and a standalone
+    draft (from its own full prefill): lossless, and the record says where the draft's KV came from."""
+    models = ("--model", str(tiny["target"])) if method == "selfspec" else \
+        ("--target", str(tiny["target"]), "--model", str(tiny["draft"]))
+    record = (selfspec_benchmark if method == "selfspec" else longspec_benchmark).run(tiny_args(
+        jsonl, *models, "--draft_policy", policy, "--draft_budget", "48", "--gamma", str(GAMMA)))
+    check_spec_record(record, method, B, GEN, GAMMA, with_baseline=False)
+    assert_lossless(record, tiny_baseline)
+    assert 0.1 < record["metrics"]["alpha"] < 1
+    assert record["draft_cache"].startswith(f"{policy}: selected per KV head from the "
+                                            + ("target's prefill" if method == "selfspec" else "draft's own"))
+    assert record["metrics"]["draft_prefill_s"] > 0
+
+
 def test_reindexed_draft_runs_beyond_its_context(tiny, jsonl, tiny_baseline):
     """A draft trained on 40 positions under a 64-token prompt: refused with absolute positions (one line naming
     --reindex), lossless with --reindex, which keeps every query-key distance within the 24-token budget."""
@@ -217,6 +234,8 @@ def test_reindex_bad_input(tiny, jsonl):
                        "--draft_policy", "snapkv"), "--reindex applies to --draft_policy streaming only")
     one_line_error(cli("longspec", *SMALL, "--draft_name", "JackFram/llama-68m", "--prefix_len", "64",
                        "--streamingllm_budget", "0", "--reindex"), "--reindex needs a StreamingLLM budget")
+    one_line_error(cli("longspec", *SMALL, "--draft_name", "JackFram/llama-68m", "--prefix_len", "64",
+                       "--streamingllm_budget", "0", "--draft_policy", "snapkv"), "--streamingllm_budget 0 (the full")
 
 
 def test_auto_gamma_end_to_end(tiny, jsonl, tiny_baseline):

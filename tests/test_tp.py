@@ -72,12 +72,16 @@ def test_baseline_two_ranks(tmp_path):
 
 
 @needs_smollm2
-def test_selfspec_two_ranks_uneven_kv_heads(tmp_path, smol_dir, monkeypatch):
-    """SmolLM2 has 3 KV heads: rank 0 holds 2 of them (6 query heads), rank 1 holds 1 (3 query heads)."""
+@pytest.mark.parametrize("policy", ["streaming", "snapkv"])
+def test_selfspec_two_ranks_uneven_kv_heads(tmp_path, smol_dir, monkeypatch, policy):
+    """SmolLM2 has 3 KV heads: rank 0 holds 2 of them (6 query heads), rank 1 holds 1 (3 query heads). SnapKV
+    selects per KV head from each rank's own heads, so the two ranks together keep what one process keeps."""
     monkeypatch.setenv("MAGICDEC_CACHE", str(smol_dir.parent))
-    one, _ = same_tokens(tmp_path, "selfspec_benchmark.py", "--B", "2", "--prefix_len", "200", "--gen_len", "20",
-                         "--dataset", str(DATA / "gutenberg"), "--streamingllm_budget", "64", "--gamma", "3")
+    one, two = same_tokens(tmp_path, "selfspec_benchmark.py", "--B", "2", "--prefix_len", "200", "--gen_len", "20",
+                           "--dataset", str(DATA / "gutenberg"), "--streamingllm_budget", "64", "--gamma", "3",
+                           "--draft_policy", policy)
     assert 0 < one["metrics"]["alpha"] < 1  # real, ragged speculation, not a trivial case
+    assert two["metrics"]["alpha"] == one["metrics"]["alpha"]  # the same drafts accepted: the same selection
 
 
 @pytest.mark.parametrize("budget", ["0", "64"])
