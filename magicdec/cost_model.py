@@ -92,6 +92,23 @@ def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha
     return p | {"speedup": p["omega"] / verification_cost(p, gamma)}
 
 
+def selection_seconds(c: ModelArgs, d: Device, B: int, prefix: int, policy: str, queries: int = 32,
+                      item: int = 2) -> float:
+    """Seconds to select a draft cache once per prompt (draft_cache.build), from the bytes its passes move per
+    layer: retrieval reads the prompt's keys once (chunk means); SnapKV converts them to fp32 (read 2, write 4 bytes
+    per element) and reads that in its matmul (4), then writes and re-reads its fp32 attention of `queries` queries
+    of every query head over every position: the matmul writes it (4), softmax reads it twice and writes it (12),
+    the sum over queries reads it (4)."""
+    keys = B * c.n_kv_heads * prefix * c.head_dim
+    if policy == "retrieval":
+        per_layer = item * keys
+    elif policy == "snapkv":
+        per_layer = (item + 8) * keys + 20 * B * c.n_heads * queries * prefix
+    else:
+        raise ValueError(f"no selection for policy {policy!r}")
+    return c.n_layers * per_layer / d.bandwidth / d.ranks
+
+
 def verification_cost(p: dict, gamma: int) -> float:
     """Seconds of one verification, in target steps: gamma draft steps, the target's (gamma+1)-token step, T_O."""
     return gamma * p["T_D_over_T_T"] + p["T_V_over_T_T"] + p["T_O_over_T_T"]

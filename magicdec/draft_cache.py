@@ -44,11 +44,16 @@ class SnapKV:
         B, H, n, D = q.shape
         Hkv, P = k.shape[1], k.shape[2]
         G = H // Hkv
-        logits = torch.einsum("bhgnd,bhpd->bhgnp", q.float().view(B, Hkv, G, n, D), k.float()) / math.sqrt(D)
-        causal = torch.arange(P, device=q.device)[None, :] > (P - n + torch.arange(n, device=q.device))[:, None]
-        attn = logits.masked_fill(causal, float("-inf")).softmax(-1)[..., :P - self.window].sum(-2)  # [B, Hkv, G, P-W]
-        pooled = F.avg_pool1d(attn.reshape(B * Hkv * G, 1, -1), self.kernel, stride=1, padding=self.kernel // 2)
-        return pooled.view(B, Hkv, G, -1).sum(2)
+        # query i (at P - n + i) sees positions up to its own: only the last n columns need the causal mask
+        future = torch.arange(n, device=q.device)[None, :] > torch.arange(n, device=q.device)[:, None]
+        out = []
+        for h in range(Hkv):  # one KV head at a time: at 32K x 13 the whole layer's fp32 attention would be 1.7 GB
+            logits = torch.einsum("bgnd,bpd->bgnp", q[:, h * G:(h + 1) * G].float() / math.sqrt(D), k[:, h].float())
+            logits[..., P - n:].masked_fill_(future, float("-inf"))
+            attn = logits.softmax(-1)[..., :P - self.window].sum(-2)  # [B, G, P - window]
+            pooled = F.avg_pool1d(attn.reshape(B * G, 1, -1), self.kernel, stride=1, padding=self.kernel // 2)
+            out.append(pooled.view(B, G, -1).sum(1))
+        return torch.stack(out, 1)
 
     def select(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """[B, Hkv, budget - window] prompt positions each KV head keeps besides the window, ascending."""
@@ -68,7 +73,7 @@ class Retrieval:
         B, H, _, D = q.shape
         Hkv, c = k.shape[1], self.chunk_size
         chunks = (k.shape[2] - self.window) // c
-        mean_k = k[:, :, :chunks * c].float().view(B, Hkv, chunks, c, D).mean(3)
+        mean_k = k[:, :, :chunks * c].view(B, Hkv, chunks, c, D).mean(3, dtype=torch.float32)  # no fp32 copy of K
         return torch.einsum("bhgd,bhcd->bhc", q[:, :, -1].float().view(B, Hkv, H // Hkv, D), mean_k)
 
     def select(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
