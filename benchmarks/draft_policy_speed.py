@@ -90,7 +90,7 @@ def time_selections(a, config: ModelArgs, device: cm.Device) -> dict:
             del built
         out[name] = {"seconds": seconds, "predicted_s": cm.selection_seconds(c, device, a.B, a.prefix_len, name, WINDOW)}
         print(f"{name} selection: {', '.join(f'{x:.3f}' for x in seconds)} s; cost model {out[name]['predicted_s']:.3f} s")
-    del cache, queries
+    cache = queries = None  # freed before the next part allocates
     bench.release_memory(dev)
     return out
 

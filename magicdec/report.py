@@ -59,8 +59,14 @@ def rel(pred, meas):
     return pred / meas - 1 if pred is not None and meas else None
 
 
+def drafter(r) -> str:
+    """The method, with its draft policy when the draft selects its cache (StreamingLLM is the default)."""
+    policy = r.get("draft_policy") or "streaming"
+    return r["method"] if policy == "streaming" else f"{r['method']} {policy}"
+
+
 def setting(r) -> str:
-    return f"{r['method']} b{r['budget']} γ{r['gamma']}"
+    return f"{drafter(r)} b{r['budget']} γ{r['gamma']}"
 
 
 def gammas_used(auto) -> str:
@@ -286,8 +292,8 @@ def reference_setting(recs, rs, B):
     cover = {}
     for r in recs:
         if r["method"] in FIXED and r["B"] == B:
-            cover.setdefault((r["method"], r["budget"], r["gamma"]), set()).add(r["prefix_len"])
-    wins = Counter((r["best"]["method"], r["best"]["budget"], r["best"]["gamma"]) for r in rs if r["best"] and r["B"] == B)
+            cover.setdefault((drafter(r), r["budget"], r["gamma"]), set()).add(r["prefix_len"])
+    wins = Counter((drafter(r["best"]), r["best"]["budget"], r["best"]["gamma"]) for r in rs if r["best"] and r["B"] == B)
     return max(cover, key=lambda s: (len(cover[s]), wins[s], -(s[1] or 0)), default=None)
 
 
@@ -300,7 +306,7 @@ def fig_ratios(recs, rs, path, title):
     for ax, B in zip(axes[0], Bs):
         s = reference_setting(recs, rs, B)
         mode = min({r["decoding"] for r in recs}, key=lambda m: m != "greedy")
-        at = [r for r in recs if r["B"] == B and r["decoding"] == mode and (r["method"], r["budget"], r["gamma"]) == s]
+        at = [r for r in recs if r["B"] == B and r["decoding"] == mode and (drafter(r), r["budget"], r["gamma"]) == s]
         for i, k in enumerate(("T_D_over_T_T", "T_V_over_T_T")):
             name = k.replace("_over_", "/")
             line(ax, [(r["prefix_len"], r["metrics"].get(k)) for r in at], "o-", color=f"C{i}", label=f"{name} measured")
@@ -313,17 +319,18 @@ def fig_ratios(recs, rs, path, title):
 
 
 def fig_alpha(recs, path, title):
-    """(d) acceptance rate vs draft budget (mean over γ and B), a line per prefix and method, a panel per mode."""
+    """(d) acceptance rate vs draft budget (mean over γ and B), a line per prefix and method (with its draft policy),
+    a panel per mode."""
     spec = [r for r in recs if r["method"] in FIXED and r["metrics"].get("alpha") is not None]
     budgets, modes = sorted({r["budget"] for r in spec}), sorted({r["decoding"] for r in spec})
     if len(budgets) < 2:
         return None
     fig, axes = panels(1, len(modes), title)
     for ax, mode in zip(axes[0], modes):
-        for P, method in sorted({(r["prefix_len"], r["method"]) for r in spec}):
+        for P, method in sorted({(r["prefix_len"], drafter(r)) for r in spec}):
             by = {}
             for r in spec:
-                if (r["prefix_len"], r["method"], r["decoding"]) == (P, method, mode):
+                if (r["prefix_len"], drafter(r), r["decoding"]) == (P, method, mode):
                     by.setdefault(budgets.index(r["budget"]), []).append(r["metrics"]["alpha"])
             line(ax, [(i, sum(a) / len(a)) for i, a in by.items()], "o-", label=f"prefix {P}, {method}")
         ax.set_xticks(range(len(budgets)), [str(b) if b else "full" for b in budgets])

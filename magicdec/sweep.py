@@ -1,4 +1,4 @@
-"""Resumable sweeps: a grid (method x prefix x B x decoding x budget x gamma) from a small TOML file, one JSON record
+"""Resumable sweeps: a grid (method x prefix x B x decoding x draft policy x budget x gamma) from a small TOML file, one JSON record
 per point. Points already recorded are skipped, so a sweep resumes after a crash, and `--max_minutes` stops it
 cleanly between points: a 10-minute device call runs a slice, the next call goes on.
 
@@ -10,8 +10,8 @@ interleaved baseline runs (the group's baseline record is timed alone). With `sk
 timed on several batches of prompts (each prefilled once, every point run on it) and its record reports all of them
 together (seconds and counts summed; each batch in "batches"): one batch's best setting is partly that batch's luck
 (results/issue5/replay). Methods: `baseline`, `selfspec` (the
-target drafts with a StreamingLLM cache), `longspec` (the config's `draft` model drafts; budget 0 = its full
-cache) and `auto` (the planner picks the budget from the cost model and acceptance measured so far, then gamma per
+target drafts with a small cache: each of `draft_policies`, StreamingLLM by default), `longspec` (the config's
+`draft` model drafts; budget 0 = its full cache) and `auto` (the planner picks the budget from the cost model and acceptance measured so far, then gamma per
 verification, 0 included: see planner.py).
 Config keys: see DEFAULTS.
 """
@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from magicdec import benchmark as bench
 from magicdec import cost_model as cm
+from magicdec import draft_cache
 from magicdec import runs
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError, one_line_errors
@@ -50,6 +51,7 @@ DEFAULTS = dict(
     skip_tokens=8000,  # where prompts start in each book; a list: every point is timed on one batch per value
     draft=None, draft_name=None,  # longspec: a draft model.pth, or its repo id for random weights
     prefix_lens=[4096], batch_sizes=[1], budgets=[256, 512], gammas=[1, 2, 3, 4], methods=["baseline", "selfspec"],
+    draft_policies=["streaming"],  # selfspec / longspec: how the draft picks its cache (magicdec/draft_cache.py)
     modes=["greedy", "sampled"], gen_len=64, sinks=16, seed=0,
     repeats=1,  # timed runs per point, the median kept (small models' runs are short and noisy)
     min_seconds=0.0,  # ... and more rounds until each decoder was timed this long in all (short runs are noisy)
@@ -78,6 +80,13 @@ def load_config(path: Path) -> dict:
         raise MagicDecError(f"{path}: modes must be among {list(MODES)}")
     if min(cfg["gammas"]) < 1:
         raise MagicDecError(f"{path}: gammas must be >= 1")
+    bad = set(cfg["draft_policies"]) - set(draft_cache.POLICIES)
+    if bad or not cfg["draft_policies"]:
+        raise MagicDecError(f"{path}: draft_policies must be among {list(draft_cache.POLICIES)}, got {cfg['draft_policies']}")
+    small = [b for b in cfg["budgets"] if 0 < b <= draft_cache.WINDOW]
+    if small and set(cfg["draft_policies"]) - {"streaming"}:
+        raise MagicDecError(f"{path}: budgets {small} must exceed the {draft_cache.WINDOW}-token window a selection "
+                            "policy keeps")
     never = [b for b in cfg["budgets"] if b and b >= max(cfg["prefix_lens"])]
     if never and set(cfg["methods"]) & {"selfspec", "longspec", "auto"}:  # else its points vanish from the grid
         raise MagicDecError(f"{path}: budgets {never} are >= every prefix_len (largest {max(cfg['prefix_lens'])}): a "
@@ -108,8 +117,9 @@ def synthetic_alpha(cfg: dict, prefix: int) -> float | None:
     return pts[-1][1]
 
 
-def point_name(method, P, B, mode, budget=None, gamma=None) -> str:
-    return f"{method}_P{P}_B{B}_{mode}" + ("" if budget is None else f"_b{budget}") + ("" if gamma is None else f"_g{gamma}")
+def point_name(method, P, B, mode, budget=None, gamma=None, policy=None) -> str:
+    return (f"{method}_P{P}_B{B}_{mode}" + ("" if budget is None else f"_b{budget}")
+            + ("" if gamma is None else f"_g{gamma}") + ("" if policy in (None, "streaming") else f"_{policy}"))
 
 
 def prefill_chunk(B: int) -> int:
@@ -125,15 +135,18 @@ def spread_of(records) -> float | None:
 
 
 def points_of(cfg: dict, P: int, B: int) -> list[tuple]:
-    """(method, mode, budget, gamma) of one (prefix, B) group, baselines first: the others are timed against them."""
+    """(method, mode, budget, gamma, draft policy) of one (prefix, B) group, baselines first: the others are timed
+    against them. A selection policy needs a budget to select within (budget 0, a full draft cache, is streaming's
+    only); auto drafts with StreamingLLM."""
     out = []
     for mode in cfg["modes"]:
-        out.append(("baseline", mode, None, None))
+        out.append(("baseline", mode, None, None, None))
         for method in ("selfspec", "longspec"):
             if method in cfg["methods"]:
-                out += [(method, mode, b, g) for b in cfg["budgets"] if b < P for g in cfg["gammas"]]
+                out += [(method, mode, b, g, d) for d in cfg["draft_policies"] for b in cfg["budgets"] if b < P
+                        if b or d == "streaming" for g in cfg["gammas"]]
         if "auto" in cfg["methods"] and any(b < P for b in cfg["budgets"]):
-            out.append(("auto", mode, None, None))
+            out.append(("auto", mode, None, None, "streaming"))
     return out
 
 
@@ -206,14 +219,24 @@ class Sweep:
     def ring_extra(self):
         return runs.ring_extra_for(self.cfg["gen_len"], max(self.cfg["gammas"]))
 
+    def append(self):
+        """What a selected draft cache appends after the prompt: every position generation reaches."""
+        return self.cfg["gen_len"] + max(self.cfg["gammas"]) + 2
+
     def fits(self, B: int, P: int) -> bool:
         bench.release_memory(self.device)  # before measuring free memory
         parts = [(self.config, False, self.slots(P))]
+        selected = [d for d in self.cfg["draft_policies"] if d != "streaming"]
         if "selfspec" in self.cfg["methods"] or ("auto" in self.cfg["methods"] and self.draft_config is None):
             parts += [(self.config, False, b + self.ring_extra()) for b in self.cfg["budgets"] if b < P]
+            parts += [(self.config, False, b + self.append()) for b in self.cfg["budgets"] if b < P for _ in selected]
         if self.draft_config is not None:
             parts += [(self.draft_config, False, b + self.ring_extra() if b else self.slots(P))
                       for b in self.cfg["budgets"] if b < P]
+            parts += [(self.draft_config, False, b + self.append()) for b in self.cfg["budgets"] if 0 < b < P
+                      for _ in selected]
+            if selected:  # a standalone draft's own full prefill, selected from, then freed
+                parts.append((self.draft_config, False, P))
         need = bench.memory_needed(B, max(16, 16384 // B), self.dtype, parts)  # weights: loaded already, so free
         return need["total"] - need["weights"] + bench.headroom(self.device) <= bench.available_memory(self.device)
 
@@ -239,7 +262,7 @@ class Sweep:
             if not self.fits(B, P):
                 for p in pts:
                     self.write(point_name(p[0], P, B, *p[1:]), {"point": point_name(p[0], P, B, *p[1:]), "method": p[0],
-                               "decoding": p[1], "budget": p[2], "gamma": p[3],
+                               "decoding": p[1], "budget": p[2], "gamma": p[3], "draft_policy": p[4],
                                "skipped": f"B={B} x prefix {P} does not fit in memory", **self.meta(P, B)})
                 bar.update(len(pts))
                 continue
@@ -341,19 +364,20 @@ class Sweep:
         with torch.inference_mode():
             prompts, _ = bench.load_prompts_for(args, c, self.checkpoint)
             prompts, self.prompt_source = prompts.to(dev), args.prompt_source
-            drafts = {}  # (method, budget) -> Draft, made on first use
+            drafts = {}  # (method, budget, policy) -> Draft, made on first use
 
-            def draft_for(method, budget):
-                if (method, budget) not in drafts:
-                    drafts[method, budget] = self.new_draft(method, budget, P, prompts)
-                return drafts[method, budget]
+            def draft_for(method, budget, policy):
+                if (method, budget, policy) not in drafts:
+                    drafts[method, budget, policy] = self.new_draft(method, budget, P, prompts, policy, cache, queries)
+                return drafts[method, budget, policy]
 
-            cache, logits = self.new_target_cache(P, prompts)
+            cache, logits, queries = self.new_target_cache(P, prompts)
             base_dec = {}  # per mode: the baseline decoder, kept for pairing
-            for method, mode, budget, gamma in pts:
+            for point in pts:
+                method, mode, budget, gamma, draft_policy = point
                 if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
                     return False
-                name = point_name(method, P, B, mode, budget, gamma)
+                name = point_name(method, P, B, *point[1:])
                 sampling, partial = MODES[mode], self.partial(name)
                 torch.manual_seed(cfg["seed"])
                 first = next_token(logits, sampling.temperature, sampling.top_p, sampling.top_k)
@@ -363,15 +387,15 @@ class Sweep:
                 if method == "baseline":  # timed alone
                     result = runs.timed_generation(base_dec[mode], cache, first, prompts[:, -1], args, [], False)
                     partial["batches"].append(timing(skip, result, base_dec[mode]))
-                    self.finish(P, B, (method, mode, budget, gamma), partial, last, bar)
+                    self.finish(P, B, point, partial, last, bar)
                     continue
                 if method == "auto":  # planned and profiled on the first batch, as a server does once per shape
                     if "planner" not in partial:
                         _, partial["planner"] = self.plan_budget(P, B, mode, synthetic)
                     policy = self.auto_policy(partial["planner"])
-                    draft = draft_for(self.draft_method, partial["planner"]["budget"])
+                    draft = draft_for(self.draft_method, partial["planner"]["budget"], "streaming")
                 else:
-                    policy, draft = None, draft_for(method, budget)
+                    policy, draft = None, draft_for(method, budget, draft_policy)
                 dec = Decoder(self.target, sampling, draft=draft, gamma=gamma or 0,
                               cuda_graphs=self.cuda, synthetic_acceptance=synthetic, policy=policy)
                 if policy and "profiled_costs" not in partial:
@@ -382,11 +406,12 @@ class Sweep:
                 # Timed in turns with the baseline: the speedup compares runs made under the same conditions.
                 result, b_result = runs.timed_generations([dec, base_dec[mode]], cache, first, prompts[:, -1], args, [])
                 partial["batches"].append(timing(skip, result, dec) | {"baseline": timing(skip, b_result, base_dec[mode])})
-                self.finish(P, B, (method, mode, budget, gamma), partial, last, bar)
+                self.finish(P, B, point, partial, last, bar)
                 del dec
                 gc.collect()  # its CUDA graphs and their memory go now, not at some later capture
             base_dec.clear()
             drafts.clear()  # free the draft caches before the next batch allocates its own
+            queries = None  # the recorded queries go with the batch
         return True
 
     def partial(self, name: str) -> dict:
@@ -413,13 +438,14 @@ class Sweep:
     def record(self, P, B, point, partial: dict) -> dict:
         """A point's record from its timings on every batch: throughput and acceptance over all of them (seconds and
         counts summed), each batch's own in "batches"."""
-        (method, mode, budget, gamma), planner = point, partial.get("planner")
+        (method, mode, budget, gamma, draft_policy), planner = point, partial.get("planner")
         budget = planner["budget"] if planner else budget  # auto: the planner's
         args = SimpleNamespace(**{**vars(self.args), "B": B, "prefix_len": P})
         timings = partial["batches"]
         counts, secs, stats, round_s = combined(timings)
         m = runs.generation_metrics(counts, secs, args, stats, round_s)
-        rec = {"point": point_name(method, P, B, mode, *point[2:]), "method": method, "decoding": mode, "budget": budget, "gamma": gamma, **self.meta(P, B)}
+        rec = {"point": point_name(method, P, B, *point[1:]), "method": method, "decoding": mode, "budget": budget,
+               "gamma": gamma, "draft_policy": draft_policy, **self.meta(P, B)}
         if method == "baseline":
             m.update(runs.bandwidth_metrics(self.target, self.config, args, self.dtype, secs / len(timings),
                                             self.cost_device.bandwidth))
@@ -431,7 +457,7 @@ class Sweep:
         b_counts, b_secs, b_stats, b_round_s = combined([t["baseline"] for t in timings])
         paired = runs.generation_metrics(b_counts, b_secs, args, b_stats, b_round_s)
         m.update(runs.speculation_metrics(m, stats, paired, gamma or 0))
-        m["cost_model"] = self.predicted(P, B, budget, gamma, m, method, mode)
+        m["cost_model"] = self.predicted(P, B, budget, gamma, m, method, mode, draft_policy)
         group_baseline = self.done(point_name("baseline", P, B, mode))
         per_batch = []
         for t in timings:
@@ -444,7 +470,7 @@ class Sweep:
                       "planner": planner, "auto_gamma_profile_s": partial.get("auto_gamma_profile_s"), "metrics": m,
                       "batches": per_batch}
 
-    def predicted(self, P, B, budget, gamma, m, method, mode) -> dict | None:
+    def predicted(self, P, B, budget, gamma, m, method, mode, draft_policy="streaming") -> dict | None:
         """The cost model's T_T, T_D, T_V and speedup at this point, from the measured device and the measured
         alpha (and, as `speedup_effective`, from the measured Omega_eff: tokens per verification of the whole batch,
         stragglers included, which is what the every-sequence-reaches-gen_len throughput follows)."""
@@ -452,31 +478,51 @@ class Sweep:
             return None
         draft = self.draft_config if method == "longspec" else None
         device = self.device_for(method)
+        # the draft reads every slot of its cache: a ring's spare ones, or a selected cache's appended positions
+        extra = (self.ring_extra() if draft_policy == "streaming" else self.append()) if budget else 0
         pred = cm.predict(self.config, device, B, P + self.cfg["gen_len"] // 2, gamma, m["alpha"],
-                          budget if budget else P, draft, self.ring_extra() if budget else 0, mode == "sampled")
+                          budget if budget else P, draft, extra, mode == "sampled")
         return pred | {"speedup_effective": m["omega_effective"] / cm.verification_cost(pred, gamma),
                        "device_model": vars(device)}
 
-    def new_target_cache(self, P: int, prompts: torch.Tensor) -> tuple[KVCache, torch.Tensor]:
-        """The target's cache for these prompts (prefix P), prefilled (random KV for skip_prefill sweeps), and the
-        last position's logits."""
+    def new_target_cache(self, P: int, prompts: torch.Tensor):
+        """The target's cache for these prompts (prefix P), prefilled (random KV for skip_prefill sweeps), the last
+        position's logits, and, when a selection policy is swept, the queries of the prompt's last tokens per layer
+        (self-speculation selects its draft cache from them and the target's KV)."""
         cfg, c, B = self.cfg, self.config, prompts.shape[0]
         cache = KVCache(c.n_layers, B, c.n_kv_heads, self.slots(P), c.head_dim, self.dtype, self.device,
                         cfg["prefill_backend"])
-        if cfg["skip_prefill"]:
+        random_kv = cfg["seed"] if cfg["skip_prefill"] else None
+        queries = None
+        if set(cfg["draft_policies"]) - {"streaming"} and "selfspec" in cfg["methods"]:
+            logits, queries = draft_cache.prefill_recording(self.target, cache, prompts, draft_cache.WINDOW,
+                                                            prefill_chunk(B), random_seed=random_kv)
+        elif cfg["skip_prefill"]:
             cache.fill_random(P, cfg["seed"])
             logits = self.target(prompts[:, -1:], cache, logits="last")[:, -1]
         else:
             logits = prefill(self.target, cache, prompts, prefill_chunk(B))
         cache.backend = self.backend
-        return cache, logits
+        return cache, logits, queries
 
-    def new_draft(self, method: str, budget: int, P: int, prompts: torch.Tensor) -> Draft:
-        """`method`'s draft (the target itself, or the draft model) with a `budget` cache over these prompts,
-        prefilled (random KV for skip_prefill sweeps)."""
+    def new_draft(self, method: str, budget: int, P: int, prompts: torch.Tensor, policy: str = "streaming",
+                  target_cache: KVCache | None = None, queries=None) -> Draft:
+        """`method`'s draft (the target itself, or the draft model) with a `budget` cache over these prompts:
+        StreamingLLM's prefilled (random KV for skip_prefill sweeps), or a selection policy's, selected from the
+        target's prefill (`target_cache`, holding the prompt, and its `queries`) or from the draft's own."""
         cfg, B = self.cfg, prompts.shape[0]
         model = self.target if method == "selfspec" else self.draft_model
         a = model.args
+        if policy != "streaming":
+            chosen = draft_cache.policy_for(policy, budget)
+            if method == "selfspec":
+                dc = draft_cache.build(chosen, target_cache, queries, self.append())
+            else:
+                dc = draft_cache.select_by_own_prefill(chosen, model, prompts, prefill_chunk(B), self.append(),
+                                                       self.dtype, cfg["prefill_backend"], False,
+                                                       cfg["seed"] + 1 if cfg["skip_prefill"] else None)
+            dc.backend = self.backend
+            return Draft(model, dc)
         dc = runs.new_draft_cache(a, B, a.n_kv_heads, budget, cfg["sinks"], self.ring_extra(), self.slots(P),
                                   self.dtype, self.device, cfg["prefill_backend"])
         draft = Draft(model, dc)
@@ -495,6 +541,7 @@ class Sweep:
         for b in self.cfg["budgets"]:
             seen = [r for r in records
                     if r.get("method") == method and r.get("budget") == b and r.get("prefix_len") == P
+                    and r.get("draft_policy", "streaming") == "streaming"
                     and r.get("decoding") == mode and r.get("metrics", {}).get("alpha") is not None]
             alpha[b] = synthetic if synthetic is not None else (sum(r["metrics"]["alpha"] for r in seen) / len(seen) if seen else self.cfg["alpha_prior"])
             spread[b] = spread_of(seen)

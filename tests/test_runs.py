@@ -238,10 +238,13 @@ def test_reindex_bad_input(tiny, jsonl):
                        "--streamingllm_budget", "0", "--draft_policy", "snapkv"), "--streamingllm_budget 0 (the full")
 
 
-def test_auto_gamma_end_to_end(tiny, jsonl, tiny_baseline):
-    """--gamma auto: profiles gamma 0..max_gamma on the batch, picks per verification, loses no token."""
-    record = selfspec_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), "--streamingllm_budget", "24",
-                                              "--sinks", "4", "--gamma", "auto", "--max_gamma", "3", "--baseline"))
+@pytest.mark.parametrize("draft", [("--streamingllm_budget", "24", "--sinks", "4"),
+                                   ("--draft_budget", "48", "--draft_policy", "snapkv")], ids=["streaming", "snapkv"])
+def test_auto_gamma_end_to_end(tiny, jsonl, tiny_baseline, draft):
+    """--gamma auto: profiles gamma 0..max_gamma on the batch, picks per verification, loses no token (with a
+    StreamingLLM draft and with a selected one, whose profiling runs roll its appended tokens back too)."""
+    record = selfspec_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), *draft, "--gamma", "auto",
+                                              "--max_gamma", "3", "--baseline"))
     m = record["metrics"]
     auto = m["speculation"]["auto_gamma"]
     assert sorted(auto["seconds_per_verification"]) == [0, 1, 2, 3]

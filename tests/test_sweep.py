@@ -287,3 +287,62 @@ def test_history_feeds_the_planner(tmp_path):
     assert sw.plan_budget(48, 2, "greedy", None)[1]["alpha_by_budget"] == {24: 0.6}
     sw.cfg = cfg | {"history": []}
     assert sw.plan_budget(48, 2, "greedy", None)[1]["alpha_by_budget"] == {24: cfg["alpha_prior"]}
+
+
+POLICY_SWEEP = """
+model_name = "JackFram/llama-68m"
+random_weights = true
+prefix_lens = [96]
+batch_sizes = [2]
+budgets = [0, 48]
+gammas = [2]
+methods = ["baseline", "selfspec", "longspec"]
+draft_name = "JackFram/llama-68m"
+draft_policies = ["streaming", "snapkv", "retrieval"]
+modes = ["greedy"]
+gen_len = 8
+sinks = 4
+"""
+
+
+def test_draft_policy_is_a_grid_axis(tmp_path):
+    """Every policy at every budget for both drafting methods (a selection needs a budget: none at 0, the full
+    draft cache), each record naming its policy, with its acceptance and the cost model counting the slots its
+    draft reads."""
+    out = tmp_path / "out"
+    assert sweep.Sweep(sweep.load_config(_write(tmp_path, POLICY_SWEEP)), out, torch.device("cpu"), False).run(None) == 0
+    recs = records(out)
+    expected = {"baseline_P96_B2_greedy"} | {f"{m}_P96_B2_greedy_b{b}_g2" for m in ("selfspec", "longspec")
+                                             for b in (0, 48)}
+    expected |= {f"{m}_P96_B2_greedy_b48_g2_{d}" for m in ("selfspec", "longspec") for d in ("snapkv", "retrieval")}
+    assert set(recs) == expected
+    for name, r in recs.items():
+        if r["method"] == "baseline":
+            continue
+        assert r["draft_policy"] == (name.split("_")[-1] if name.endswith(("snapkv", "retrieval")) else "streaming")
+        assert 0 <= r["metrics"]["alpha"] <= 1 and r["metrics"]["cost_model"]["T_D"] > 0
+    assert recs["longspec_P96_B2_greedy_b0_g2"]["metrics"]["alpha"] == 1.0  # its own model, full cache
+    # the draft model has the target's name, seed and so weights: selecting from its own prefill keeps what
+    # self-speculation selects from the target's, and accepts the same
+    for suffix in ("", "_snapkv", "_retrieval"):
+        assert recs[f"selfspec_P96_B2_greedy_b48_g2{suffix}"]["metrics"]["alpha"] == \
+            recs[f"longspec_P96_B2_greedy_b48_g2{suffix}"]["metrics"]["alpha"]
+    # a selected cache reads its budget plus what generation appends, StreamingLLM its budget plus the ring's slack
+    s = sweep.Sweep(sweep.load_config(_write(tmp_path, POLICY_SWEEP)), tmp_path / "x", torch.device("cpu"), False)
+    assert s.append() == 8 + 2 + 2 and s.ring_extra() == runs_ring_extra(8, 2)
+
+
+def runs_ring_extra(gen_len, gamma):
+    from magicdec.runs import ring_extra_for
+
+    return ring_extra_for(gen_len, gamma)
+
+
+@pytest.mark.parametrize("old,new,needle", [
+    ('draft_policies = ["streaming", "snapkv", "retrieval"]', 'draft_policies = ["h2o"]', "draft_policies must be among"),
+    ("budgets = [0, 48]", "budgets = [24, 48]", "budgets [24] must exceed the 32-token window"),
+])
+def test_bad_draft_policies_config(tmp_path, old, new, needle):
+    p = run_cli(_write(tmp_path, POLICY_SWEEP.replace(old, new)), "--output_dir", str(tmp_path / "o"),
+                launcher=("-m", "magicdec.sweep"))
+    one_line_error(p, needle)
