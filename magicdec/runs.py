@@ -570,7 +570,7 @@ def print_summary(method, record, config, args) -> None:
     else:
         rows += [("gamma", args.gamma if "gamma_sweep" not in record else f"{m['gamma']} (best of {args.gamma})"),
                  ("budget", f"{args.streamingllm_budget} ({getattr(args, 'draft_policy', 'streaming')}"
-                            + (", reindexed)" if args.reindex else ")")),
+                            + (", reindexed)" if getattr(args, "reindex", False) else ")")),
                  ("alpha", m["alpha"] if m["alpha"] is not None else "n/a"), ("Omega", m["omega"] or 0.0)]
         policy = (m.get("speculation") or {}).get("auto_gamma") or {}
         used = {int(g): n for g, n in (policy.get("iterations_per_gamma") or {}).items()}  # str keys once in JSON

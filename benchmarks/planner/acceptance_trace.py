@@ -144,7 +144,7 @@ def main(argv=None) -> int:
             with torch.inference_mode():
                 prompts, _ = bench.load_prompts_for(args, sweep.config, sweep.checkpoint)
                 prompts = prompts.to(sweep.device)
-                cache, logits = sweep.new_target_cache(P, prompts)
+                cache, logits, _ = sweep.new_target_cache(P, prompts)
                 drafts = {b: sweep.new_draft("selfspec", b, P, prompts) for b in budgets}
                 for mode in modes:
                     sampling = MODES[mode]

@@ -41,7 +41,7 @@ def group_check(sweep: Sweep, P: int, B: int, mode: str, fixed: list[tuple[int, 
     with torch.inference_mode():
         prompts, _ = bench.load_prompts_for(args, sweep.config, sweep.checkpoint)
         prompts = prompts.to(sweep.device)
-        cache, logits = sweep.new_target_cache(P, prompts)
+        cache, logits, _ = sweep.new_target_cache(P, prompts)
         torch.manual_seed(cfg["seed"])
         first = next_token(logits, sampling.temperature, sampling.top_p, sampling.top_k)
         cache.rollback(torch.full_like(cache.lengths, P))
