@@ -1,7 +1,10 @@
 """Attention backends behind one interface.
 
-`make_attend(backend, q_pos, key_pos, n_slots, sinks, window)` is called once per forward pass and returns
-`attend(q [B, H, T, D], k [B, Hkv, S, D], v) -> [B, H, T, D]`, used by every layer. The mask is the same for every
+`make_attend(backend, q_pos, key_pos, n_slots, sinks, window, scores)` is called once per forward pass and returns
+`attend(q [B, H, T, D], k [B, Hkv, S, D], v, layer) -> [B, H, T, D]`, used by every layer. With `scores` (one
+[B, H, S] fp32 buffer per layer) it also writes each head's scaled logits of the forward's first query over every
+slot, -inf where that query may not look: what a draft's `--refresh` re-selects from (the Triton kernel writes them
+as it reads K; the other backends take a pass of their own). The mask is the same for every
 kind of cache: query t of sequence b (at absolute position qp = q_pos[b, t]) sees slot s, holding position
 kp = key_pos[b, s], iff kp <= qp and, when window > 0, (kp < sinks or kp > qp - window): StreamingLLM's sink
 tokens plus a recent window. key_pos=None means slot s holds position s (the full cache); empty slots carry a huge
@@ -18,7 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Attend = Callable[..., torch.Tensor]  # (q, k, v, layer=None) -> out
 BACKENDS = ("auto", "sdpa", "flex", "triton", "flash")
 TRITON_MAX_T = 16  # decode and verification; longer chunks (prefill) go to flex/sdpa
 KV_BLOCK = 128
@@ -60,11 +63,21 @@ def _visible(q_pos, key_pos, n_slots, sinks=0, window=0) -> torch.Tensor:
     return visible
 
 
-def sdpa_attend(q_pos, key_pos, n_slots, sinks=0, window=0) -> Attend:
+def first_query_logits(out: torch.Tensor, q, k, visible) -> None:
+    """Each head's scaled logits of the first query over every slot into out [B, H, S], -inf where not visible."""
+    B, H, _, D = q.shape
+    Hkv = k.shape[1]
+    s = torch.einsum("bhgd,bhsd->bhgs", q[:, :, 0].float().view(B, Hkv, H // Hkv, D), k.float()) * D ** -0.5
+    out.copy_(s.reshape(B, H, -1).masked_fill(~visible[:, None, 0], float("-inf")))
+
+
+def sdpa_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Attend:
     """Plain PyTorch (scaled_dot_product_attention with a boolean mask): the reference, and the CPU path."""
     visible = _visible(q_pos, key_pos, n_slots, sinks, window)
 
-    def attend(q, k, v):
+    def attend(q, k, v, layer=None):
+        if scores is not None:
+            first_query_logits(scores[layer], q, k, visible)
         B, H, T, D = q.shape
         Hkv = k.shape[1]
         G = H // Hkv
@@ -89,7 +102,7 @@ def _flex():
     return _compiled_flex
 
 
-def flex_attend(q_pos, key_pos, n_slots, sinks=0, window=0) -> Attend:
+def flex_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Attend:
     """torch FlexAttention with a block mask that skips the KV blocks past each sequence's end."""
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -118,22 +131,26 @@ def flex_attend(q_pos, key_pos, n_slots, sinks=0, window=0) -> Attend:
     block_mask = BlockMask.from_kv_blocks(kv_num_blocks[:, None], kv_indices, BLOCK_SIZE=(Q_BLOCK, KV_BLOCK),
                                           mask_mod=mask_mod, seq_lengths=(T, n_slots))
 
-    def attend(q, k, v):
+    visible = _visible(q_pos, key_pos, n_slots, sinks, window) if scores is not None else None
+
+    def attend(q, k, v, layer=None):
+        if scores is not None:
+            first_query_logits(scores[layer], q, k, visible)
         return _flex()(q, k, v, block_mask=block_mask, enable_gqa=True)
 
     return attend
 
 
-def flash_attend(q_pos, key_pos, n_slots, sinks=0, window=0) -> Attend:
-    """flash-attn's flash_attn_with_kvcache (when importable) for the full cache; other caches use the Triton
-    kernel, whose mask handles scattered slots."""
-    if key_pos is not None:
-        return triton_attend(q_pos, key_pos, n_slots, sinks, window)
+def flash_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Attend:
+    """flash-attn's flash_attn_with_kvcache (when importable) for the full cache; other caches, and scores, use the
+    Triton kernel, whose mask handles scattered slots."""
+    if key_pos is not None or scores is not None:
+        return triton_attend(q_pos, key_pos, n_slots, sinks, window, scores)
     from flash_attn import flash_attn_with_kvcache
 
     seqlens = (q_pos[:, -1] + 1).to(torch.int32)  # keys 0..last query position; causal aligns queries at the end
 
-    def attend(q, k, v):
+    def attend(q, k, v, layer=None):
         out = flash_attn_with_kvcache(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                       cache_seqlens=seqlens, causal=True)
         return out.transpose(1, 2)
@@ -141,14 +158,15 @@ def flash_attend(q_pos, key_pos, n_slots, sinks=0, window=0) -> Attend:
     return attend
 
 
-def triton_attend(q_pos, key_pos, n_slots, sinks=0, window=0) -> Attend:
+def triton_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Attend:
     """Split-KV Triton kernel for decode/verify (few query tokens); flex (GPU) or sdpa (CPU) for prefill chunks."""
     if q_pos.shape[1] > TRITON_MAX_T:
-        return (flex_attend if q_pos.is_cuda else sdpa_attend)(q_pos, key_pos, n_slots, sinks, window)
+        return (flex_attend if q_pos.is_cuda else sdpa_attend)(q_pos, key_pos, n_slots, sinks, window, scores)
     from magicdec.triton_attention import split_kv_attention
 
-    def attend(q, k, v):
-        return split_kv_attention(q, k, v, q_pos, key_pos, sinks=sinks, window=window)
+    def attend(q, k, v, layer=None):
+        return split_kv_attention(q, k, v, q_pos, key_pos, sinks=sinks, window=window,
+                                  scores=None if scores is None else scores[layer])
 
     return attend
 
@@ -156,5 +174,5 @@ def triton_attend(q_pos, key_pos, n_slots, sinks=0, window=0) -> Attend:
 MAKERS = {"sdpa": sdpa_attend, "flex": flex_attend, "triton": triton_attend, "flash": flash_attend}
 
 
-def make_attend(backend: str, q_pos, key_pos, n_slots, sinks: int = 0, window: int = 0) -> Attend:
-    return MAKERS[backend](q_pos, key_pos, n_slots, sinks, window)
+def make_attend(backend: str, q_pos, key_pos, n_slots, sinks: int = 0, window: int = 0, scores=None) -> Attend:
+    return MAKERS[backend](q_pos, key_pos, n_slots, sinks, window, scores)

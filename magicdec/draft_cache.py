@@ -50,14 +50,28 @@ class SnapKV:
         for h in range(Hkv):  # one KV head at a time: at 32K x 13 the whole layer's fp32 attention would be 1.7 GB
             logits = torch.einsum("bgnd,bpd->bgnp", q[:, h * G:(h + 1) * G].float() / math.sqrt(D), k[:, h].float())
             logits[..., P - n:].masked_fill_(future, float("-inf"))
-            attn = logits.softmax(-1)[..., :P - self.window].sum(-2)  # [B, G, P - window]
-            pooled = F.avg_pool1d(attn.reshape(B * G, 1, -1), self.kernel, stride=1, padding=self.kernel // 2)
-            out.append(pooled.view(B, G, -1).sum(1))
+            out.append(self._pooled(logits.softmax(-1)[..., :P - self.window].sum(-2)).sum(1))  # [B, P - window]
         return torch.stack(out, 1)
+
+    def _pooled(self, attn: torch.Tensor) -> torch.Tensor:
+        """Each row of attention [..., L] averaged over `kernel` neighbouring positions (zeros beyond the ends)."""
+        L = attn.shape[-1]
+        return F.avg_pool1d(attn.reshape(-1, 1, L), self.kernel, stride=1, padding=self.kernel // 2).view(attn.shape)
+
+    def _top(self, s: torch.Tensor) -> torch.Tensor:
+        return s.topk(self.budget - self.window, dim=-1).indices.sort(-1).values
 
     def select(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """[B, Hkv, budget - window] prompt positions each KV head keeps besides the window, ascending."""
-        return self.scores(q, k).topk(self.budget - self.window, dim=-1).indices.sort(-1).values
+        return self._top(self.scores(q, k))
+
+    def reselect(self, logits: torch.Tensor, prompt_len: int, n_kv_heads: int) -> torch.Tensor:
+        """The same choice from one query's logits [B, H, S] over a full cache (slot = position, -inf where it does
+        not look): its attention over everything it sees, on the prompt's candidate positions, pooled and summed
+        over each GQA group."""
+        B, H, _ = logits.shape
+        attn = self._pooled(logits.softmax(-1)[..., :prompt_len - self.window])
+        return self._top(attn.view(B, n_kv_heads, H // n_kv_heads, -1).sum(2))
 
 
 class Retrieval:
@@ -78,11 +92,22 @@ class Retrieval:
 
     def select(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """[B, Hkv, budget - window] prompt positions: chunk 0, then the best-scoring chunks, ascending."""
-        s = self.scores(q, k)
+        return self._top(self.scores(q, k))
+
+    def reselect(self, logits: torch.Tensor, prompt_len: int, n_kv_heads: int) -> torch.Tensor:
+        """The same choice from one query's logits [B, H, S] over a full cache (slot = position): a chunk's mean
+        logit is the query against the chunk's mean key (scaled), summed over each GQA group."""
+        B, H, _ = logits.shape
+        c = self.chunk_size
+        chunks = (prompt_len - self.window) // c
+        s = logits[..., :chunks * c].reshape(B, n_kv_heads, H // n_kv_heads, chunks, c)
+        return self._top(s.sum(2).mean(-1))
+
+    def _top(self, s: torch.Tensor) -> torch.Tensor:
         s[..., 0] = float("inf")  # chunk 0 always kept
         n = (self.budget - self.window) // self.chunk_size
         best = s.topk(n, dim=-1).indices.sort(-1).values
-        return (best[..., None] * self.chunk_size + torch.arange(self.chunk_size, device=q.device)).flatten(-2)
+        return (best[..., None] * self.chunk_size + torch.arange(self.chunk_size, device=s.device)).flatten(-2)
 
 
 class SelectionCache(StreamingCache):
@@ -104,12 +129,16 @@ class SelectionCache(StreamingCache):
     def fill(self, target: KVCache, layer: int, positions: torch.Tensor, recent: torch.Tensor) -> None:
         """Layer `layer` from the target's cache: the selected `positions` [B, Hkv, kept] into the kept slots, the
         `recent` prompt positions (the last `self.recent`) into the ring."""
-        idx = positions[..., None].expand(-1, -1, -1, target.k[layer].shape[-1])
-        self.k[layer][:, :, :self.kept] = target.k[layer].gather(2, idx)
-        self.v[layer][:, :, :self.kept] = target.v[layer].gather(2, idx)
+        self.keep(target, layer, positions)
         slots = self.slots(recent)
         self.k[layer][:, :, slots] = target.k[layer][:, :, recent]
         self.v[layer][:, :, slots] = target.v[layer][:, :, recent]
+
+    def keep(self, target: KVCache, layer: int, positions: torch.Tensor) -> None:
+        """The target's keys and values at `positions` [B, Hkv, kept] into layer `layer`'s kept slots."""
+        idx = positions[..., None].expand(-1, -1, -1, target.k[layer].shape[-1])
+        self.k[layer][:, :, :self.kept] = target.k[layer].gather(2, idx)
+        self.v[layer][:, :, :self.kept] = target.v[layer].gather(2, idx)
 
     def hold(self, recent: torch.Tensor, lengths: torch.Tensor) -> None:
         """Which position each slot holds, for the mask, once every layer is filled."""
@@ -132,9 +161,9 @@ class QueryRecorder:
     def attend(self, T: int):
         inner = self.cache.attend(T)
 
-        def attend(q, k, v):
+        def attend(q, k, v, layer=None):
             self.queries.append(q)
-            return inner(q, k, v)
+            return inner(q, k, v, layer)
         return attend
 
 
@@ -180,3 +209,41 @@ def select_by_own_prefill(policy, model, prompts: torch.Tensor, chunk: int, appe
     full = KVCache(model.args.n_layers, B, model.n_kv_heads, P, model.args.head_dim, dtype, prompts.device, backend)
     _, queries = prefill_recording(model, full, prompts, policy.queries, chunk, progress, random_seed, "prefill (draft)")
     return build(policy, full, queries, append)
+
+
+class Refresh:
+    """--refresh N: every N verifications a selected draft cache is selected again, from the attention that
+    verification computed over the target's full cache anyway: the attention writes its first query's logits (the
+    last committed token's) per head over every position as a side output (`KVCache.scores`), and the policy picks
+    the prompt positions to keep from them (`reselect`); the prompt's last window and the appended tokens stay.
+    Each generation starts from the selection the prefill made, so timed runs start alike."""
+
+    def __init__(self, policy, every: int, target: KVCache, draft: SelectionCache, n_heads: int):
+        B, dev = target.lengths.shape[0], target.lengths.device
+        self.policy, self.every, self.target, self.draft = policy, every, target, draft
+        self.prompt_len = int(target.lengths.max())
+        self.logits = [torch.empty(B, n_heads, target.max_len, dtype=torch.float32, device=dev) for _ in target.k]
+        self.first = [draft.k[i][:, :, :draft.kept].clone() for i in range(len(target.k))], \
+            [draft.v[i][:, :, :draft.kept].clone() for i in range(len(target.k))]
+        self.count = 0
+
+    @staticmethod
+    def nbytes_for(n_layers: int, batch_size: int, n_heads: int, max_len: int) -> int:
+        return 4 * n_layers * batch_size * n_heads * max_len
+
+    def begin(self) -> None:
+        self.count = 0
+        for i, (k, v) in enumerate(zip(*self.first)):
+            self.draft.k[i][:, :, :self.draft.kept] = k
+            self.draft.v[i][:, :, :self.draft.kept] = v
+
+    def due(self) -> list[torch.Tensor] | None:
+        """Before a verification: the buffers its attention writes the logits to when it is an Nth, else None."""
+        self.count += 1
+        return self.logits if self.count % self.every == 0 else None
+
+    def apply(self) -> None:
+        """After it: every layer's kept positions selected again from those logits."""
+        n_kv = self.target.k[0].shape[1]
+        for layer, logits in enumerate(self.logits):
+            self.draft.keep(self.target, layer, self.policy.reselect(logits, self.prompt_len, n_kv))

@@ -57,6 +57,7 @@ class Draft:
     model: Transformer | None  # None on ranks that do not run the draft
     cache: KVCache | None
     ranks: list[int] | None = None  # the ranks running a standalone draft, when not every rank does
+    refresh: object | None = None  # draft_cache.Refresh: re-select the cache from verifications' attention
 
     def prefill(self, prompts: torch.Tensor, chunk: int, progress: bool = False) -> None:
         """Fill the cache from the prompts with the draft's own attention: through a StreamingLLM cache this is
@@ -100,7 +101,7 @@ class GraphedStep:
         self.fn, self.graphs, self.pool = fn, {}, None
 
     def __call__(self, tokens, cache):
-        key = (tuple(tokens.shape), id(cache))
+        key = (tuple(tokens.shape), id(cache), cache.scores is not None)  # a refresh's verify writes its attention
         if key not in self.graphs:
             static_in = tokens.clone()
             side = torch.cuda.Stream()
@@ -276,15 +277,22 @@ class Decoder:
         bar = Progress(n_new, "decode (speculation)" if self.gamma else "decode (baseline)", progress)
         if self.synthetic is not None:  # hist column i holds position base + i; stopped rows read inside it
             self.landscape = acceptance_landscape(B, batch.hist.shape[1], dev)
+        refresh = self.draft.refresh if self.draft is not None else None
+        if refresh is not None:
+            refresh.begin()
         while not self._all_done(batch, schedule):
             gamma = schedule.next()
             t0 = timer.stamp()
             drafted, q = self._propose(batch, gamma)  # draft gamma tokens
             t1 = timer.stamp()
+            cache.scores = refresh.due() if refresh is not None and gamma else None  # its attention kept, to refresh
             accepted, nxt = self._verify(cache, batch, drafted, q)  # verify gamma + 1 in one target pass, accept
             t2 = timer.stamp()
             active = batch.commit(drafted, accepted, nxt)
             cache.rollback(batch.position(1))  # drop rejected drafts' KV; the last committed token is fed next
+            if cache.scores is not None:
+                refresh.apply()  # the draft's cache selected again from that attention
+                cache.scores = None
             taken, examined = counts.add(gamma, accepted, active, batch.cols, batch.m - 1, n_new)
             schedule.stage(batch, taken, examined)
             if self.trace is not None:

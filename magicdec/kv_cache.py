@@ -21,6 +21,7 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # tokens held per sequence
         self.max_len, self.backend = max_len, backend
+        self.scores = None  # per layer [B, H, max_len] fp32: the next forward's first-query logits go there (--refresh)
         self._rows = torch.arange(batch_size, device=device)[:, None]
         if self.lengths.is_cuda:  # CUDA graphs must not copy the cache: its address stays fixed across replays
             for t in (*self.k, *self.v, self.lengths):
@@ -41,7 +42,7 @@ class KVCache:
         return self.k[layer], self.v[layer]
 
     def attend(self, T: int):
-        return make_attend(self.backend, self.positions(T), None, self.max_len)
+        return make_attend(self.backend, self.positions(T), None, self.max_len, scores=self.scores)
 
     def fill_random(self, length: int, seed: int) -> None:
         """Stand in for a prefill of `length` tokens (random-weight speed runs only): random K/V, lengths set."""

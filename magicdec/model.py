@@ -115,7 +115,7 @@ class Attention(nn.Module):
         k = _ops["apply_rope"](k.view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
         v = v.view(B, T, self.n_kv_heads, self.head_dim)
         k_cache, v_cache = cache.write(layer, k, v)
-        y = attend(q.transpose(1, 2), k_cache, v_cache)  # [B, H, T, D]
+        y = attend(q.transpose(1, 2), k_cache, v_cache, layer)  # [B, H, T, D]
         return self.wo(y.transpose(1, 2).reshape(B, T, q_size))
 
 

@@ -63,6 +63,10 @@ def parser(method: str) -> argparse.ArgumentParser:
                         f"retrieval (selected per KV head from {own}, the prompt's last {draft_cache.WINDOW} tokens "
                         "kept, generated tokens appended): see magicdec/draft_cache.py")
     p.add_argument("--chunk_size", type=int, default=8, help="--draft_policy retrieval: tokens per scored chunk")
+    if method == "selfspec":
+        p.add_argument("--refresh", type=int, default=None, metavar="N",
+                       help="snapkv / retrieval: every N verifications select the draft's kept prompt positions again, "
+                            "from the attention that verification computed over the full cache (its side output)")
     p.add_argument("--synthetic_acceptance", type=float, default=None,
                    help="random-weight runs: accept each drafted token with this probability instead of comparing")
     p.add_argument("--baseline", action="store_true",
@@ -180,6 +184,11 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
                                 f"--draft_budget {budget} minus the {draft_cache.WINDOW}-token window)")
     elif args.chunk_size != 8:
         raise MagicDecError("--chunk_size applies to --draft_policy retrieval only")
+    refresh = getattr(args, "refresh", None)
+    if refresh is not None and policy == "streaming":
+        raise MagicDecError("--refresh re-selects a selected cache: use it with --draft_policy snapkv or retrieval")
+    if refresh is not None and refresh < 1:
+        raise MagicDecError(f"--refresh {refresh}: must be at least 1 (verifications between re-selections)")
     if args.reindex and policy != "streaming":
         raise MagicDecError(f"--reindex applies to --draft_policy streaming only (--draft_policy {policy} keeps the "
                             "target's keys at their prompt positions)")
@@ -353,6 +362,10 @@ def run(method: str, argv=None) -> dict:
         draft_slots = cache_len if budget == 0 else budget + (append if selection else ring_extra)
         if selection and method == "longspec":  # the draft's own full prefill, selected from, then freed
             draft_slots += args.prefix_len
+        if getattr(args, "refresh", None):  # each layer's first-query logits, fp32 per query head, as KV slots
+            c = local_config(target_cfg, target_shard)
+            item = torch.empty((), dtype=dtype).element_size()
+            draft_slots += -(-2 * (c.n_heads // c.n_kv_heads) * cache_len // (c.head_dim * item))
         parts.append((local_config(draft_cfg, draft_shard), method == "longspec", draft_slots))
     bench.check_fits(bench.memory_needed(args.B, args.prefill_chunk, dtype, parts), args.device, args.B, args.prefix_len)
     prompts, tokenizer = bench.load_prompts_for(args, target_cfg, target_ckpt)
@@ -393,6 +406,9 @@ def run(method: str, argv=None) -> dict:
             draft.cache, draft_prefill_s = bench.timed(  # the selection's time
                 lambda: draft_cache.build(policy, cache, queries, append), args.device)
             del queries
+            if args.refresh:
+                draft.refresh = draft_cache.Refresh(policy, args.refresh, cache, draft.cache,
+                                                    target.layers[0].attention.n_heads)
         else:
             if args.skip_prefill:
                 cache.fill_random(args.prefix_len, args.seed)
@@ -461,7 +477,9 @@ def run(method: str, argv=None) -> dict:
             (f"{args.draft_policy}: selected per KV head from the target's prefill KV, no draft prefill "
              "(draft_prefill_s: the selection)" if method == "selfspec" else
              f"{args.draft_policy}: selected per KV head from the draft's own full prefill (draft_prefill_s: that "
-             "prefill and the selection)") if selection else "its own prefill through its cache"
+             "prefill and the selection)") + (f", selected again every {args.refresh} verifications from their "
+                                              "attention (--refresh)" if getattr(args, "refresh", None) else "")
+            if selection else "its own prefill through its cache"
             + (", positions inside the cache (--reindex)" if args.reindex else "")),
         "synthetic_acceptance": getattr(args, "synthetic_acceptance", None),
         "synthetic_draws": SYNTHETIC_DRAWS if getattr(args, "synthetic_acceptance", None) is not None else None,

@@ -20,11 +20,12 @@ MAX_ROWS = 128  # beyond G*T rows (prefill chunks) a tiled prefill kernel is the
 
 
 @triton.jit
-def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT,
+def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES,
                      stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                      n_kv_heads, n_slots, split_len, sinks, window,
                      SCALE: tl.constexpr, T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KPOS: tl.constexpr, N_SPLITS: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KPOS: tl.constexpr, N_SPLITS: tl.constexpr,
+                     HAS_SCORES: tl.constexpr):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b = pid_bh // n_kv_heads
@@ -59,6 +60,10 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT,
         if window > 0:  # StreamingLLM: sink tokens plus the most recent `window` positions
             visible = visible & ((k_pos[None, :] < sinks) | (k_pos[None, :] > q_pos[:, None] - window))
         s = tl.where(visible, s, float("-inf"))
+        if HAS_SCORES:  # the first query's logits, one row per query head (rows h*G*T + g*T), for --refresh
+            head = pid_bh * (ROWS // T) + rows // T
+            first = row_ok & (rows % T == 0)
+            tl.store(SCORES + head[:, None] * n_slots + offs[None, :], s, mask=first[:, None] & in_range[None, :])
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -87,10 +92,11 @@ def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
 
 
 def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int = 0, n_splits: int | None = None,
-                       block_n: int = 128, num_warps: int = 4, num_stages: int = 2):
+                       block_n: int = 128, num_warps: int = 4, num_stages: int = 2, scores=None):
     """q [B, H, T, D]; k, v [B, Hkv, S, D] (last dim contiguous); q_pos [B, T] (increasing in T);
     key_pos [B, S] or None (slot s holds position s); window > 0 limits each query to the `sinks` first positions
-    plus its `window` most recent ones. Returns [B, H, T, D] in q's dtype."""
+    plus its `window` most recent ones. Returns [B, H, T, D] in q's dtype. `scores` [B, H, S] fp32 (contiguous):
+    also each head's scaled logits of the first query, -inf where it may not look."""
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rows = H // Hkv * T
@@ -101,12 +107,15 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     acc = torch.empty(B, Hkv, n_splits, rows, D, dtype=torch.float32, device=q.device)
     m = torch.empty(B, Hkv, n_splits, rows, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
+    if scores is not None:
+        scores.fill_(float("-inf"))  # a full cache's blocks past the last query are never read
     _split_kv_kernel[(B * Hkv, n_splits)](
-        q_rows, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l,
+        q_rows, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l, scores if scores is not None else m,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         Hkv, S, split_len, sinks, window,
         SCALE=D ** -0.5, T=T, ROWS=rows, D=D, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
-        HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, num_warps=num_warps, num_stages=num_stages)
+        HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, HAS_SCORES=scores is not None, num_warps=num_warps,
+        num_stages=num_stages)
     return _merge["fn"](acc, m, l).view(B, H, T, D).to(q.dtype)
 
 

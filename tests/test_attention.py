@@ -102,3 +102,38 @@ def test_backend_choice():
         resolve_backend("xformers", torch.device("cpu"))
     with pytest.raises(MagicDecError, match="flash-attn"):
         resolve_backend("flash", torch.device("cpu"))
+
+
+def reference_scores(q, k, q_pos, key_pos, sinks=0, window=0):
+    """Each head's logits of the first query over every slot, by hand in float64; -inf where it may not look."""
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    G = H // k.shape[1]
+    key_pos = torch.arange(S).expand(B, S) if key_pos is None else key_pos
+    out = torch.full((B, H, S), float("-inf"), dtype=torch.float64)
+    for b in range(B):
+        qp = int(q_pos[b, 0])
+        for h in range(H):
+            for s in range(S):
+                kp = int(key_pos[b, s])
+                if kp <= qp and (not window or kp < sinks or kp > qp - window):
+                    out[b, h, s] = float(k[b, h // G, s].double() @ q[b, h, 0].double()) / D ** 0.5
+    return out
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "triton"])
+@pytest.mark.parametrize("shape", [CASES[0], CASES[2], CASES[3], CASES[5]], ids=["decode", "verify", "mqa", "window"])
+def test_first_query_scores_side_output(backend, shape):
+    """--refresh reads the first query's logits that the verification's attention writes beside its output: every
+    head over every slot, -inf where the query may not look (future, empty, outside the window); the output is
+    unchanged by writing them."""
+    *dims, scattered, (sinks, window) = shape
+    q, k, v, q_pos, key_pos = case(*dims, scattered, seed=sum(dims) + 1)
+    B, H, S = q.shape[0], q.shape[1], k.shape[2]
+    scores = [torch.full((B, H, S), 7.0)]  # stale values everywhere: each must be overwritten
+    out = make_attend(backend, q_pos, key_pos, S, sinks, window, scores)(q, k, v, 0)
+    ref = reference_scores(q, k, q_pos, key_pos, sinks, window)
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(scores[0]), finite)
+    torch.testing.assert_close(scores[0][finite].double(), ref[finite], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out, make_attend(backend, q_pos, key_pos, S, sinks, window)(q, k, v))

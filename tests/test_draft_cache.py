@@ -198,6 +198,8 @@ TINY_RUN = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_
     (("--draft_policy", "retrieval", "--draft_budget", "64", "--chunk_size", "33"), "--chunk_size 33: must be 1..32"),
     (("--draft_budget", "64", "--chunk_size", "4"), "--chunk_size applies to --draft_policy retrieval only"),
     (("--draft_policy", "snapkv", "--draft_budget", "200"), "--streamingllm_budget 200 >= --prefix_len 200"),
+    (("--draft_budget", "64", "--refresh", "4"), "--refresh re-selects a selected cache"),
+    (("--draft_policy", "snapkv", "--draft_budget", "64", "--refresh", "0"), "--refresh 0: must be at least 1"),
 ])
 def test_bad_policy_flags_are_one_line(flags, needle):
     p = run_cli(SELFSPEC, *TINY_RUN, *flags)
@@ -211,3 +213,64 @@ def test_smollm2_selected_draft_equals_plain_greedy(smol_model, smol_prompts, po
     out, counts, decoder = selected_speculation(smol_model, policy, smol_prompts, 40, 3)
     assert out.tolist() == plain_greedy(smol_model, smol_prompts, 40).tolist()
     assert_ragged(decoder)
+
+
+def first_query_logits(q, k):
+    """One query [B, H, D] against every key [B, Hkv, S, D], scaled: the logits a verification writes aside."""
+    B, H, D = q.shape
+    Hkv = k.shape[1]
+    return torch.einsum("bhgd,bhsd->bhgs", q.view(B, Hkv, H // Hkv, D), k).reshape(B, H, -1) / math.sqrt(D)
+
+
+def test_retrieval_reselects_what_a_loop_over_the_chunks_keeps():
+    """From a query's logits over the whole cache (prompt of 40, 6 generated positions after it) the chunks a
+    hand-written loop scores by that query against their mean keys."""
+    q, k = qk(n=1, P=46)
+    policy = draft_cache.Retrieval(budget=4 + 3 * 4, chunk_size=4, window=4)
+    got = policy.reselect(first_query_logits(q[:, :, 0], k), prompt_len=40, n_kv_heads=2)
+    assert got.tolist() == retrieval_by_hand(q, k[:, :, :40], window=4, chunk=4, n_chunks=3)
+
+
+def test_snapkv_reselects_from_one_querys_attention():
+    """By hand: the query's softmax over everything it sees (prompt and generated), on the prompt's candidates,
+    averaged over 5 neighbours, summed over the head's group; the best positions per KV head."""
+    q, k = qk(n=1, P=46, seed=4)
+    policy, P, keep = draft_cache.SnapKV(budget=3 + 7, window=3), 40, 7
+    got = policy.reselect(first_query_logits(q[:, :, 0], k), prompt_len=P, n_kv_heads=2)
+    B, H, _, D = q.shape
+    expected = []
+    for b in range(B):
+        heads = []
+        for h in range(2):
+            total = [0.0] * (P - 3)
+            for g in range(2):
+                logits = [sum(float(q[b, h * 2 + g, 0, d]) * float(k[b, h, s, d]) for d in range(D)) / math.sqrt(D)
+                          for s in range(46)]
+                z = sum(math.exp(x) for x in logits)
+                attn = [math.exp(x) / z for x in logits[:P - 3]]
+                for p in range(P - 3):
+                    total[p] += sum(attn[j] for j in range(p - 2, p + 3) if 0 <= j < P - 3) / 5
+            heads.append(sorted(sorted(range(P - 3), key=lambda p: -total[p])[:keep]))
+        expected.append(heads)
+    assert got.tolist() == expected
+
+
+@pytest.mark.parametrize("policy", [draft_cache.SnapKV(48, window=32), draft_cache.Retrieval(48, 4, window=32)],
+                         ids=["snapkv", "retrieval"])
+def test_refreshed_draft_equals_plain_greedy(tiny, policy):
+    """--refresh 2: every second verification re-selects the kept positions from its attention (written aside by
+    the verification); still the plain loop's tokens, and the selection really moved."""
+    prompts = torch.randint(0, 256, (3, 96), generator=torch.Generator().manual_seed(9))
+    a, n_new, gamma = tiny.args, 60, 3
+    cache = KVCache(a.n_layers, 3, a.n_kv_heads, 96 + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
+    logits, queries = draft_cache.prefill_recording(tiny, cache, prompts, policy.queries, 64)
+    dc = draft_cache.build(policy, cache, queries, append=n_new + gamma + 2)
+    refresh = draft_cache.Refresh(policy, 2, cache, dc, a.n_heads)
+    initial = dc.k[0][:, :, :dc.kept].clone()
+    decoder = Decoder(tiny, Sampling(), draft=Draft(tiny, dc, refresh=refresh), gamma=gamma, trace=True)
+    out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
+    assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
+    assert_ragged(decoder)
+    assert refresh.count >= 10 and not torch.equal(dc.k[0][:, :, :dc.kept], initial)
+    refresh.begin()  # the next generation starts from the prefill's selection
+    assert torch.equal(dc.k[0][:, :, :dc.kept], initial)

@@ -193,15 +193,18 @@ def test_longspec_tiny_end_to_end(tiny, jsonl, tiny_baseline, tmp_path, draft, b
         assert 0.1 < m["alpha"] < 1  # some tokens accepted, some rejected
 
 
-@pytest.mark.parametrize("method", ["selfspec", "longspec"])
+@pytest.mark.parametrize("method", ["selfspec", "longspec", "selfspec --refresh 2"])
 @pytest.mark.parametrize("policy", ["snapkv", "retrieval"])
 def test_selected_draft_end_to_end(tiny, jsonl, tiny_baseline, method, policy):
-    """A selection policy through the script, for self-speculation (from the target's prefill) and a standalone
-    draft (from its own full prefill): lossless, and the record says where the draft's KV came from."""
+    """A selection policy through the script, for self-speculation (from the target's prefill, and re-selected
+    every 2 verifications) and a standalone draft (from its own full prefill): lossless, and the record says where
+    the draft's KV came from."""
+    method, *refresh = method.split()
     models = ("--model", str(tiny["target"])) if method == "selfspec" else \
         ("--target", str(tiny["target"]), "--model", str(tiny["draft"]))
     record = (selfspec_benchmark if method == "selfspec" else longspec_benchmark).run(tiny_args(
-        jsonl, *models, "--draft_policy", policy, "--draft_budget", "48", "--gamma", str(GAMMA)))
+        jsonl, *models, "--draft_policy", policy, "--draft_budget", "48", "--gamma", str(GAMMA), *refresh))
+    assert ("--refresh" in record["draft_cache"]) == bool(refresh)
     check_spec_record(record, method, B, GEN, GAMMA, with_baseline=False)
     assert_lossless(record, tiny_baseline)
     assert 0.1 < record["metrics"]["alpha"] < 1
