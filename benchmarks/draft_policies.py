@@ -5,7 +5,9 @@ prompts (B book chunks, each followed by the book's own next tokens), the target
 - teacher-forced: both read the book's next `teacher` tokens; at each position the draft's top-1 against the
   target's (greedy agreement) and sum_x min(p, q) at temperature 0.6, top-p 0.9 (the chance a sampled draft token is
   kept). No generation, so repetition loops cannot flatter the numbers.
-- alpha of greedy and of sampled (0.6 / 0.9) self-speculation, gamma `--gamma`, `--gen_len` new tokens.
+- alpha of greedy and of sampled (0.6 / 0.9) self-speculation, gamma `--gamma`, `--gen_len` new tokens; with
+  `--refresh N ...` also the same generations with snapkv / retrieval selecting again every N verifications from the
+  verification's attention (row key `refresh_N`).
 
     python benchmarks/draft_policies.py --model /tmp/smol/model.pth --dataset /tmp/books --output results/draft_policies/smollm2.json
     python benchmarks/draft_policies.py --report results/draft_policies/smollm2.json   # table and plot from the JSON
@@ -115,6 +117,12 @@ def measure(a) -> dict:
                     row |= teacher_forced(target, cache, draft, prompts, book, logits)
                     for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED)):
                         row[mode] = generated_alpha(target, cache, draft, prompts, logits, sampling, a)
+                    for n in a.refresh if policy != "streaming" else []:
+                        sel = draft_cache.policy_for(policy, budget, a.chunk_size)
+                        draft.refresh = draft_cache.Refresh(sel, n, cache, draft.cache, config.n_heads)
+                        row[f"refresh_{n}"] = {mode: generated_alpha(target, cache, draft, prompts, logits, sampling, a)
+                                               for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED))}
+                        draft.refresh = None
                     rows.append(row | {"seconds": time.time() - start})
                     del draft
                     bar.update(1)
@@ -144,6 +152,27 @@ def summarize(result: dict) -> dict:
                   "alpha_greedy": s["greedy"][0] / max(s["greedy"][1], 1),
                   "alpha_sampled": s["sampled"][0] / max(s["sampled"][1], 1), "batches": s["batches"]}
             for key, s in out.items()}
+
+
+def refresh_table(result: dict) -> str | None:
+    """α with and without --refresh N, per (prefix, policy, budget), over the rows that measured it."""
+    cells = {}
+    for r in result["rows"]:
+        for key in [k for k in r if k.startswith("refresh_")]:
+            c = cells.setdefault((r["prefix_len"], r["policy"], r["budget"], int(key.split("_")[1])),
+                                 {m: [0, 0, 0, 0] for m in ("greedy", "sampled")})
+            for m in ("greedy", "sampled"):
+                c[m] = [c[m][0] + r[m]["kept"], c[m][1] + r[m]["examined"], c[m][2] + r[key][m]["kept"],
+                        c[m][3] + r[key][m]["examined"]]
+    if not cells:
+        return None
+    lines = ["| prefix | policy | budget | refresh every | α greedy: once → refreshed | α sampled: once → refreshed |",
+             "|---|---|---|---|---|---|"]
+    for (P, policy, budget, n), c in sorted(cells.items()):
+        g, s_ = c["greedy"], c["sampled"]
+        lines.append(f"| {P} | {policy} | {budget} | {n} | {g[0] / g[1]:.3f} → {g[2] / g[3]:.3f} | "
+                     f"{s_[0] / s_[1]:.3f} → {s_[2] / s_[3]:.3f} |")
+    return "\n".join(lines)
 
 
 def table(result: dict) -> str:
@@ -201,6 +230,8 @@ def main(argv=None) -> int:
     p.add_argument("--teacher", type=int, default=64, help="teacher-forced tokens per sequence")
     p.add_argument("--sinks", type=int, default=16)
     p.add_argument("--chunk_size", type=int, default=8)
+    p.add_argument("--refresh", type=int, nargs="*", default=[],
+                   help="also generate with snapkv / retrieval re-selected every N verifications (--refresh N)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no_progress", action="store_true")
@@ -219,11 +250,14 @@ def main(argv=None) -> int:
             result, out = measure(a), a.output
             result["command"] = "python benchmarks/draft_policies.py " + " ".join(argv if argv is not None else sys.argv[1:])
         print(table(result))
+        if refresh_table(result):
+            print(refresh_table(result))
         if out:
             out.parent.mkdir(parents=True, exist_ok=True)
             if not a.report or len(a.report) > 1:
                 out.write_text(json.dumps(result, indent=1))
-            out.with_suffix(".md").write_text(table(result) + "\n")
+            out.with_suffix(".md").write_text(table(result) + "\n" + (f"\n{refresh_table(result)}\n"
+                                                                       if refresh_table(result) else ""))
             plot(result, out.with_suffix(".png"))
             print(f"wrote {out} (.md, .png)")
     return 0

@@ -133,6 +133,8 @@ def main(argv=None) -> None:
                         "standalone: LLaMA-2-7B-32K + TinyLlama at 16K, with --reindex and without")
     p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
                    help="which policies' runs (one process each keeps every run's free memory alike)")
+    p.add_argument("--refresh", type=int, default=None, metavar="N",
+                   help="snapkv / retrieval runs re-select every N verifications (recorded as POLICY_refreshN)")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (no speed claim)")
     p.add_argument("--output", type=Path, required=True)
     a = p.parse_args(argv)
@@ -160,13 +162,22 @@ def main(argv=None) -> None:
                   "--synthetic_acceptance", str(round(alphas[policy], 4)), "--baseline"]
         if policy == "streaming":
             argv_p += ["--sinks", "16"]
+        label = policy
+        if a.refresh and policy != "streaming":
+            argv_p += ["--refresh", str(a.refresh)]
+            label = f"{policy}_refresh{a.refresh}"
         rec = run("selfspec", argv_p, a.device)
         got = summary(rec)
         got["predicted"] = predicted(config, device, a, policy, got["gamma"], got["alpha"])
         if policy != "streaming":
             got["predicted"]["selection_s"] = cm.selection_seconds(config, device, a.B, a.prefix_len, policy, WINDOW)
+            got["predicted"]["refresh_s"] = cm.refresh_seconds(config, device, a.B, a.prefix_len + a.gen_len + max(
+                a.gammas) + 2, policy)
         got["environment"] = rec["environment"]
-        out["policies"][policy] = got
+        got["time_split_s"] = rec["metrics"].get("time_split_s")
+        got["iterations"] = rec["metrics"].get("iterations")
+        got["draft_cache"] = rec["draft_cache"]
+        out["policies"][label] = got
         a.output.parent.mkdir(parents=True, exist_ok=True)
         a.output.write_text(json.dumps(out, indent=1))
     if "standalone" in a.parts:
@@ -178,12 +189,12 @@ def main(argv=None) -> None:
             rec = run("longspec", argv_s + (["--reindex"] if reindex else []), a.device)
             out["standalone"]["reindex" if reindex else "absolute"] = summary(rec) | {"draft_cache": rec["draft_cache"]}
             a.output.write_text(json.dumps(out, indent=1))
-    print(f"\n{'policy':10s} {'alpha':>6s} {'gamma':>5s} {'select s':>14s} {'T_D/T_T':>15s} {'T_V/T_T':>15s} "
+    print(f"\n{'policy':18s} {'alpha':>6s} {'gamma':>5s} {'select s':>14s} {'T_D/T_T':>15s} {'T_V/T_T':>15s} "
           f"{'speedup':>15s} {'first done':>10s}   (measured / cost model)")
     for policy, g in out["policies"].items():
         pr = g["predicted"]
         sel = f"{g['draft_prefill_s'] or 0:.3f} / {pr.get('selection_s', 0):.3f}" if policy != "streaming" else "-"
-        print(f"{policy:10s} {g['alpha']:6.3f} {g['gamma']:5d} {sel:>14s} {g['T_D_over_T_T']:.3f} / "
+        print(f"{policy:18s} {g['alpha']:6.3f} {g['gamma']:5d} {sel:>14s} {g['T_D_over_T_T']:.3f} / "
               f"{pr['T_D_over_T_T']:.3f} {g['T_V_over_T_T']:.3f} / {pr['T_V_over_T_T']:.3f} "
               f"{g['measured_speedup']:.3f} / {pr['speedup']:.3f} {g['measured_speedup_first_done'] or 0:10.3f}")
     for k, g in out.get("standalone", {}).items():

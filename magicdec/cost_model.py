@@ -109,6 +109,16 @@ def selection_seconds(c: ModelArgs, d: Device, B: int, prefix: int, policy: str,
     return c.n_layers * per_layer / d.bandwidth / d.ranks
 
 
+def refresh_seconds(c: ModelArgs, d: Device, B: int, context: int, policy: str) -> float:
+    """Seconds one --refresh adds: the verification's attention writes its first query's fp32 logits for every query
+    head over the cache (after setting them to -inf: 8 bytes each), then the re-selection reads them: SnapKV a
+    softmax (read twice, written once) and a sum over the prompt's positions (16 bytes), retrieval a sum per chunk
+    (4 bytes). The gathered kept slots and the top-k are small beside them."""
+    logits = B * c.n_heads * context
+    per_layer = logits * (8 + (16 if policy == "snapkv" else 4))
+    return c.n_layers * per_layer / d.bandwidth / d.ranks
+
+
 def verification_cost(p: dict, gamma: int) -> float:
     """Seconds of one verification, in target steps: gamma draft steps, the target's (gamma+1)-token step, T_O."""
     return gamma * p["T_D_over_T_T"] + p["T_V_over_T_T"] + p["T_O_over_T_T"]
