@@ -408,7 +408,7 @@ def run(method: str, argv=None) -> dict:
             del queries
             if args.refresh:
                 draft.refresh = draft_cache.Refresh(policy, args.refresh, cache, draft.cache,
-                                                    target.layers[0].attention.n_heads)
+                                                    target.layers[0].attention.n_heads, graphed=args.cuda_graphs)
         else:
             if args.skip_prefill:
                 cache.fill_random(args.prefix_len, args.seed)
