@@ -51,7 +51,8 @@ class SnapKV:
         for h in range(Hkv):  # one KV head at a time: at 32K x 13 the whole layer's fp32 attention would be 1.7 GB
             logits = torch.einsum("bgnd,bpd->bgnp", q[:, h * G:(h + 1) * G].float() / math.sqrt(D), k[:, h].float())
             logits[..., P - n:].masked_fill_(future, float("-inf"))
-            out.append(self._pooled(logits.softmax(-1)[..., :P - self.window].sum(-2)).sum(1))  # [B, P - window]
+            # pooling is linear: summing the group first pools G times less
+            out.append(self._pooled(logits.softmax(-1)[..., :P - self.window].sum((1, 2))))  # [B, P - window]
         return torch.stack(out, 1)
 
     def _pooled(self, attn: torch.Tensor) -> torch.Tensor:
@@ -71,8 +72,8 @@ class SnapKV:
         not look): its attention over everything it sees, on the prompt's candidate positions, pooled and summed
         over each GQA group."""
         B, H, _ = logits.shape
-        attn = self._pooled(logits.softmax(-1)[..., :prompt_len - self.window])
-        return self._top(attn.view(B, n_kv_heads, H // n_kv_heads, -1).sum(2))
+        attn = logits.softmax(-1)[..., :prompt_len - self.window].view(B, n_kv_heads, H // n_kv_heads, -1).sum(2)
+        return self._top(self._pooled(attn))
 
 
 class Retrieval:
