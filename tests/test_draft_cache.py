@@ -106,12 +106,13 @@ def test_retrieval_hand_made_chunk():
         [0, 1, 2, 3, 20, 21, 22, 23]
 
 
-def selected_speculation(model, policy, prompts, n_new, gamma, sampling=Sampling(), first=None):
+def selected_speculation(model, policy, prompts, n_new, gamma, sampling=Sampling(), first=None, refresh=None):
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
     logits, queries = draft_cache.prefill_recording(model, cache, prompts, policy.queries, 64)
     dc = draft_cache.build(policy, cache, queries, append=n_new + gamma + 2)
-    decoder = Decoder(model, sampling, draft=Draft(model, dc), gamma=gamma, trace=sampling.greedy)
+    again = refresh and draft_cache.Refresh(policy, refresh, cache, dc, a.n_heads)
+    decoder = Decoder(model, sampling, draft=Draft(model, dc, refresh=again), gamma=gamma, trace=sampling.greedy)
     first = logits.argmax(-1) if first is None else first
     out, counts = decode(decoder, cache, first, n_new, prev=prompts[:, -1])
     return out, counts, decoder
@@ -208,9 +209,11 @@ def test_bad_policy_flags_are_one_line(flags, needle):
 
 @pytest.mark.parametrize("policy", [draft_cache.SnapKV(48, window=32), draft_cache.Retrieval(48, 4, window=32)],
                          ids=["snapkv", "retrieval"])
-def test_smollm2_selected_draft_equals_plain_greedy(smol_model, smol_prompts, policy):
-    """SmolLM2-135M on Gutenberg text (its prompts from the speculative tests): 40 tokens past a 48-token budget."""
-    out, counts, decoder = selected_speculation(smol_model, policy, smol_prompts, 40, 3)
+@pytest.mark.parametrize("refresh", [None, 2])
+def test_smollm2_selected_draft_equals_plain_greedy(smol_model, smol_prompts, policy, refresh):
+    """SmolLM2-135M on Gutenberg text (its prompts from the speculative tests): 40 tokens past a 48-token budget,
+    and with the selection made again every 2 verifications."""
+    out, counts, decoder = selected_speculation(smol_model, policy, smol_prompts, 40, 3, refresh=refresh)
     assert out.tolist() == plain_greedy(smol_model, smol_prompts, 40).tolist()
     assert_ragged(decoder)
 
