@@ -172,3 +172,20 @@ def smol_prompts(smol_tokenizer):
     text = (DATA / "gutenberg" / "pg1342.txt").read_text()
     ids = smol_tokenizer.encode(text[20000:40000])
     return torch.tensor([ids[i * 96:(i + 1) * 96] for i in range(3)])
+
+
+def chi_square(tokens: torch.Tensor, p: torch.Tensor) -> tuple[float, float]:
+    """Pearson's chi-square of sampled `tokens` against the distribution p (cells expected fewer than 5 times
+    pooled) and its 1 - 3e-7 quantile (Wilson-Hilferty, z = 5); inf when a token with p = 0 was drawn."""
+    import math
+
+    N = tokens.numel()
+    counts, expected = torch.bincount(tokens, minlength=p.numel()).double(), N * p
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big & (p > 0)].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big & (p > 0)].sum()[None]])
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    df = obs.numel() - 1
+    bound = df * (1 - 2 / (9 * df) + 5 * math.sqrt(2 / (9 * df))) ** 3
+    stat = ((obs - exp) ** 2 / exp).sum().item()
+    return (stat if counts[p == 0].sum() == 0 else math.inf), bound

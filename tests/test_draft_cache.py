@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import REPO, run_cli
+from conftest import REPO, chi_square, run_cli
 from magicdec import draft_cache
 from magicdec.generate import Decoder, Draft, Sampling, decode
 from magicdec.kv_cache import KVCache
@@ -147,25 +147,14 @@ def test_sampled_speculation_with_a_selected_draft_is_lossless(tiny, policy, mon
     cache.advance(96)
     p = probabilities(tiny(first[:1, None], cache)[:, -1], 0.6, 0.9)[0].double()
 
-    def chi2_and_bound(tokens):
-        counts, expected = torch.bincount(tokens, minlength=p.numel()).double(), N * p
-        big = expected >= 5
-        obs = torch.cat([counts[big], counts[~big & (p > 0)].sum()[None]])
-        exp = torch.cat([expected[big], expected[~big & (p > 0)].sum()[None]])
-        obs, exp = obs[exp > 0], exp[exp > 0]
-        df = obs.numel() - 1
-        bound = df * (1 - 2 / (9 * df) + 5 * math.sqrt(2 / (9 * df))) ** 3  # z = 5
-        stat = ((obs - exp) ** 2 / exp).sum().item()
-        return (stat if counts[p == 0].sum() == 0 else math.inf), bound
-
     torch.manual_seed(0)
     out, _, decoder = selected_speculation(tiny, policy, prompt.expand(N, -1), 2, 1, sampling, first)
-    stat, bound = chi2_and_bound(out[:, 1])
+    stat, bound = chi_square(out[:, 1], p)
     assert stat < bound and 0.05 < decoder.stats.alpha < 0.95, (stat, bound, decoder.stats.alpha)
     wrong = lambda p_, q, d: verify.speculative_sampling_verify(p_, q, d, correct=False)  # noqa: E731
     monkeypatch.setattr(generate, "speculative_sampling_verify", wrong)
     out, _, _ = selected_speculation(tiny, policy, prompt.expand(N, -1), 2, 1, sampling, first)
-    stat, bound = chi2_and_bound(out[:, 1])
+    stat, bound = chi_square(out[:, 1], p)
     assert stat > 2 * bound, (stat, bound)
 
 

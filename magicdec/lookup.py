@@ -1,0 +1,54 @@
+"""Prompt-lookup drafting: no draft model at all. The gamma tokens proposed for a sequence are those that followed
+the latest earlier occurrence of its last `n` tokens in its prompt and output so far, for the largest n from
+`ngram_max` down to 1 that occurs; batched on the device (no per-sequence host loop).
+
+A proposal is a point mass, so speculative sampling accepts a proposed token x with probability p(x) and otherwise
+samples from the target's distribution without x: lossless for greedy and sampling alike. Where nothing matches, a
+sequence's row still carries gamma tokens (the batch keeps one shape): they repeat its last token, and the
+verification accepts them only where the target would have produced them anyway.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def propose_ngram(ctx: torch.Tensor, length: torch.Tensor, gamma: int, ngram_max: int):
+    """ctx [B, L] token ids, of which the first length[b] are sequence b's; returns (tokens [B, gamma], found [B]):
+    the gamma tokens after the latest earlier occurrence of the longest matching suffix (n = ngram_max..1) of each
+    sequence, cut at its end (the last token repeated past it), and whether any n matched."""
+    B, L = ctx.shape
+    start = torch.zeros(B, dtype=torch.long, device=ctx.device)  # where the proposal is copied from
+    found = torch.zeros(B, dtype=torch.bool, device=ctx.device)
+    for n in range(min(ngram_max, L - 1), 0, -1):
+        tail = ctx.gather(1, (length[:, None] - n + torch.arange(n, device=ctx.device)).clamp(min=0))  # [B, n]
+        match = (ctx.unfold(1, n, 1) == tail[:, None, :]).all(-1)  # [B, L - n + 1]: window at s equals the tail
+        s = torch.arange(L - n + 1, device=ctx.device)
+        earlier = match & (s[None, :] + n < length[:, None]) & (length[:, None] > n)  # a token follows, not the tail
+        latest = torch.where(earlier, s[None, :], -1).amax(1)
+        new = ~found & (latest >= 0)
+        start = torch.where(new, latest + n, start)
+        found = found | new
+    last = (length - 1).clamp(min=0)
+    idx = torch.where(found[:, None], start[:, None] + torch.arange(gamma, device=ctx.device), last[:, None])
+    return ctx.gather(1, torch.minimum(idx, last[:, None])), found
+
+
+class PromptLookup:
+    """A draft for the generation loop (generate.Draft's seam: `propose`) that reads the prompts and the committed
+    tokens instead of running a model. `vocab_size` set: sampled decoding, which verifies against one-hot q."""
+
+    model = cache = ranks = refresh = None
+
+    def __init__(self, prompts: torch.Tensor, ngram_max: int = 3, vocab_size: int | None = None):
+        self.prompts, self.ngram_max, self.vocab_size = prompts, ngram_max, vocab_size
+        self.found = None  # per sequence, whether the last proposal matched (for the record)
+
+    def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
+        """gamma tokens per sequence after its committed tokens hist[:, :m] (hist[:, 0] is the prompt's last
+        token), and their one-hot distributions when sampling."""
+        P = self.prompts.shape[1]
+        ctx = torch.cat([self.prompts[:, :P - 1], hist], 1)
+        tokens, self.found = propose_ngram(ctx, P - 1 + m, gamma, self.ngram_max)
+        q = None if self.vocab_size is None else F.one_hot(tokens, self.vocab_size).float()
+        return tokens, q

@@ -1,0 +1,123 @@
+"""magicdec/lookup.py: prompt-lookup proposals on hand-written token sequences (a match, none, several: the latest
+wins, n backing off to shorter suffixes, the proposal cut at the sequence's end); greedy speculation with it equals
+the plain autoregressive loop (B = 3, ragged); sampled speculation keeps the target's distribution."""
+from __future__ import annotations
+
+
+import pytest
+import torch
+
+from conftest import chi_square
+from magicdec.generate import Decoder, Sampling, decode
+from magicdec.kv_cache import KVCache
+from magicdec.lookup import PromptLookup, propose_ngram
+from magicdec.sampling import probabilities
+from test_generate_speculative import assert_ragged, plain_greedy
+
+
+@pytest.fixture(autouse=True)
+def no_grad():
+    with torch.inference_mode():
+        yield
+
+
+def lookup(seq, gamma=3, ngram_max=2, pad=4):
+    """One sequence, padded with junk (9s) past its end: what propose_ngram proposes and whether it matched."""
+    ctx = torch.tensor([seq + [9] * pad])
+    tokens, found = propose_ngram(ctx, torch.tensor([len(seq)]), gamma, ngram_max)
+    return tokens[0].tolist(), bool(found[0])
+
+
+def test_a_match_is_continued():
+    assert lookup([5, 6, 7, 8, 1, 5, 6]) == ([7, 8, 1], True)
+
+
+def test_the_latest_match_wins():
+    assert lookup([1, 2, 3, 1, 2, 4, 0, 1, 2]) == ([4, 0, 1], True)
+
+
+def test_shorter_suffixes_when_the_longest_never_occurred():
+    # [0, 3, 4] never occurred before; [3, 4] did (-> 8); with ngram_max 3
+    assert lookup([3, 4, 8, 7, 0, 3, 4], ngram_max=3) == ([8, 7, 0], True)
+    # only the last token occurred before: 1-gram
+    assert lookup([6, 2, 5, 7, 3, 2], ngram_max=3) == ([5, 7, 3], True)
+
+
+def test_the_longest_match_is_preferred_over_a_later_shorter_one():
+    # suffix [1, 2]: at 0 (-> 3); the 1-gram [2] occurs later at 4 (-> 5), but the 2-gram is tried first
+    assert lookup([1, 2, 3, 0, 2, 5, 1, 2]) == ([3, 0, 2], True)
+
+
+def test_no_match_repeats_the_last_token():
+    assert lookup([1, 2, 3, 4]) == ([4, 4, 4], False)
+
+
+def test_a_proposal_stops_at_the_sequence_end():
+    # [7, 8] at 2 is followed by 7, 8 and then the end: the rest repeats the last token, never the junk past it
+    assert lookup([1, 2, 7, 8, 7, 8], gamma=4) == ([7, 8, 8, 8], True)
+
+
+def test_rows_are_independent():
+    ctx = torch.tensor([[1, 2, 3, 1, 2, 0], [4, 4, 4, 4, 4, 4]])
+    tokens, found = propose_ngram(ctx, torch.tensor([5, 2]), 2, 2)
+    assert tokens.tolist() == [[3, 1], [4, 4]] and found.tolist() == [True, True]
+
+
+def repetitive_prompts(B=3, P=96, seed=0):
+    """Prompts made of a few repeated phrases, so suffixes recur and proposals are often right."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(B):
+        phrases = [torch.randint(0, 256, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g) for _ in range(4)]
+        row = torch.cat([phrases[int(i)] for i in torch.randint(0, 4, (40,), generator=g)])
+        rows.append(row[:P])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_lookup_speculation_equals_plain_greedy(tiny, gamma):
+    prompts, n_new = repetitive_prompts(), 48
+    a, B = tiny.args, prompts.shape[0]
+    cache = KVCache(a.n_layers, B, a.n_kv_heads, 96 + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
+    logits = tiny(prompts, cache, logits="last")[:, -1]
+    cache.advance(96)
+    decoder = Decoder(tiny, Sampling(), draft=PromptLookup(prompts, 3), gamma=gamma, trace=True)
+    out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
+    assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
+    assert_ragged(decoder)
+    assert 0 < decoder.stats.alpha < 1
+
+
+def test_sampled_lookup_keeps_the_targets_distribution(tiny, monkeypatch):
+    """N copies of a prompt whose last token occurred before: the first drafted token is the one that followed it,
+    a point mass; the token sampled at that position must still follow the target's own distribution (chi-square
+    below its 1 - 3e-7 quantile, nothing outside top-p); a verifier that never rejects fails it."""
+    from magicdec import generate
+    from magicdec.sampling import sample_from
+
+    N, prompt = 4_000, repetitive_prompts(1, 96, seed=3)
+    sampling, first = Sampling(0.6, 0.9), prompt[:, -1].expand(N)  # the first token: a repeat, so it matches
+    a = tiny.args
+
+    def second_tokens(seed):
+        torch.manual_seed(seed)
+        cache = KVCache(a.n_layers, N, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
+        tiny(prompt.expand(N, -1), cache, logits="none")
+        cache.advance(96)
+        draft = PromptLookup(prompt.expand(N, -1), 3, a.vocab_size)
+        out, _ = decode(Decoder(tiny, sampling, draft=draft, gamma=1), cache, first, 2, prev=prompt[:, -1].expand(N))
+        assert bool(draft.found.all())
+        return out[:, 1]
+
+    cache = KVCache(a.n_layers, 1, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
+    tiny(prompt, cache, logits="none")
+    cache.advance(96)
+    p = probabilities(tiny(first[:1, None], cache)[:, -1], 0.6, 0.9)[0].double()
+
+    stat, bound = chi_square(second_tokens(0), p)
+    assert stat < bound, (stat, bound)
+    # control: a verifier that keeps every drafted token (no rejection) hands out the point mass itself
+    keep_all = lambda p_, q, d: (torch.full((d.shape[0],), d.shape[1]), sample_from(p_[:, -1]))  # noqa: E731
+    monkeypatch.setattr(generate, "speculative_sampling_verify", keep_all)
+    stat, bound = chi_square(second_tokens(0), p)
+    assert stat > 2 * bound, (stat, bound)
