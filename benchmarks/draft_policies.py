@@ -50,7 +50,8 @@ def new_draft(policy: str, budget: int, target, cache: KVCache, prompts, queries
         dc.backend = cache.backend
         return draft
     sel = draft_cache.policy_for(policy, budget, a.chunk_size)
-    return Draft(target, draft_cache.build(sel, cache, queries, max(a.gen_len, a.teacher) + a.gamma + 2, extra))
+    return Draft(target, draft_cache.build(sel, cache, queries, runs.appended_for(max(a.gen_len, a.teacher), a.gamma),
+                                           extra))
 
 
 def teacher_forced(target, cache: KVCache, draft: Draft, prompts, book, logits) -> dict:

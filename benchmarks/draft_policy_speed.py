@@ -85,7 +85,8 @@ def time_selections(a, config: ModelArgs, device: cm.Device) -> dict:
         policy = policy_for(name, a.budget)
         seconds = []
         for _ in range(3):
-            built, s = bench.timed(lambda: build(policy, cache, queries, a.gen_len + max(a.gammas) + 2), dev)
+            built, s = bench.timed(lambda: build(policy, cache, queries, runs.appended_for(a.gen_len, max(a.gammas))),
+                                   dev)
             seconds.append(s)
             del built
         out[name] = {"seconds": seconds, "predicted_s": cm.selection_seconds(c, device, a.B, a.prefix_len, name, WINDOW)}
@@ -110,8 +111,7 @@ def summary(record: dict) -> dict:
 def predicted(config, device, a, policy, gamma, alpha) -> dict:
     """The cost model at this point: the draft reads every slot of its cache (masked or not): StreamingLLM its
     budget plus the ring's spare slots, a selected cache its budget plus every position generation appends."""
-    slots = a.budget + (runs.ring_extra_for(a.gen_len, max(a.gammas)) if policy == "streaming"
-                        else a.gen_len + max(a.gammas) + 2)
+    slots = a.budget + runs.slots_beyond_budget(policy, a.gen_len, max(a.gammas))
     p = cm.predict(config, device, a.B, a.prefix_len + a.gen_len // 2, gamma, alpha, slots)
     return {k: p[k] for k in ("T_D_over_T_T", "T_V_over_T_T", "speedup")} | {"draft_slots_read": slots}
 
@@ -171,8 +171,8 @@ def main(argv=None) -> None:
         got["predicted"] = predicted(config, device, a, policy, got["gamma"], got["alpha"])
         if policy != "streaming":
             got["predicted"]["selection_s"] = cm.selection_seconds(config, device, a.B, a.prefix_len, policy, WINDOW)
-            got["predicted"]["refresh_s"] = cm.refresh_seconds(config, device, a.B, a.prefix_len + a.gen_len + max(
-                a.gammas) + 2, policy)
+            context = a.prefix_len + runs.appended_for(a.gen_len, max(a.gammas))  # the target cache's slots
+            got["predicted"]["refresh_s"] = cm.refresh_seconds(config, device, a.B, context, policy)
         got["environment"] = rec["environment"]
         got["time_split_s"] = rec["metrics"].get("time_split_s")
         got["iterations"] = rec["metrics"].get("iterations")

@@ -89,6 +89,27 @@ class Draft:
         return torch.stack(tokens, 1), (torch.stack(qs, 1) if qs else None)
 
 
+def capture(fn, pool=None):
+    """fn() run once eagerly on a side stream (warm-up: its real work), then captured into a CUDA graph; returns the
+    graph and what the captured fn() returned (its static output, overwritten by each replay)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # Python's garbage collector must not run inside a capture: collecting an old Decoder (a reference cycle)
+    # destroys its graphs, which CUDA forbids while a stream captures, and the capture is invalidated.
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
+    finally:
+        gc.enable()
+    return graph, out
+
+
 class GraphedStep:
     """Replays a CUDA graph of `fn(tokens, cache)`, captured on first use for each (token shape, cache).
 
@@ -104,29 +125,13 @@ class GraphedStep:
         key = (tuple(tokens.shape), id(cache), cache.scores is not None)  # a refresh's verify writes its attention
         if key not in self.graphs:
             static_in = tokens.clone()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.fn(static_in, cache)
-            torch.cuda.current_stream().wait_stream(side)
             self.pool = self.pool or torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            # Python's garbage collector must not run inside a capture: collecting an old Decoder (a reference cycle)
-            # destroys its graphs, which CUDA forbids while a stream captures, and the capture is invalidated.
-            gc.collect()
-            gc.disable()
-            try:
-                with torch.cuda.graph(graph, pool=self.pool):
-                    static_out = self.fn(static_in, cache)
-            finally:
-                gc.enable()
+            graph, static_out = capture(lambda: self.fn(static_in, cache), self.pool)
             self.graphs[key] = (graph, static_in, static_out, cache)  # holding the cache keeps its id unique
         graph, static_in, static_out, _ = self.graphs[key]
         static_in.copy_(tokens)
         graph.replay()
         return static_out
-
-
 
 
 class Batch:

@@ -234,6 +234,18 @@ def ring_extra_for(gen_len: int, gamma: int) -> int:
     return max(DRAFT_PREFILL_CHUNK, max(gen_len, 4 * (gamma + 1)) + 2 * gamma + 4)
 
 
+def appended_for(gen_len: int, gamma: int) -> int:
+    """Positions generation reaches after the prompt (gen_len tokens, a verification's gamma + 1 past the last, and
+    a slot of slack): what the target's cache holds beyond the prompt, and what a selected draft cache appends."""
+    return gen_len + gamma + 2
+
+
+def slots_beyond_budget(policy: str, gen_len: int, gamma: int) -> int:
+    """Slots a draft cache holds beyond its budget, all read (masked or not) by each draft step: a StreamingLLM
+    ring's spare slots, or a selected cache's appended positions."""
+    return ring_extra_for(gen_len, gamma) if policy == "streaming" else appended_for(gen_len, gamma)
+
+
 def new_draft_cache(config, B, n_kv_heads, budget, sinks, ring_extra, full_len, dtype, device, backend, rope=None):
     """The draft's cache: a full KVCache of `full_len` slots for budget 0, else a StreamingLLM ring of `budget`
     (sinks + recent window) with `ring_extra` slots for what a prefill chunk or a generation writes; `rope` (the
@@ -350,16 +362,16 @@ def run(method: str, argv=None) -> dict:
         check_speculation(args, method, target_cfg, draft_cfg, draft_ckpt, target_ckpt)
     baseline_given = bench.read_baseline(args.baseline_json, args, target_cfg) if spec and args.baseline_json else None
     dtype = bench.DTYPES[args.dtype]
-    cache_len = args.prefix_len + args.gen_len + gamma + 2
+    cache_len = args.prefix_len + appended_for(args.gen_len, gamma)
     # The draft's ring holds a prefill chunk, and everything a warm-up run writes before rolling back to the prompt.
     ring_extra = ring_extra_for(args.gen_len, gamma)
     parts = [(local_config(target_cfg, target_shard), True, cache_len)]
     selection = spec and args.draft_policy != "streaming"
-    append = args.gen_len + gamma + 2  # what a selection policy's draft appends after the prompt
+    append = appended_for(args.gen_len, gamma)  # what a selection policy's draft appends after the prompt
     if spec and rank in draft_ranks:
         budget = args.streamingllm_budget
         # A selected cache's ring holds every position generation reaches (`append`), so it needs no slots beyond.
-        draft_slots = cache_len if budget == 0 else budget + (append if selection else ring_extra)
+        draft_slots = cache_len if budget == 0 else budget + slots_beyond_budget(args.draft_policy, args.gen_len, gamma)
         if selection and method == "longspec":  # the draft's own full prefill, selected from, then freed
             draft_slots += args.prefix_len
         if getattr(args, "refresh", None):  # each layer's first-query logits, fp32 per query head, as KV slots
@@ -473,14 +485,7 @@ def run(method: str, argv=None) -> dict:
         "draft_config": draft_cfg.to_dict() if method == "longspec" else None,
         "random_weights": bool(args.random_weights),
         "prefill": "skipped: KV caches filled with random values" if args.skip_prefill else "computed",
-        "draft_cache": None if not spec else (
-            (f"{args.draft_policy}: selected per KV head from the target's prefill KV, no draft prefill "
-             "(draft_prefill_s: the selection)" if method == "selfspec" else
-             f"{args.draft_policy}: selected per KV head from the draft's own full prefill (draft_prefill_s: that "
-             "prefill and the selection)") + (f", selected again every {args.refresh} verifications from their "
-                                              "attention (--refresh)" if getattr(args, "refresh", None) else "")
-            if selection else "its own prefill through its cache"
-            + (", positions inside the cache (--reindex)" if args.reindex else "")),
+        "draft_cache": describe_draft_cache(args, method) if spec else None,
         "synthetic_acceptance": getattr(args, "synthetic_acceptance", None),
         "synthetic_draws": SYNTHETIC_DRAWS if getattr(args, "synthetic_acceptance", None) is not None else None,
         "decoding": "greedy" if sampling.greedy else f"sampled (temperature {args.temperature}, top_p {args.top_p}, top_k {args.top_k})",
@@ -507,6 +512,17 @@ def run(method: str, argv=None) -> dict:
             print(f"--- sequence {b}:", tokenizer.decode(out[b, :counts[b]].tolist()))
     bench.write_record(args.output, record)
     return record
+
+
+def describe_draft_cache(args, method: str) -> str:
+    """Where the draft's KV came from, for the record."""
+    if args.draft_policy == "streaming":
+        return "its own prefill through its cache" + (", positions inside the cache (--reindex)" if args.reindex else "")
+    source = ("the target's prefill KV, no draft prefill (draft_prefill_s: the selection)" if method == "selfspec" else
+              "the draft's own full prefill (draft_prefill_s: that prefill and the selection)")
+    again = (f", selected again every {args.refresh} verifications from their attention (--refresh)"
+             if getattr(args, "refresh", None) else "")
+    return f"{args.draft_policy}: selected per KV head from {source}{again}"
 
 
 def generation_metrics(counts, seconds, args, stats, round_seconds) -> dict:

@@ -214,14 +214,14 @@ class Sweep:
         tmp.replace(self.out / f"{name}.json")  # a crash never leaves half a record
 
     def slots(self, P):
-        return P + self.cfg["gen_len"] + max(self.cfg["gammas"]) + 2
+        return P + self.append()
 
     def ring_extra(self):
         return runs.ring_extra_for(self.cfg["gen_len"], max(self.cfg["gammas"]))
 
     def append(self):
         """What a selected draft cache appends after the prompt: every position generation reaches."""
-        return self.cfg["gen_len"] + max(self.cfg["gammas"]) + 2
+        return runs.appended_for(self.cfg["gen_len"], max(self.cfg["gammas"]))
 
     def fits(self, B: int, P: int) -> bool:
         bench.release_memory(self.device)  # before measuring free memory
@@ -479,7 +479,7 @@ class Sweep:
         draft = self.draft_config if method == "longspec" else None
         device = self.device_for(method)
         # the draft reads every slot of its cache: a ring's spare ones, or a selected cache's appended positions
-        extra = (self.ring_extra() if draft_policy == "streaming" else self.append()) if budget else 0
+        extra = runs.slots_beyond_budget(draft_policy, self.cfg["gen_len"], max(self.cfg["gammas"])) if budget else 0
         pred = cm.predict(self.config, device, B, P + self.cfg["gen_len"] // 2, gamma, m["alpha"],
                           budget if budget else P, draft, extra, mode == "sampled")
         return pred | {"speedup_effective": m["omega_effective"] / cm.verification_cost(pred, gamma),
