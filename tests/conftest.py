@@ -6,6 +6,8 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -146,13 +148,27 @@ def pytest_collection_modifyitems(config, items):
 
 
 def run_cli(script: Path, *argv: str, launcher: tuple[str, ...] = (), timeout: int = 300) -> subprocess.CompletedProcess:
-    """A benchmark script as a user runs it, on CPU, offline; `launcher` e.g. ("-m", "torch.distributed.run", ...)."""
+    """A benchmark script as a user runs it, on CPU, offline; `launcher` e.g. ("-m", "torch.distributed.run", ...).
+    Its `peak_rss_gib` is this child's own peak memory (from wait4), not the largest of the session's children."""
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     if launcher:
         env["OMP_NUM_THREADS"] = "1"  # several ranks share two cores
         env["ENABLE_INTRA_NODE_COMM"] = "1"  # as the seed's launches set it
-    return subprocess.run([sys.executable, *launcher, str(script), "--device", "cpu", "--no_progress", *argv], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    args = [sys.executable, *launcher, str(script), "--device", "cpu", "--no_progress", *argv]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
+        timed_out = threading.Event()
+        killer = threading.Timer(timeout, lambda: (timed_out.set(), proc.kill()))
+        killer.start()
+        _, status, usage = os.wait4(proc.pid, 0)  # reaps it ourselves: Popen.wait would discard the usage
+        killer.cancel()
+        if timed_out.is_set():
+            raise subprocess.TimeoutExpired(args, timeout)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        result = subprocess.CompletedProcess(args, proc.returncode, out.read(), err.read())
+    result.peak_rss_gib = usage.ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
+    return result
 
 
 def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
