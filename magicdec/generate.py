@@ -289,6 +289,7 @@ class Decoder:
             gamma = schedule.next()
             t0 = timer.stamp()
             drafted, q = self._propose(batch, gamma)  # draft gamma tokens
+            gamma = drafted.shape[1]  # a draft may propose fewer (prompt lookup: as many as it found)
             t1 = timer.stamp()
             cache.scores = refresh.due() if refresh is not None and gamma else None  # its attention kept, to refresh
             accepted, nxt = self._verify(cache, batch, drafted, q)  # verify gamma + 1 in one target pass, accept

@@ -3,9 +3,10 @@ the latest earlier occurrence of its last `n` tokens in its prompt and output so
 `ngram_max` down to 1 that occurs; batched on the device (no per-sequence host loop).
 
 A proposal is a point mass, so speculative sampling accepts a proposed token x with probability p(x) and otherwise
-samples from the target's distribution without x: lossless for greedy and sampling alike. Where nothing matches, a
-sequence's row still carries gamma tokens (the batch keeps one shape): they repeat its last token, and the
-verification accepts them only where the target would have produced them anyway.
+samples from the target's distribution without x: lossless for greedy and sampling alike. The batch keeps one shape:
+its proposals are as long as the longest real one (a host read per verification), shorter rows filled by repeating
+their last token, which the verification accepts only where the target would have produced it anyway. Where no
+sequence matches, nothing is proposed and the verification is one plain decode step.
 """
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import torch.nn.functional as F
 
 
 def propose_ngram(ctx: torch.Tensor, length: torch.Tensor, gamma: int, ngram_max: int):
-    """ctx [B, L] token ids, of which the first length[b] are sequence b's; returns (tokens [B, gamma], found [B]):
+    """ctx [B, L] token ids, of which the first length[b] are sequence b's; returns (tokens [B, gamma], proposed [B]):
     the gamma tokens after the latest earlier occurrence of the longest matching suffix (n = ngram_max..1) of each
-    sequence, cut at its end (the last token repeated past it), and whether any n matched."""
+    sequence, and how many of them are real: the copy stops at the sequence's end (the last token repeated past it),
+    and a sequence with no match proposes none (proposed 0, its last token repeated)."""
     B, L = ctx.shape
     start = torch.zeros(B, dtype=torch.long, device=ctx.device)  # where the proposal is copied from
     found = torch.zeros(B, dtype=torch.bool, device=ctx.device)
@@ -31,7 +33,8 @@ def propose_ngram(ctx: torch.Tensor, length: torch.Tensor, gamma: int, ngram_max
         found = found | new
     last = (length - 1).clamp(min=0)
     idx = torch.where(found[:, None], start[:, None] + torch.arange(gamma, device=ctx.device), last[:, None])
-    return ctx.gather(1, torch.minimum(idx, last[:, None])), found
+    proposed = torch.where(found, (length - start).clamp(max=gamma), 0)
+    return ctx.gather(1, torch.minimum(idx, last[:, None])), proposed
 
 
 class PromptLookup:
@@ -42,13 +45,15 @@ class PromptLookup:
 
     def __init__(self, prompts: torch.Tensor, ngram_max: int = 3, vocab_size: int | None = None):
         self.prompts, self.ngram_max, self.vocab_size = prompts, ngram_max, vocab_size
-        self.found = None  # per sequence, whether the last proposal matched (for the record)
+        self.proposed = None  # per sequence, how many real tokens the last proposal held
 
     def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
-        """gamma tokens per sequence after its committed tokens hist[:, :m] (hist[:, 0] is the prompt's last
-        token), and their one-hot distributions when sampling."""
+        """Up to gamma tokens per sequence after its committed tokens hist[:, :m] (hist[:, 0] is the prompt's last
+        token): [B, n] with n the longest real proposal (0: nothing matched anywhere), and their one-hot
+        distributions when sampling."""
         P = self.prompts.shape[1]
         ctx = torch.cat([self.prompts[:, :P - 1], hist], 1)
-        tokens, self.found = propose_ngram(ctx, P - 1 + m, gamma, self.ngram_max)
+        tokens, self.proposed = propose_ngram(ctx, P - 1 + m, gamma, self.ngram_max)
+        tokens = tokens[:, :int(self.proposed.max())]  # the loop's host read: its verification's length
         q = None if self.vocab_size is None else F.one_hot(tokens, self.vocab_size).float()
         return tokens, q

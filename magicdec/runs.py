@@ -19,6 +19,7 @@ from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
 from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
+from magicdec.lookup import PromptLookup
 from magicdec.planner import AutoGamma
 from magicdec.sampling import next_token
 from magicdec.verify import SYNTHETIC_DRAWS
@@ -37,6 +38,8 @@ DESCRIPTIONS = {
     "selfspec": "Self-speculation: the target drafts with a small KV cache (--draft_policy) and verifies with its full "
                 "cache.",
     "longspec": "Standalone draft: a small model (--model) with a small KV cache (--draft_policy) drafts for --target.",
+    "lookup": "Prompt lookup: no draft model; the tokens that followed the latest earlier occurrence of the last n "
+              "tokens (n = --ngram_max..1) in the prompt and output are proposed (magicdec/lookup.py).",
 }
 
 
@@ -50,6 +53,28 @@ def parser(method: str) -> argparse.ArgumentParser:
                         "on the batch and the acceptance measured so far, 0 (speculation off) included")
     p.add_argument("--max_gamma", type=int, default=5, help="--gamma auto: candidates 1..max_gamma")
     p.add_argument("--alpha_prior", type=float, default=0.8, help="--gamma auto: acceptance rate assumed at the start")
+    if method == "lookup":
+        p.add_argument("--ngram_max", "--ngram", dest="ngram_max", type=int, default=3,
+                       help="longest suffix looked up; shorter ones are tried when it never occurred")
+    else:
+        draft_cache_flags(p, method)
+    p.add_argument("--synthetic_acceptance", type=float, default=None,
+                   help="random-weight runs: accept each drafted token with this probability instead of comparing")
+    p.add_argument("--baseline", action="store_true",
+                   help="also time the baseline on the same model, prompts and device, for the measured speedup")
+    p.add_argument("--baseline_json", type=Path, default=None, help="a baseline record to compare against instead")
+    if method == "longspec":
+        p.add_argument("--target", type=Path, default=None,
+                       help="target model.pth, or the dir holding it (--model is the draft)")
+        p.add_argument("--draft_name", default=None, help="draft repo id, for --random_weights shapes")
+        p.add_argument("--draft_ranks", type=int, nargs="+", default=None,
+                       help="tensor parallelism: ranks that run the draft and broadcast its tokens to the others "
+                            "(default: all of --rank_group)")
+    return p
+
+
+def draft_cache_flags(p: argparse.ArgumentParser, method: str) -> None:
+    """A draft model's KV cache: its budget and how it is chosen."""
     p.add_argument("--streamingllm_budget", "--draft_budget", dest="streamingllm_budget", type=int, default=256,
                    help="the draft's KV budget in prompt tokens (streaming: sinks + recent window)"
                         + (" (0 = full cache)" if method == "longspec" else ""))
@@ -67,19 +92,6 @@ def parser(method: str) -> argparse.ArgumentParser:
         p.add_argument("--refresh", type=int, default=None, metavar="N",
                        help="snapkv / retrieval: every N verifications select the draft's kept prompt positions again, "
                             "from the attention that verification computed over the full cache (its side output)")
-    p.add_argument("--synthetic_acceptance", type=float, default=None,
-                   help="random-weight runs: accept each drafted token with this probability instead of comparing")
-    p.add_argument("--baseline", action="store_true",
-                   help="also time the baseline on the same model, prompts and device, for the measured speedup")
-    p.add_argument("--baseline_json", type=Path, default=None, help="a baseline record to compare against instead")
-    if method == "longspec":
-        p.add_argument("--target", type=Path, default=None,
-                       help="target model.pth, or the dir holding it (--model is the draft)")
-        p.add_argument("--draft_name", default=None, help="draft repo id, for --random_weights shapes")
-        p.add_argument("--draft_ranks", type=int, nargs="+", default=None,
-                       help="tensor parallelism: ranks that run the draft and broadcast its tokens to the others "
-                            "(default: all of --rank_group)")
-    return p
 
 
 def gamma_arg(text: str):
@@ -163,6 +175,24 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
         raise MagicDecError(f"{what} must be at least 1, got {min(gammas_to_time(args))}")
     if args.gamma == "auto" and not 0 < args.alpha_prior < 1:
         raise MagicDecError(f"--alpha_prior must be in (0, 1), got {args.alpha_prior}")
+    if args.synthetic_acceptance is not None and not 0 <= args.synthetic_acceptance <= 1:
+        raise MagicDecError(f"--synthetic_acceptance must be in [0, 1], got {args.synthetic_acceptance}")
+    if args.synthetic_acceptance is not None and args.temperature > 0:
+        raise MagicDecError("--synthetic_acceptance decides acceptance by coin flips and takes the target's argmax: "
+                            "drop --temperature (it would not be applied)")
+    if method == "lookup":
+        if args.ngram_max < 1:
+            raise MagicDecError(f"--ngram_max {args.ngram_max}: must be at least 1 (the longest suffix looked up)")
+        if args.gamma == "auto":
+            raise MagicDecError("--gamma auto weighs draft steps' measured time, and prompt lookup runs none: pass "
+                                "--gamma N (several values time each)")
+        return
+    check_draft_cache(args, method)
+    if method == "longspec":
+        check_standalone_draft(args, target, draft, draft_ckpt, target_ckpt)
+
+
+def check_draft_cache(args, method: str) -> None:
     budget, sinks = args.streamingllm_budget, args.sinks
     if sinks < 0:
         raise MagicDecError(f"--sinks must be >= 0, got {sinks}")
@@ -195,34 +225,32 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
     if args.reindex and budget == 0:
         raise MagicDecError("--reindex needs a StreamingLLM budget: --streamingllm_budget 0 is the full cache, whose "
                             "positions are the prompt's")
-    if args.synthetic_acceptance is not None and not 0 <= args.synthetic_acceptance <= 1:
-        raise MagicDecError(f"--synthetic_acceptance must be in [0, 1], got {args.synthetic_acceptance}")
-    if args.synthetic_acceptance is not None and args.temperature > 0:
-        raise MagicDecError("--synthetic_acceptance decides acceptance by coin flips and takes the target's argmax: "
-                            "drop --temperature (it would not be applied)")
-    if method == "longspec":
-        if draft.vocab_size != target.vocab_size:
-            raise MagicDecError(f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size}): a draft must share the target's tokenizer")
-        if target_ckpt and draft_ckpt:
-            from magicdec.tokenizer import load_tokenizer
 
-            t, d = load_tokenizer(args.tokenizer or target_ckpt.parent), load_tokenizer(draft_ckpt.parent)
-            # Every id must mean the same string: decode each one with both (a probe text can miss a permutation).
-            if t.vocab_size != d.vocab_size or any(t.decode([i]) != d.decode([i]) for i in range(t.vocab_size)):
-                raise MagicDecError("draft and target tokenizers differ (same text, different ids): pick a draft trained with the target's tokenizer")
-        # Without --reindex the draft's keys keep their absolute positions (see StreamingCache), so with real weights
-        # a draft must have been trained on contexts this long; random-weight speed runs only need the shapes.
-        if args.random_weights:
-            pass
-        elif args.reindex:  # the farthest a query sees: the budget, or a prefill chunk past its sinks
-            farthest = max(budget, draft_prefill_chunk(args.prefill_chunk, budget) + sinks)
-            if farthest > draft.max_seq_len:
-                raise MagicDecError(f"--reindex: the draft would see {farthest} positions back (its budget, or a "
-                                    f"prefill chunk past the sinks), beyond its context of {draft.max_seq_len}; "
-                                    "lower --streamingllm_budget or --prefill_chunk")
-        else:
-            bench.check_context(draft, args.prefix_len, args.gen_len + max_gamma(args) + 1,
-                                "gen_len + gamma + 1 (draft; --reindex keeps a draft within its context)")
+
+def check_standalone_draft(args, target, draft, draft_ckpt, target_ckpt) -> None:
+    budget, sinks = args.streamingllm_budget, args.sinks
+    if draft.vocab_size != target.vocab_size:
+        raise MagicDecError(f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size}): a draft must share the target's tokenizer")
+    if target_ckpt and draft_ckpt:
+        from magicdec.tokenizer import load_tokenizer
+
+        t, d = load_tokenizer(args.tokenizer or target_ckpt.parent), load_tokenizer(draft_ckpt.parent)
+        # Every id must mean the same string: decode each one with both (a probe text can miss a permutation).
+        if t.vocab_size != d.vocab_size or any(t.decode([i]) != d.decode([i]) for i in range(t.vocab_size)):
+            raise MagicDecError("draft and target tokenizers differ (same text, different ids): pick a draft trained with the target's tokenizer")
+    # Without --reindex the draft's keys keep their absolute positions (see StreamingCache), so with real weights
+    # a draft must have been trained on contexts this long; random-weight speed runs only need the shapes.
+    if args.random_weights:
+        pass
+    elif args.reindex:  # the farthest a query sees: the budget, or a prefill chunk past its sinks
+        farthest = max(budget, draft_prefill_chunk(args.prefill_chunk, budget) + sinks)
+        if farthest > draft.max_seq_len:
+            raise MagicDecError(f"--reindex: the draft would see {farthest} positions back (its budget, or a "
+                                f"prefill chunk past the sinks), beyond its context of {draft.max_seq_len}; "
+                                "lower --streamingllm_budget or --prefill_chunk")
+    else:
+        bench.check_context(draft, args.prefix_len, args.gen_len + max_gamma(args) + 1,
+                            "gen_len + gamma + 1 (draft; --reindex keeps a draft within its context)")
 
 
 DRAFT_PREFILL_CHUNK = 256  # the draft's ring must hold one prefill chunk: small chunks keep the ring (and its reads) small
@@ -366,9 +394,10 @@ def run(method: str, argv=None) -> dict:
     # The draft's ring holds a prefill chunk, and everything a warm-up run writes before rolling back to the prompt.
     ring_extra = ring_extra_for(args.gen_len, gamma)
     parts = [(local_config(target_cfg, target_shard), True, cache_len)]
-    selection = spec and args.draft_policy != "streaming"
+    lookup = method == "lookup"  # no draft model, no draft cache
+    selection = spec and not lookup and args.draft_policy != "streaming"
     append = appended_for(args.gen_len, gamma)  # what a selection policy's draft appends after the prompt
-    if spec and rank in draft_ranks:
+    if spec and not lookup and rank in draft_ranks:
         budget = args.streamingllm_budget
         # A selected cache's ring holds every position generation reaches (`append`), so it needs no slots beyond.
         draft_slots = cache_len if budget == 0 else budget + slots_beyond_budget(args.draft_policy, args.gen_len, gamma)
@@ -393,7 +422,7 @@ def run(method: str, argv=None) -> dict:
     cache = KVCache(target_cfg.n_layers, args.B, target.n_kv_heads, cache_len, target_cfg.head_dim, dtype,
                     args.device, backend)
     draft = None
-    if spec:
+    if spec and not lookup:
         draft_model, draft_kv = None, None
         if rank in draft_ranks:
             draft_model = target if method == "selfspec" else bench.load_weights(args, draft_cfg, draft_ckpt, draft_shard)
@@ -403,6 +432,9 @@ def run(method: str, argv=None) -> dict:
                                            draft_model.inv_freq if args.reindex else None)
         draft = Draft(draft_model, draft_kv, None if len(draft_ranks) == world else draft_ranks)
         draft_chunk = draft_prefill_chunk(args.prefill_chunk, args.streamingllm_budget)
+    elif method == "lookup":
+        draft = PromptLookup(prompts.to(args.device), args.ngram_max,
+                             None if args.temperature == 0 else target_cfg.vocab_size)
     sampling = Sampling(args.temperature, args.top_p, args.top_k)
     progress = not args.no_progress
     prompts = prompts.to(args.device)
@@ -516,6 +548,8 @@ def run(method: str, argv=None) -> dict:
 
 def describe_draft_cache(args, method: str) -> str:
     """Where the draft's KV came from, for the record."""
+    if method == "lookup":
+        return f"none: prompt lookup (suffixes of {args.ngram_max} tokens down to 1)"
     if args.draft_policy == "streaming":
         return "its own prefill through its cache" + (", positions inside the cache (--reindex)" if args.reindex else "")
     source = ("the target's prefill KV, no draft prefill (draft_prefill_s: the selection)" if method == "selfspec" else
@@ -565,7 +599,8 @@ def speculation_metrics(metrics, stats, baseline, gamma) -> dict:
         t_d = stats.time.get("draft", 0.0) / stats.drafted / t_t if stats.drafted else 0.0
         t_v = stats.time.get("verify", 0.0) / stats.iterations / t_t
         out.update(T_D_over_T_T=t_d, T_V_over_T_T=t_v)
-        if alpha is not None and stats.policy is None:  # with --gamma auto gamma varies: no single-gamma formula
+        fixed = stats.drafted == gamma * stats.iterations  # --gamma auto, prompt lookup: it varied, no one formula
+        if alpha is not None and fixed:
             out["predicted_speedup"] = cost_model.omega(alpha, gamma) / (gamma * t_d + t_v)
         if metrics.get("decode_tokens_per_s") and baseline.get("decode_tokens_per_s"):
             out["measured_speedup"] = metrics["decode_tokens_per_s"] / baseline["decode_tokens_per_s"]
@@ -581,8 +616,9 @@ def speculation_metrics(metrics, stats, baseline, gamma) -> dict:
         # so stragglers make this lower than omega, and the speedup follows this one.
         decoded = metrics["generated_tokens"] / metrics["batch_size"] - metrics["batches"]
         out["omega_effective"] = decoded / metrics["iterations"]
-        if "T_D_over_T_T" in out and stats.policy is None:
-            out["predicted_speedup_effective"] = out["omega_effective"] / (gamma * out["T_D_over_T_T"] + out["T_V_over_T_T"])
+        if "T_D_over_T_T" in out and stats.policy is None:  # draft steps per verification: gamma, or fewer (lookup)
+            steps = stats.drafted / stats.iterations
+            out["predicted_speedup_effective"] = out["omega_effective"] / (steps * out["T_D_over_T_T"] + out["T_V_over_T_T"])
     return out
 
 
@@ -603,8 +639,8 @@ def print_summary(method, record, config, args) -> None:
                      ("fraction of copy", m.get("bandwidth_fraction_of_copy", 0.0))]
     else:
         rows += [("gamma", args.gamma if "gamma_sweep" not in record else f"{m['gamma']} (best of {args.gamma})"),
-                 ("budget", f"{args.streamingllm_budget} ({getattr(args, 'draft_policy', 'streaming')}"
-                            + (", reindexed)" if getattr(args, "reindex", False) else ")")),
+                 ("budget", f"{args.streamingllm_budget} ({args.draft_policy}" + (", reindexed)" if args.reindex else ")")
+                  if method != "lookup" else f"none (prompt lookup, n-grams {args.ngram_max}..1)"),
                  ("alpha", m["alpha"] if m["alpha"] is not None else "n/a"), ("Omega", m["omega"] or 0.0)]
         policy = (m.get("speculation") or {}).get("auto_gamma") or {}
         used = {int(g): n for g, n in (policy.get("iterations_per_gamma") or {}).items()}  # str keys once in JSON

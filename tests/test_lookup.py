@@ -24,43 +24,43 @@ def no_grad():
 def lookup(seq, gamma=3, ngram_max=2, pad=4):
     """One sequence, padded with junk (9s) past its end: what propose_ngram proposes and whether it matched."""
     ctx = torch.tensor([seq + [9] * pad])
-    tokens, found = propose_ngram(ctx, torch.tensor([len(seq)]), gamma, ngram_max)
-    return tokens[0].tolist(), bool(found[0])
+    tokens, proposed = propose_ngram(ctx, torch.tensor([len(seq)]), gamma, ngram_max)
+    return tokens[0].tolist(), int(proposed[0])
 
 
 def test_a_match_is_continued():
-    assert lookup([5, 6, 7, 8, 1, 5, 6]) == ([7, 8, 1], True)
+    assert lookup([5, 6, 7, 8, 1, 5, 6]) == ([7, 8, 1], 3)
 
 
 def test_the_latest_match_wins():
-    assert lookup([1, 2, 3, 1, 2, 4, 0, 1, 2]) == ([4, 0, 1], True)
+    assert lookup([1, 2, 3, 1, 2, 4, 0, 1, 2]) == ([4, 0, 1], 3)
 
 
 def test_shorter_suffixes_when_the_longest_never_occurred():
     # [0, 3, 4] never occurred before; [3, 4] did (-> 8); with ngram_max 3
-    assert lookup([3, 4, 8, 7, 0, 3, 4], ngram_max=3) == ([8, 7, 0], True)
+    assert lookup([3, 4, 8, 7, 0, 3, 4], ngram_max=3) == ([8, 7, 0], 3)
     # only the last token occurred before: 1-gram
-    assert lookup([6, 2, 5, 7, 3, 2], ngram_max=3) == ([5, 7, 3], True)
+    assert lookup([6, 2, 5, 7, 3, 2], ngram_max=3) == ([5, 7, 3], 3)
 
 
 def test_the_longest_match_is_preferred_over_a_later_shorter_one():
     # suffix [1, 2]: at 0 (-> 3); the 1-gram [2] occurs later at 4 (-> 5), but the 2-gram is tried first
-    assert lookup([1, 2, 3, 0, 2, 5, 1, 2]) == ([3, 0, 2], True)
+    assert lookup([1, 2, 3, 0, 2, 5, 1, 2]) == ([3, 0, 2], 3)
 
 
 def test_no_match_repeats_the_last_token():
-    assert lookup([1, 2, 3, 4]) == ([4, 4, 4], False)
+    assert lookup([1, 2, 3, 4]) == ([4, 4, 4], 0)
 
 
 def test_a_proposal_stops_at_the_sequence_end():
     # [7, 8] at 2 is followed by 7, 8 and then the end: the rest repeats the last token, never the junk past it
-    assert lookup([1, 2, 7, 8, 7, 8], gamma=4) == ([7, 8, 8, 8], True)
+    assert lookup([1, 2, 7, 8, 7, 8], gamma=4) == ([7, 8, 8, 8], 2)
 
 
 def test_rows_are_independent():
     ctx = torch.tensor([[1, 2, 3, 1, 2, 0], [4, 4, 4, 4, 4, 4]])
-    tokens, found = propose_ngram(ctx, torch.tensor([5, 2]), 2, 2)
-    assert tokens.tolist() == [[3, 1], [4, 4]] and found.tolist() == [True, True]
+    tokens, proposed = propose_ngram(ctx, torch.tensor([5, 2]), 2, 2)
+    assert tokens.tolist() == [[3, 1], [4, 4]] and proposed.tolist() == [2, 1]  # row 2: only one token follows [4]
 
 
 def repetitive_prompts(B=3, P=96, seed=0):
@@ -106,7 +106,7 @@ def test_sampled_lookup_keeps_the_targets_distribution(tiny, monkeypatch):
         cache.advance(96)
         draft = PromptLookup(prompt.expand(N, -1), 3, a.vocab_size)
         out, _ = decode(Decoder(tiny, sampling, draft=draft, gamma=1), cache, first, 2, prev=prompt[:, -1].expand(N))
-        assert bool(draft.found.all())
+        assert bool((draft.proposed == 1).all())
         return out[:, 1]
 
     cache = KVCache(a.n_layers, 1, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
@@ -121,3 +121,39 @@ def test_sampled_lookup_keeps_the_targets_distribution(tiny, monkeypatch):
     monkeypatch.setattr(generate, "speculative_sampling_verify", keep_all)
     stat, bound = chi_square(second_tokens(0), p)
     assert stat > 2 * bound, (stat, bound)
+
+
+def test_rows_with_nothing_to_copy_propose_nothing():
+    tokens, _ = PromptLookup(torch.tensor([[1, 2, 3], [4, 5, 6]]), 2).propose(None, torch.tensor([[3, 7], [6, 8]]),
+                                                                              torch.tensor([2, 2]), None, 3)
+    assert tokens.shape == (2, 0)
+
+
+def test_nothing_proposed_costs_one_plain_step(tiny, monkeypatch):
+    """Prompts whose tokens never repeat, and a target that continues with tokens not in them: no suffix ever
+    matches, so every verification feeds the target one token, as the plain loop does, and yields its token."""
+    prompts, n_new, a = torch.arange(96).view(3, 32), 12, tiny.args
+    fed = []
+    forward = type(tiny).forward
+
+    def counting(self, tokens, *rest, **kw):
+        fed.append(tokens.shape[1])
+        return forward(self, tokens, *rest, **kw)
+
+    def fresh(k):  # the target's argmax never repeats a token: the first time step k's token is 100 + k
+        logits = torch.full((prompts.shape[0], 1, a.vocab_size), -1e9)
+        logits[..., 100 + k] = 0
+        return logits
+
+    monkeypatch.setattr(type(tiny), "forward", counting)
+    cache = KVCache(a.n_layers, 3, a.n_kv_heads, 32 + n_new + 5, a.head_dim, torch.float32, "cpu")
+    tiny(prompts, cache, logits="none")
+    cache.advance(32)
+    fed.clear()
+    from magicdec import generate
+    steps = iter(range(1, 100))
+    monkeypatch.setattr(generate.tp, "vocab_argmax", lambda logits, shard: fresh(next(steps)).argmax(-1))
+    decoder = Decoder(tiny, Sampling(), draft=PromptLookup(prompts, 3), gamma=3)
+    out, _ = decode(decoder, cache, torch.full((3,), 100), n_new, prev=prompts[:, -1])
+    assert out[0].tolist() == list(range(100, 100 + n_new)) and fed == [1] * (n_new - 1)
+    assert decoder.stats.drafted == 0 and decoder.stats.iterations == n_new - 1

@@ -17,11 +17,12 @@ from conftest import DATA, needs_smollm2, one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 GUTENBERG = DATA / "gutenberg"
-SCRIPTS = {m: REPO / "tests" / f"{m}_benchmark.py" for m in ("baseline", "selfspec", "longspec")}
+SCRIPTS = {m: REPO / "tests" / f"{m}_benchmark.py" for m in ("baseline", "selfspec", "longspec", "lookup")}
 
 sys.path.insert(0, str(REPO / "tests"))
 import baseline_benchmark  # noqa: E402
 import longspec_benchmark  # noqa: E402
+import lookup_benchmark  # noqa: E402
 import selfspec_benchmark  # noqa: E402
 
 GAMMA = 3
@@ -192,6 +193,27 @@ def test_longspec_tiny_end_to_end(tiny, jsonl, tiny_baseline, tmp_path, draft, b
         assert 0.1 < m["alpha"] < 1  # some tokens accepted, some rejected
 
 
+def test_prompt_lookup_end_to_end(tiny, jsonl, tiny_baseline):
+    """tests/lookup_benchmark.py: no draft model; greedy gives the baseline script's ids, the record says what
+    drafted, and the sampled run is seeded."""
+    record = lookup_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", str(GAMMA), "--ngram", "2",
+                                            "--baseline"))
+    m = check_spec_record(record, "lookup", B, GEN, GAMMA, with_baseline=False)
+    assert_lossless(record, tiny_baseline)
+    assert record["draft_cache"] == "none: prompt lookup (suffixes of 2 tokens down to 1)"
+    assert m["measured_speedup"] > 0 and m["T_V_over_T_T"] > 0
+    spec = m["speculation"]
+    assert 0 < spec["draft_steps"] <= GAMMA * spec["iterations"]  # as many tokens as were found, never more
+    sampled = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", str(GAMMA), "--temperature", "0.6")
+    first = lookup_benchmark.run(sampled)
+    assert first["decoding"].startswith("sampled") and lookup_benchmark.run(sampled)["generated_ids"] == first["generated_ids"]
+
+
+def test_prompt_lookup_bad_input():
+    one_line_error(cli("lookup", *SMALL, "--prefix_len", "64", "--ngram", "0"), "--ngram_max 0", "at least 1")
+    one_line_error(cli("lookup", *SMALL, "--prefix_len", "64", "--gamma", "auto"), "--gamma auto", "--gamma N")
+
+
 @pytest.mark.parametrize("method", ["selfspec", "longspec", "selfspec --refresh 2"])
 @pytest.mark.parametrize("policy", ["snapkv", "retrieval"])
 def test_selected_draft_end_to_end(tiny, jsonl, tiny_baseline, method, policy):
@@ -306,6 +328,9 @@ def test_selfspec_smollm2_end_to_end(smol_dir, tmp_path, monkeypatch):
     assert record["model_config"]["vocab_size"] == 49152
     base = baseline_benchmark.run(common)
     assert_lossless(record, base)
+    lookup = lookup_benchmark.run(common + ["--gamma", str(GAMMA)])  # prompt lookup too: drafts from the book
+    check_spec_record(lookup, "lookup", 2, 24, GAMMA, with_baseline=False)
+    assert_lossless(lookup, base)
 
 
 @pytest.mark.parametrize("method", ["selfspec", "longspec"])
