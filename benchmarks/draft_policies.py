@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from magicdec import benchmark as bench  # noqa: E402
-from magicdec import draft_cache, runs  # noqa: E402
+from magicdec import draft_cache, quant, runs  # noqa: E402
 from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
 from magicdec.generate import Decoder, Draft, Sampling, decode  # noqa: E402
 from magicdec.kv_cache import KVCache  # noqa: E402
@@ -37,20 +37,27 @@ METRICS = {"teacher_top1": "teacher-forced top-1 agreement", "teacher_min_pq": "
            "alpha_greedy": "α, greedy generation", "alpha_sampled": "α, sampled generation (T 0.6, top-p 0.9)"}
 
 
-def new_draft(policy: str, budget: int, target, cache: KVCache, prompts, queries, a) -> Draft:
+def drafter(row: dict) -> str:
+    """A row's draft: its cache policy, and its weights when they are a quantized copy (--draft_weights)."""
+    weights = row.get("draft_weights", "bf16")
+    return row["policy"] if weights == "bf16" else f"{row['policy']} {weights}"
+
+
+def new_draft(policy: str, budget: int, target, cache: KVCache, prompts, queries, a, model=None) -> Draft:
     """The draft of one (policy, budget) over this batch: StreamingLLM by its own prefill, a selection from the
-    target's prefill KV and its last prompt tokens' queries."""
+    target's prefill KV and its last prompt tokens' queries; `model`: its weights when not the target's own."""
     cfg, B = target.args, prompts.shape[0]
+    model = model or target
     extra = runs.ring_extra_for(max(a.gen_len, a.teacher), a.gamma)
     if policy == "streaming":
         dc = runs.new_draft_cache(cfg, B, cfg.n_kv_heads, budget, a.sinks, extra, 0, cache.k[0].dtype,
                                   cache.k[0].device, "sdpa")
-        draft = Draft(target, dc)
+        draft = Draft(model, dc)
         draft.prefill(prompts, runs.draft_prefill_chunk(a.prefill_chunk, budget))
         dc.backend = cache.backend
         return draft
     sel = draft_cache.policy_for(policy, budget, a.chunk_size)
-    return Draft(target, draft_cache.build(sel, cache, queries, runs.appended_for(max(a.gen_len, a.teacher), a.gamma),
+    return Draft(model, draft_cache.build(sel, cache, queries, runs.appended_for(max(a.gen_len, a.teacher), a.gamma),
                                            extra))
 
 
@@ -94,13 +101,14 @@ def measure(a) -> dict:
     if min(a.budgets) <= draft_cache.WINDOW and set(a.policies) - {"streaming"}:
         raise MagicDecError(f"--budgets must exceed the {draft_cache.WINDOW}-token window of snapkv and retrieval")
     target = bench.load_weights(args, config, ckpt)
+    models = {w: None if w == "bf16" else quant.quantized_copy(target, w) for w in a.draft_weights}
     rows, start = [], time.time()
     meta = {"model": config.name, "random_weights": a.random_weights, "B": a.B, "gamma": a.gamma, "gen_len": a.gen_len,
             "teacher": a.teacher, "sinks": a.sinks, "chunk_size": a.chunk_size, "window": draft_cache.WINDOW,
             "environment": bench.environment(args.device)}
     work = [(P, skip) for P in a.prefix_lens for skip in a.skip_tokens]
     a.prefill_chunk = max(16, 16384 // a.B)
-    bar = tqdm(total=len(work) * len(a.policies) * len(a.budgets), desc="drafts", disable=a.no_progress)
+    bar = tqdm(total=len(work) * len(a.policies) * len(a.budgets) * len(models), desc="drafts", disable=a.no_progress)
     with torch.inference_mode():
         for P, skip in work:
             args.prefix_len, args.skip_tokens = P + a.teacher, skip
@@ -111,26 +119,26 @@ def measure(a) -> dict:
                             dtype, args.device, "sdpa")
             logits, queries = draft_cache.prefill_recording(target, cache, prompts, draft_cache.WINDOW, a.prefill_chunk)
             cache.backend = "triton" if cache.k[0].is_cuda else "sdpa"  # decode's kernel; prefill ran on sdpa
-            for policy in a.policies:
-                for budget in a.budgets:
-                    draft = new_draft(policy, budget, target, cache, prompts, queries, a)
-                    row = {"prefix_len": P, "skip_tokens": skip, "policy": policy, "budget": budget}
-                    row |= teacher_forced(target, cache, draft, prompts, book, logits)
-                    for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED)):
-                        row[mode] = generated_alpha(target, cache, draft, prompts, logits, sampling, a)
-                    for n in a.refresh if policy != "streaming" else []:
-                        sel = draft_cache.policy_for(policy, budget, a.chunk_size)
-                        draft.refresh = draft_cache.Refresh(sel, n, cache, draft.cache, config.n_heads)
-                        row[f"refresh_{n}"] = {mode: generated_alpha(target, cache, draft, prompts, logits, sampling, a)
-                                               for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED))}
-                        draft.refresh = None
-                    rows.append(row | {"seconds": time.time() - start})
-                    del draft
-                    bar.update(1)
-                    if a.output:  # after every row: a device call's time limit loses only the row in progress
-                        a.output.parent.mkdir(parents=True, exist_ok=True)
-                        a.output.write_text(json.dumps(meta | {"rows": rows, "partial": True,
-                                                               "prompt_source": args.prompt_source}, indent=1))
+            for policy, budget, weights in [(p_, b, w) for p_ in a.policies for b in a.budgets for w in models]:
+                draft = new_draft(policy, budget, target, cache, prompts, queries, a, models[weights])
+                row = {"prefix_len": P, "skip_tokens": skip, "policy": policy, "budget": budget,
+                       "draft_weights": weights}
+                row |= teacher_forced(target, cache, draft, prompts, book, logits)
+                for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED)):
+                    row[mode] = generated_alpha(target, cache, draft, prompts, logits, sampling, a)
+                for n in a.refresh if policy != "streaming" else []:
+                    sel = draft_cache.policy_for(policy, budget, a.chunk_size)
+                    draft.refresh = draft_cache.Refresh(sel, n, cache, draft.cache, config.n_heads)
+                    row[f"refresh_{n}"] = {mode: generated_alpha(target, cache, draft, prompts, logits, sampling, a)
+                                           for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED))}
+                    draft.refresh = None
+                rows.append(row | {"seconds": time.time() - start})
+                del draft
+                bar.update(1)
+                if a.output:  # after every row: a device call's time limit loses only the row in progress
+                    a.output.parent.mkdir(parents=True, exist_ok=True)
+                    a.output.write_text(json.dumps(meta | {"rows": rows, "partial": True,
+                                                           "prompt_source": args.prompt_source}, indent=1))
             del cache, queries
             bench.release_memory(args.device)
     bar.close()
@@ -141,7 +149,7 @@ def summarize(result: dict) -> dict:
     """{(prefix, policy, budget): {metric: value}} over every batch: token-weighted rates."""
     out = {}
     for r in result["rows"]:
-        s = out.setdefault((r["prefix_len"], r["policy"], r["budget"]), {"positions": 0, "teacher_top1": 0,
+        s = out.setdefault((r["prefix_len"], drafter(r), r["budget"]), {"positions": 0, "teacher_top1": 0,
                            "teacher_min_pq": 0.0, "greedy": [0, 0], "sampled": [0, 0], "batches": 0})
         s["batches"] += 1
         for k in ("positions", "teacher_top1", "teacher_min_pq"):
@@ -160,7 +168,7 @@ def refresh_table(result: dict) -> str | None:
     cells = {}
     for r in result["rows"]:
         for key in [k for k in r if k.startswith("refresh_")]:
-            c = cells.setdefault((r["prefix_len"], r["policy"], r["budget"], int(key.split("_")[1])),
+            c = cells.setdefault((r["prefix_len"], drafter(r), r["budget"], int(key.split("_")[1])),
                                  {m: [0, 0, 0, 0] for m in ("greedy", "sampled")})
             for m in ("greedy", "sampled"):
                 c[m] = [c[m][0] + r[m]["kept"], c[m][1] + r[m]["examined"], c[m][2] + r[key][m]["kept"],
@@ -192,7 +200,7 @@ def plot(result: dict, path: Path) -> None:
 
     summary = summarize(result)
     prefixes = sorted({k[0] for k in summary})
-    policies = sorted({k[1] for k in summary}, key=draft_cache.POLICIES.index)
+    policies = sorted({k[1] for k in summary}, key=lambda d: (draft_cache.POLICIES.index(d.split()[0]), d))
     fig, axes = plt.subplots(len(METRICS), len(prefixes), figsize=(4 * len(prefixes), 3 * len(METRICS)), squeeze=False)
     for i, metric in enumerate(METRICS):
         for j, P in enumerate(prefixes):
@@ -224,6 +232,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefix_lens", type=int, nargs="+", default=[2048, 4096, 8000])
     p.add_argument("--budgets", type=int, nargs="+", default=[128, 256, 512, 1024])
     p.add_argument("--policies", nargs="+", choices=draft_cache.POLICIES, default=list(draft_cache.POLICIES))
+    p.add_argument("--draft_weights", nargs="+", choices=("bf16", "int8", "fp8"), default=["bf16"],
+                   help="the draft's weights: the target's own, or a one-byte copy of its linears (magicdec/quant.py)")
     p.add_argument("--B", type=int, default=8, help="sequences per batch")
     p.add_argument("--skip_tokens", type=int, nargs="+", default=[8000, 15000, 22000], help="one batch per value")
     p.add_argument("--gamma", type=int, default=3)
@@ -243,7 +253,7 @@ def main(argv=None) -> int:
     with one_line_errors():
         if a.report:
             parts = [json.loads(f.read_text()) for f in a.report]
-            point = lambda r: (r["prefix_len"], r["skip_tokens"], r["policy"], r["budget"])  # noqa: E731
+            point = lambda r: (r["prefix_len"], r["skip_tokens"], drafter(r), r["budget"])  # noqa: E731
             rows = {point(r): r for part in parts for r in part["rows"]}  # a later file's row replaces an earlier's
             result = parts[0] | {"rows": list(rows.values()), "sources": [str(f) for f in a.report], "partial": False}
             out = a.output or a.report[0]

@@ -3,7 +3,7 @@
 Batch 1 (for each prefix): our baseline, self-speculation (StreamingLLM draft cache) and a standalone draft (the
 target's first --draft_layers layers + final norm + head, full KV cache) against transformers' greedy `generate`
 with a dynamic cache, a static cache, a static cache + torch.compile (where it works), assisted generation with the
-same truncated draft, and prompt-lookup decoding. Batch B > 1: our baseline against transformers' batched greedy
+same truncated draft, and prompt-lookup decoding beside ours (tests/lookup_benchmark.py's drafter). Batch B > 1: our baseline against transformers' batched greedy
 `generate` (static cache, compiled where it works; equal-length prompts, no padding). Decode tokens/s only (prefill
 excluded on both sides) and each method's token agreement with our baseline. Both libraries run the very same
 tensors: transformers' state dict, renamed by checkpoint._hf_name, is our model's. Writes summary.json under
@@ -35,6 +35,7 @@ from magicdec.checkpoint import _hf_name, load_state_dict, smollm2_checkpoint  #
 from magicdec.config import ModelArgs  # noqa: E402
 from magicdec.generate import Decoder, Draft, Sampling, prefill  # noqa: E402
 from magicdec.kv_cache import KVCache  # noqa: E402
+from magicdec.lookup import PromptLookup  # noqa: E402
 from magicdec.model import from_state_dict  # noqa: E402
 
 GREEDY = Sampling()
@@ -61,6 +62,8 @@ def parse(argv=None):
     p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4])
     p.add_argument("--sinks", type=int, default=16)
     p.add_argument("--prompt_lookup", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    p.add_argument("--ngram_max", type=int, default=3, help="our prompt lookup's longest n-gram (and transformers' "
+                                                           "max_matching_ngram_size in the run at our best gamma)")
     p.add_argument("--hf_attn", default="sdpa", help="transformers' attn_implementation (sdpa or eager)")
     p.add_argument("--hf_compile", choices=["auto", "dynamic", "off"], default="auto",
                    help="static caches on GPU: auto = transformers' default CompileConfig (dynamic=None: static first, "
@@ -336,6 +339,10 @@ def batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, de
         best["standalone_draft"] = max(best.get("standalone_draft", (0, None, None)),
                                        (m["decode_tokens_per_s"], gamma, None))
     del dc
+    for gamma in cli.gammas:  # prompt lookup: no draft model, n-grams of up to --ngram_max tokens
+        out, m = ours.decode_rate(PromptLookup(ours.prompts, cli.ngram_max), gamma, base)
+        emit(1, P, "magicdec", "prompt_lookup", out, m, ref, gamma=gamma, ngram_max=cli.ngram_max)
+        best["prompt_lookup"] = max(best.get("prompt_lookup", (0, None, None)), (m["decode_tokens_per_s"], gamma, None))
     for method, (rate, gamma, budget) in best.items():
         emit(1, P, "magicdec", f"{method} (best)", None, {"decode_tokens_per_s": rate}, ref, gamma=gamma, budget=budget)
     bench.release_memory(device)
@@ -369,6 +376,10 @@ def batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, de
         setattr(hf_draft.generation_config, key, value)
     attempt(1, P, "transformers", "prompt_lookup", ref, hf_rate(prompt_lookup_num_tokens=cli.prompt_lookup),
             prompt_lookup_num_tokens=cli.prompt_lookup)
+    gamma = best["prompt_lookup"][1]  # ours' best gamma and n-gram length, the same lookup on transformers' side
+    attempt(1, P, "transformers", f"prompt_lookup (gamma {gamma})", ref,
+            hf_rate(prompt_lookup_num_tokens=gamma, max_matching_ngram_size=cli.ngram_max),
+            prompt_lookup_num_tokens=gamma, max_matching_ngram_size=cli.ngram_max)
     bench.release_memory(device)
 
 

@@ -189,10 +189,12 @@ class Transformer(nn.Module):
         return tp.gather_vocab(out, self.shard, self.args.vocab_size) if gather else out
 
     def weight_bytes(self) -> int:
-        """Bytes read from weights by one decode step (the embedding table is only gathered, unless tied)."""
+        """Bytes read from weights by one decode step (the embedding table is only gathered, unless it is the LM
+        head too: a quantized draft's head is its own copy)."""
         seen, total = set(), 0
+        head_is_table = getattr(self.output, "weight", None) is self.tok_embeddings.weight
         for name, p in self.named_parameters():
-            if id(p) in seen or (name == "tok_embeddings.weight" and not self.args.tie_embeddings):
+            if id(p) in seen or (name == "tok_embeddings.weight" and not head_is_table):
                 continue
             seen.add(id(p))
             total += p.numel() * p.element_size()

@@ -15,7 +15,7 @@ SCRIPT = REPO / "benchmarks" / "transformers_side_by_side.py"
 N = 16
 SMALL = ("--random_prompts", "--prefix_lens", "64", "--batch_sizes", "1", "2", "--gen_len", str(N), "--budgets", "24",
          "--sinks", "4", "--gammas", "2", "--save_tokens")
-OURS = {"baseline", "selfspec", "standalone_draft"}
+OURS = {"baseline", "selfspec", "standalone_draft", "prompt_lookup"}
 THEIRS_B1 = {"dynamic", "static", "assisted (its defaults)", "prompt_lookup"}
 
 
