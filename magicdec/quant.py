@@ -59,8 +59,9 @@ def _weight_only_kernel(X, W, S, BIAS, Y, M, N, K, stride_xm, stride_wn, stride_
     for k in range(0, K, BLOCK_K):
         kk = k + rk
         x = tl.load(X + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        w = tl.load(W + rn[None, :] * stride_wn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0)
-        acc += tl.dot(x, w.to(x.dtype))  # [BLOCK_K, BLOCK_N]: the weight's bytes widened in registers only
+        w_ok = (rn[None, :] < N) & (kk[:, None] < K)
+        w = tl.load(W + rn[None, :] * stride_wn + kk[:, None], mask=w_ok)  # [BLOCK_K, BLOCK_N], one byte each
+        acc += tl.dot(x, tl.where(w_ok, w.to(x.dtype), 0.0))  # widened in registers only (fp8 has no integer 0)
     out = acc * tl.load(S + rn, mask=rn < N, other=0.0)[None, :]
     if HAS_BIAS:
         out += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
