@@ -39,40 +39,50 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale[:, None]
 
 
-def _configs():
-    if os.environ.get("TRITON_INTERPRET") == "1":  # the CPU interpreter: one small config, no tuning
-        return [triton.Config({"BLOCK_N": 16, "BLOCK_K": 32}, num_warps=1)]
-    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=4, num_stages=s)
-            for n in (32, 64, 128) for k in (128, 256) for s in (3, 4)]
+TUNING = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": sk}, num_warps=4, num_stages=st)
+          for n in (64, 128) for k in (128, 256) for sk in (1, 2, 4, 8) for st in (3,)]
+INTERPRETED = {"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 1}  # Triton's CPU interpreter: one config, no tuning
 
 
-@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"])
 @triton.jit
-def _weight_only_kernel(X, W, S, BIAS, Y, M, N, K, stride_xm, stride_wn, stride_ym, M_BUCKET,
-                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _weight_only_kernel(X, W, S, BIAS, Y, PART, M, N, K, stride_xm, stride_wn, stride_ym, M_BUCKET,
+                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        SPLIT_K: tl.constexpr):
+    """Program (n, k, m): output columns n*BLOCK_N.., rows m*BLOCK_M.., over the k-th of SPLIT_K ranges of K. A
+    draft step has a few rows, so its columns alone give too few programs to keep every SM reading (Llama-3.1-8B's
+    o projection: 32 to 64 of them on 132 SMs); splitting K gives more, for a sum of the partial results after."""
     pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
+    per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in range(pid_k * per_split, tl.minimum((pid_k + 1) * per_split, K), BLOCK_K):
         kk = k + rk
         x = tl.load(X + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
         w_ok = (rn[None, :] < N) & (kk[:, None] < K)
         w = tl.load(W + rn[None, :] * stride_wn + kk[:, None], mask=w_ok)  # [BLOCK_K, BLOCK_N], one byte each
         acc += tl.dot(x, tl.where(w_ok, w.to(x.dtype), 0.0))  # widened in registers only (fp8 has no integer 0)
-    out = acc * tl.load(S + rn, mask=rn < N, other=0.0)[None, :]
-    if HAS_BIAS:
-        out += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + rm[:, None] * stride_ym + rn[None, :], out.to(Y.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    acc *= tl.load(S + rn, mask=rn < N, other=0.0)[None, :]  # one scale per column: partial sums take it too
+    ok = (rm[:, None] < M) & (rn[None, :] < N)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + rm[:, None] * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty), mask=ok)
+    else:
+        tl.store(PART + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=ok)
+
+
+_tuned = triton.autotune(configs=TUNING, key=["M_BUCKET", "N", "K"])(_weight_only_kernel)
 
 
 def weight_only_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
-                       kernel: bool | None = None) -> torch.Tensor:
+                       kernel: bool | None = None, config: dict | None = None) -> torch.Tensor:
     """x [..., K] @ (q * scale[:, None]).T (+ bias), without materializing the dequantized weight. `kernel`: the
-    Triton kernel (default on CUDA) or the torch-op reference (the scale applied after the matmul, as the kernel)."""
+    Triton kernel (default on CUDA) or the torch-op reference (the scale applied after the matmul, as the kernel);
+    `config` (BLOCK_N, BLOCK_K, SPLIT_K) fixes the kernel's tiling instead of tuning it per shape."""
     if not (x.is_cuda if kernel is None else kernel):
         y = F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)
         return y if bias is None else y + bias
@@ -83,9 +93,22 @@ def weight_only_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bi
     M, N = x2.shape[0], q.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     block_m = min(max(triton.next_power_of_2(M), 16), 64)  # tl.dot needs 16 rows; a draft step has B or 2B
-    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(M, block_m))  # noqa: E731
-    _weight_only_kernel[grid](x2, q, scale, bias if bias is not None else scale, y, M, N, K, x2.stride(0), q.stride(0),
-                              y.stride(0), block_m, HAS_BIAS=bias is not None, BLOCK_M=block_m)
+    config = config or (INTERPRETED if os.environ.get("TRITON_INTERPRET") == "1" else None)
+    most = config["SPLIT_K"] if config else max(c.kwargs["SPLIT_K"] for c in TUNING)
+    part = torch.empty(most, M, N, dtype=torch.float32, device=x.device) if most > 1 else y
+    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(M, block_m))  # noqa: E731
+    args = (x2, q, scale, bias if bias is not None else scale, y, part, M, N, K, x2.stride(0), q.stride(0), y.stride(0),
+            block_m)
+    if config:
+        _weight_only_kernel[grid](*args, HAS_BIAS=bias is not None, BLOCK_M=block_m, **config)
+        split = config["SPLIT_K"]
+    else:
+        _tuned[grid](*args, HAS_BIAS=bias is not None, BLOCK_M=block_m)
+        split = _tuned.best_config.kwargs["SPLIT_K"]
+    if split > 1:
+        y = part[:split].sum(0).to(x.dtype)
+        if bias is not None:
+            y += bias
     return y.view(*lead, N)
 
 

@@ -55,14 +55,17 @@ def test_rounding_is_within_the_formats_step(fmt, rel):
 
 # The Triton kernel with fp8 weights runs on the GPU only (the CPU interpreter cannot widen fp8):
 # benchmarks/quant_speed.py checks it there against this reference.
-@pytest.mark.parametrize("fmt,kernel", [("int8", False), ("fp8", False), ("int8", True)],
-                         ids=["int8-torch", "fp8-torch", "int8-triton"])
+@pytest.mark.parametrize("fmt,kernel,split_k", [("int8", False, None), ("fp8", False, None), ("int8", True, 1),
+                                               ("int8", True, 3)],
+                         ids=["int8-torch", "fp8-torch", "int8-triton", "int8-triton-split3"])
 @pytest.mark.parametrize("M", [1, 3, 37])
-def test_weight_only_linear_matches_float64_dequantized(fmt, kernel, M):
+def test_weight_only_linear_matches_float64_dequantized(fmt, kernel, split_k, M):
+    """split 3: K = 100 in ranges of 64, 36 and none (a split with nothing to do sums zeros)."""
     g = torch.Generator().manual_seed(M)
     w, x, b = torch.randn(72, 100, generator=g), torch.randn(M, 100, generator=g), torch.randn(72, generator=g)
     q, scale = quantize(w, fmt)
-    y = weight_only_linear(x, q, scale, b, kernel=kernel)
+    config = {"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": split_k} if split_k else None
+    y = weight_only_linear(x, q, scale, b, kernel=kernel, config=config)
     ref = x.double() @ dequantize(q, scale).double().T + b.double()
     assert y.shape == (M, 72) and torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-5)
     assert (y.double() - (x.double() @ w.double().T + b.double())).abs().max() > 1e-3  # it is quantized
