@@ -257,6 +257,7 @@ class Decoder:
         self.policy = policy if draft is not None else None
         self.gamma = (policy.max_gamma if self.policy else gamma) if draft is not None else 0  # the largest gamma
         self.synthetic = synthetic_acceptance
+        self.landscape_seed = 0  # a decoder run many times (a hierarchy's middle level) draws a new one each run
         if compile:
             wrap = lambda f: torch.compile(f, mode="reduce-overhead", fullgraph=True, dynamic=False)  # noqa: E731
         elif cuda_graphs:
@@ -281,7 +282,7 @@ class Decoder:
         counts, timer = Counts(B, self.gamma, dev), PhaseTimer(dev)
         bar = Progress(n_new, "decode (speculation)" if self.gamma else "decode (baseline)", progress)
         if self.synthetic is not None:  # hist column i holds position base + i; stopped rows read inside it
-            self.landscape = acceptance_landscape(B, batch.hist.shape[1], dev)
+            self.landscape = acceptance_landscape(B, batch.hist.shape[1], dev, self.landscape_seed)
         refresh = self.draft.refresh if self.draft is not None else None
         if refresh is not None:
             refresh.begin()
