@@ -286,6 +286,9 @@ class Decoder:
         refresh = self.draft.refresh if self.draft is not None else None
         if refresh is not None:
             refresh.begin()
+        levels = getattr(self.draft, "levels", None)  # a hierarchy: its middle level's counts, per generation
+        if levels is not None:
+            levels.reset()
         while not self._all_done(batch, schedule):
             gamma = schedule.next()
             t0 = timer.stamp()
@@ -311,6 +314,7 @@ class Decoder:
             bar.update(batch)
         bar.close()
         self.stats = counts.stats(self.gamma, timer, n_new, self.policy.summary() if self.policy else None)
+        self.stats.levels = levels.summary() if levels is not None else None
         return batch.output()
 
     @staticmethod

@@ -46,7 +46,7 @@ class Hierarchy:
     target's weights over its small cache) that speculates with `bottom` (a Draft, or a PromptLookup) gamma_bottom
     tokens at a time."""
 
-    ranks = refresh = None
+    ranks = None
 
     def __init__(self, middle: Draft, bottom, gamma_bottom: int, sampling: Sampling, cuda_graphs: bool = False,
                  compile: bool = False, synthetic_acceptance: float | None = None):
@@ -56,6 +56,16 @@ class Hierarchy:
                              cuda_graphs=cuda_graphs, synthetic_acceptance=synthetic_acceptance)
         self.totals = {"verifications": 0, "kept": 0, "examined": 0, "middle_steps": 0, "bottom_steps": 0,
                        "seconds": {}}
+
+    @property
+    def levels(self):
+        """What the generation loop reports per generation (reset, summary)."""
+        return self
+
+    @property
+    def refresh(self):
+        """--refresh re-selects the middle's cache from the target's verifications, as without a hierarchy."""
+        return self.middle.refresh
 
     @property
     def model(self):

@@ -19,6 +19,7 @@ from magicdec.attention import resolve_backend
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
 from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
+from magicdec.hierarchy import Hierarchy
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.lookup import PromptLookup
 from magicdec.planner import AutoGamma
@@ -97,6 +98,26 @@ def draft_cache_flags(p: argparse.ArgumentParser, method: str) -> None:
         p.add_argument("--refresh", type=int, default=None, metavar="N",
                        help="snapkv / retrieval: every N verifications select the draft's kept prompt positions again, "
                             "from the attention that verification computed over the full cache (its side output)")
+        hierarchy_flags(p)
+
+
+def hierarchy_flags(p: argparse.ArgumentParser) -> None:
+    """TriForce's hierarchy: the self-draft (the middle level) speculates with a bottom draft of its own."""
+    p.add_argument("--hierarchy", action="store_true",
+                   help="the self-draft (target weights over its --draft_policy cache: TriForce's middle level) "
+                        "collects its gamma tokens by speculating itself, --gamma_bottom at a time, with --draft")
+    p.add_argument("--draft", default=None, metavar="ngram|PATH",
+                   help="--hierarchy's bottom draft: ngram (prompt lookup, no model) or a small model's model.pth "
+                        "(or its dir) over a StreamingLLM cache of --bottom_budget tokens")
+    p.add_argument("--draft_name", default=None, help="--hierarchy with --random_weights: the bottom model's repo id")
+    p.add_argument("--gamma_bottom", type=int, default=1, help="--hierarchy: tokens the bottom drafts per middle "
+                                                                "verification (TriForce: 1)")
+    p.add_argument("--bottom_budget", type=int, default=256, help="--hierarchy: the bottom model's StreamingLLM budget")
+    p.add_argument("--ngram_max", "--ngram", dest="ngram_max", type=int, default=3,
+                   help="--draft ngram: the longest suffix looked up")
+    p.add_argument("--synthetic_bottom", type=float, default=None,
+                   help="random-weight runs with --hierarchy: the middle accepts each bottom token with this "
+                        "probability (--synthetic_acceptance is the target's rate for the middle's tokens)")
 
 
 def gamma_arg(text: str):
@@ -193,6 +214,8 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
                                 "--gamma N (several values time each)")
         return
     check_draft_cache(args, method)
+    if method == "selfspec":
+        check_hierarchy(args, target)
     if args.draft_weights != "bf16":
         if method == "longspec":
             raise MagicDecError(f"--draft_weights {args.draft_weights} quantizes the target's weights for "
@@ -202,6 +225,51 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
                                 f"{torch.cuda.get_device_capability(args.device)}): use --draft_weights int8")
     if method == "longspec":
         check_standalone_draft(args, target, draft, draft_ckpt, target_ckpt)
+
+
+def check_hierarchy(args, target) -> None:
+    if not args.hierarchy:
+        if args.draft or args.draft_name:
+            raise MagicDecError("--draft / --draft_name name --hierarchy's bottom draft: add --hierarchy (a standalone "
+                                "draft is tests/longspec_benchmark.py)")
+        if args.synthetic_bottom is not None:
+            raise MagicDecError("--synthetic_bottom is the bottom level's acceptance: it needs --hierarchy")
+        return
+    if args.draft != "ngram" and not (args.draft_name if args.random_weights else args.draft):
+        raise MagicDecError("--hierarchy needs a bottom draft: --draft ngram (prompt lookup), --draft PATH/model.pth, "
+                            "or with --random_weights --draft_name ID")
+    if args.gamma == "auto":
+        raise MagicDecError("--gamma auto times one draft's steps; --hierarchy has two levels: pass --gamma N")
+    if args.gamma_bottom < 1:
+        raise MagicDecError(f"--gamma_bottom {args.gamma_bottom}: must be at least 1")
+    if (args.synthetic_bottom is None) != (args.synthetic_acceptance is None):
+        raise MagicDecError("--hierarchy with synthetic acceptance needs a rate for each level: --synthetic_acceptance "
+                            "(target keeps middle tokens) and --synthetic_bottom (middle keeps bottom tokens)")
+    if args.synthetic_bottom is not None and not 0 <= args.synthetic_bottom <= 1:
+        raise MagicDecError(f"--synthetic_bottom must be in [0, 1], got {args.synthetic_bottom}")
+    if args.draft == "ngram":
+        if args.ngram_max < 1:
+            raise MagicDecError(f"--ngram_max {args.ngram_max}: must be at least 1 (the longest suffix looked up)")
+        return
+    bottom, _ = bottom_source(args)
+    if not args.sinks < args.bottom_budget < args.prefix_len:
+        raise MagicDecError(f"--bottom_budget {args.bottom_budget}: must exceed --sinks {args.sinks} and stay below "
+                            f"--prefix_len {args.prefix_len}")
+    if bottom.vocab_size != target.vocab_size:
+        raise MagicDecError(f"bottom draft vocabulary ({bottom.vocab_size}) differs from the target's "
+                            f"({target.vocab_size}): a draft must share the target's tokenizer")
+    if not args.random_weights:  # its keys keep absolute positions, as a standalone draft's without --reindex
+        bench.check_context(bottom, args.prefix_len, args.gen_len + max_gamma(args) + args.gamma_bottom + 2,
+                            "gen_len + gamma (bottom draft; --draft ngram has no context limit)")
+
+
+def bottom_source(args):
+    """(config, checkpoint) of --hierarchy's bottom model, without loading it; (None, None) for ngram or none."""
+    if not getattr(args, "hierarchy", False) or args.draft == "ngram":
+        return None, None
+    if args.random_weights:
+        return ModelArgs.from_name(args.draft_name), None
+    return bench.model_source(argparse.Namespace(**{**vars(args), "model": Path(args.draft), "random_weights": False}))
 
 
 def check_draft_cache(args, method: str) -> None:
@@ -408,7 +476,10 @@ def run(method: str, argv=None) -> dict:
     parts = [(local_config(target_cfg, target_shard), True, cache_len)]
     lookup = method == "lookup"  # no draft model, no draft cache
     selection = spec and not lookup and args.draft_policy != "streaming"
-    append = appended_for(args.gen_len, gamma)  # what a selection policy's draft appends after the prompt
+    hierarchy = spec and getattr(args, "hierarchy", False)
+    bottom_cfg, bottom_ckpt = bottom_source(args) if hierarchy else (None, None)
+    # what a selection policy's draft appends after the prompt (a hierarchy's middle runs ahead of the target)
+    append = appended_for(args.gen_len, gamma) + (args.gamma_bottom + 2 if hierarchy else 0)
     if spec and not lookup and rank in draft_ranks:
         budget = args.streamingllm_budget
         # A selected cache's ring holds every position generation reaches (`append`), so it needs no slots beyond.
@@ -420,6 +491,8 @@ def run(method: str, argv=None) -> dict:
             item = torch.empty((), dtype=dtype).element_size()
             draft_slots += -(-2 * (c.n_heads // c.n_kv_heads) * cache_len // (c.head_dim * item))
         parts.append((local_config(draft_cfg, draft_shard), method == "longspec", draft_slots))
+    if bottom_cfg is not None and rank == 0:  # the bottom model runs unsharded, on rank 0 (it broadcasts its tokens)
+        parts.append((bottom_cfg, True, args.bottom_budget + ring_extra))
     quantized = spec and not lookup and args.draft_weights != "bf16"
     copy_bytes = quant.copy_bytes(local_config(target_cfg, target_shard)) if quantized else 0
     bench.check_fits(bench.memory_needed(args.B, args.prefill_chunk, dtype, parts, copy_bytes), args.device, args.B,
@@ -487,6 +560,10 @@ def run(method: str, argv=None) -> dict:
                 draft.fill_random(args.prefix_len, args.seed + 1)
             else:  # its KV is what its (StreamingLLM) attention produces
                 _, draft_prefill_s = bench.timed(lambda: draft.prefill(prompts, draft_chunk, progress), args.device)
+        if hierarchy:
+            draft = Hierarchy(draft, new_bottom(args, bottom_cfg, bottom_ckpt, target_cfg.vocab_size, prompts, rank,
+                                                world, ring_extra, dtype, backend, progress),
+                              args.gamma_bottom, sampling, args.cuda_graphs, args.compile, args.synthetic_bottom)
         torch.manual_seed(args.seed)
         first = next_token(logits, args.temperature, args.top_p, args.top_k)
         prev = prompts[:, -1]
@@ -536,6 +613,7 @@ def run(method: str, argv=None) -> dict:
         "prefill": "skipped: KV caches filled with random values" if args.skip_prefill else "computed",
         "draft_cache": describe_draft_cache(args, method) if spec else None,
         "draft_weights": describe_draft_weights(args, method, draft),
+        "hierarchy": describe_hierarchy(args, bottom_cfg) if hierarchy else None,
         "synthetic_acceptance": getattr(args, "synthetic_acceptance", None),
         "synthetic_draws": SYNTHETIC_DRAWS if getattr(args, "synthetic_acceptance", None) is not None else None,
         "decoding": "greedy" if sampling.greedy else f"sampled (temperature {args.temperature}, top_p {args.top_p}, top_k {args.top_k})",
@@ -564,6 +642,26 @@ def run(method: str, argv=None) -> dict:
     return record
 
 
+def new_bottom(args, config, checkpoint, vocab_size, prompts, rank, world, ring_extra, dtype, backend, progress):
+    """--hierarchy's bottom draft: prompt lookup, or a small model over a StreamingLLM cache filled by its own
+    prefill (random KV for --skip_prefill), run on rank 0 alone under tensor parallelism (it broadcasts its tokens:
+    sampled proposals must be the same on every rank)."""
+    if args.draft == "ngram":
+        return PromptLookup(prompts, args.ngram_max, None if args.temperature == 0 else vocab_size)
+    ranks = None if world == 1 else [0]
+    if rank != 0:
+        return Draft(None, None, ranks)
+    model = bench.load_weights(args, config, checkpoint)
+    cache = new_draft_cache(config, args.B, model.n_kv_heads, args.bottom_budget, args.sinks, ring_extra, 0, dtype,
+                            args.device, backend)
+    bottom = Draft(model, cache, ranks)
+    if args.skip_prefill:
+        bottom.fill_random(args.prefix_len, args.seed + 2)
+    else:
+        bottom.prefill(prompts, draft_prefill_chunk(args.prefill_chunk, args.bottom_budget), progress)
+    return bottom
+
+
 def describe_draft_cache(args, method: str) -> str:
     """Where the draft's KV came from, for the record."""
     if method == "lookup":
@@ -575,6 +673,14 @@ def describe_draft_cache(args, method: str) -> str:
     again = (f", selected again every {args.refresh} verifications from their attention (--refresh)"
              if getattr(args, "refresh", None) else "")
     return f"{args.draft_policy}: selected per KV head from {source}{again}"
+
+
+def describe_hierarchy(args, bottom_cfg) -> str:
+    bottom = (f"prompt lookup (n-grams {args.ngram_max}..1)" if args.draft == "ngram" else
+              f"{bottom_cfg.name} over a {args.bottom_budget}-token StreamingLLM cache")
+    rate = f", synthetic acceptance {args.synthetic_bottom}" if args.synthetic_bottom is not None else ""
+    return (f"bottom: {bottom}, {args.gamma_bottom} token(s) per middle verification{rate}; middle: the target's "
+            f"weights over the draft cache; per-level acceptance and time: metrics.speculation.hierarchy")
 
 
 def describe_draft_weights(args, method: str, draft) -> str | None:
@@ -670,6 +776,12 @@ def print_summary(method, record, config, args) -> None:
     else:
         if record.get("draft_weights"):
             rows.append(("draft weights", record["draft_weights"]))
+        levels = (m.get("speculation") or {}).get("hierarchy")
+        if levels:
+            rows += [("hierarchy", record["hierarchy"]),
+                     ("alpha bottom -> middle", levels["alpha_bottom_to_middle"] or "n/a"),
+                     ("middle verifications", levels["middle_verifications"]),
+                     ("bottom / middle s", f"{levels['bottom_seconds']:.3f} / {levels['middle_seconds']:.3f}")]
         rows += [("gamma", args.gamma if "gamma_sweep" not in record else f"{m['gamma']} (best of {args.gamma})"),
                  ("budget", f"{args.streamingllm_budget} ({args.draft_policy}" + (", reindexed)" if args.reindex else ")")
                   if method != "lookup" else f"none (prompt lookup, n-grams {args.ngram_max}..1)"),

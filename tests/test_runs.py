@@ -220,6 +220,37 @@ def test_quantized_draft_bad_input(tiny, jsonl, monkeypatch):
         runs.check_speculation(args, "selfspec", None, None, None, None)
 
 
+@pytest.mark.parametrize("bottom", ["ngram", "draft"])
+def test_hierarchy_end_to_end(tiny, jsonl, tiny_baseline, bottom):
+    """--hierarchy: the retrieval self-draft speculates with a bottom draft (prompt lookup, or the 1-layer draft
+    checkpoint); lossless, each level's acceptance in the record, --refresh re-selecting the middle's cache."""
+    drafted = "ngram" if bottom == "ngram" else str(tiny["draft"])
+    record = selfspec_benchmark.run(tiny_args(
+        jsonl, "--model", str(tiny["target"]), "--draft_policy", "retrieval", "--draft_budget", "48", "--gamma", "4",
+        "--hierarchy", "--draft", drafted, "--gamma_bottom", "2", "--bottom_budget", "24", "--sinks", "4",
+        "--refresh", "3"))
+    check_spec_record(record, "selfspec", B, GEN, 4, with_baseline=False)
+    assert_lossless(record, tiny_baseline)
+    levels = record["metrics"]["speculation"]["hierarchy"]
+    assert levels["middle_verifications"] > 0 and record["hierarchy"].startswith("bottom: ")
+    if bottom == "draft":
+        assert 0 < levels["alpha_bottom_to_middle"] < 1
+
+
+def test_hierarchy_bad_input(tiny, jsonl):
+    base = (*SMALL, "--prefix_len", "64", "--streamingllm_budget", "32")
+    one_line_error(cli("selfspec", *base, "--hierarchy"), "--hierarchy needs a bottom draft", "--draft ngram")
+    one_line_error(cli("selfspec", *base, "--draft", "ngram"), "add --hierarchy")
+    one_line_error(cli("selfspec", *base, "--hierarchy", "--draft", "ngram", "--gamma_bottom", "0"),
+                   "--gamma_bottom 0")
+    one_line_error(cli("selfspec", *base, "--hierarchy", "--draft_name", "JackFram/llama-68m",
+                       "--synthetic_acceptance", "0.8"), "a rate for each level", "--synthetic_bottom")
+    one_line_error(cli("selfspec", *base, "--hierarchy", "--draft_name", "JackFram/llama-68m"),
+                   "--bottom_budget 256: must exceed --sinks 16 and stay below --prefix_len 64")
+    one_line_error(cli("selfspec", *base, "--hierarchy", "--draft_name", "TinyLlama/TinyLlama_v1.1", "--model_name",
+                       "meta-llama/Meta-Llama-3.1-8B", "--bottom_budget", "32"), "bottom draft vocabulary (32000) differs")
+
+
 def test_prompt_lookup_end_to_end(tiny, jsonl, tiny_baseline):
     """tests/lookup_benchmark.py: no draft model; greedy gives the baseline script's ids, the record says what
     drafted, and the sampled run is seeded."""
