@@ -24,6 +24,7 @@ import baseline_benchmark  # noqa: E402
 import longspec_benchmark  # noqa: E402
 import lookup_benchmark  # noqa: E402
 import selfspec_benchmark  # noqa: E402
+import triforce_benchmark  # noqa: E402
 
 GAMMA = 3
 B, PREFIX, GEN = 3, 64, 40
@@ -235,6 +236,24 @@ def test_hierarchy_end_to_end(tiny, jsonl, tiny_baseline, bottom):
     assert levels["middle_verifications"] > 0 and record["hierarchy"].startswith("bottom: ")
     if bottom == "draft":
         assert 0 < levels["alpha_bottom_to_middle"] < 1
+
+
+def test_triforce_command_line(tiny, jsonl, tiny_baseline):
+    """TriForce's flags (--prefill, --budget, --chunk_size, --gamma, --temp, --top_p, --draft_cache_budget) run the
+    hierarchy: greedy here (--temp 0), lossless; TriForce's defaults fill what is not given."""
+    argv = ["--prefill", str(PREFIX), "--budget", "48", "--chunk_size", "4", "--gamma", "4", "--temp", "0",
+            "--draft_cache_budget", "24", "--sinks", "4", "--gen_len", str(GEN)]
+    assert triforce_benchmark.translate(["--prefill=9", "--temp", "0.3"])[:4] == ["--hierarchy", "--prefix_len=9",
+                                                                                   "--temperature", "0.3"]
+    defaults = triforce_benchmark.translate([])
+    assert " ".join(defaults).endswith("--gamma_bottom 1 --draft_policy retrieval --draft ngram")
+    assert "--prefix_len 32768 --draft_budget 4096 --chunk_size 8 --gamma 6 --temperature 0.6 --top_p 0.9" in " ".join(defaults)
+    record = triforce_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), "--draft", str(tiny["draft"]))
+                                    + argv)
+    assert record["args"]["prefix_len"] == PREFIX and record["args"]["streamingllm_budget"] == 48
+    assert record["args"]["draft_policy"] == "retrieval" and record["args"]["gamma"] == 4
+    assert record["hierarchy"].startswith("bottom: ") and record["decoding"] == "greedy"
+    assert_lossless(record, tiny_baseline)
 
 
 def test_hierarchy_bad_input(tiny, jsonl):
