@@ -289,6 +289,34 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 2
     return 2 * nbytes / statistics.median(times[3:])
 
 
+def host_to_device_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float | None:
+    """Pinned host memory to the GPU, bytes/s: what bounds an offloaded cache's step (PCIe)."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    times = []
+    for _ in range(repeats + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src, non_blocking=True)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return nbytes / statistics.median(times[1:])
+
+
+def check_host_fits(nbytes: int, what: str) -> None:
+    """Host (pinned) memory for an offloaded cache, checked before anything is allocated."""
+    free = _memory(torch.device("cpu"))[0]
+    spare = max(4 << 30, int(0.1 * total_memory(torch.device("cpu"))))
+    if nbytes + spare > free:
+        gib = 1 << 30
+        raise MagicDecError(f"{what} needs {nbytes / gib:.1f} GiB of host memory plus {spare / gib:.1f} GiB headroom but "
+                            f"only {free / gib:.1f} GiB is free; lower --B or --prefix_len, or raise --on_chip")
+
+
 def environment(device: torch.device) -> dict:
     import transformers
 

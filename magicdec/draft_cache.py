@@ -127,19 +127,19 @@ class SelectionCache(StreamingCache):
     def kept(self) -> int:
         return self.sinks
 
-    def fill(self, target: KVCache, layer: int, positions: torch.Tensor, recent: torch.Tensor) -> None:
-        """Layer `layer` from the target's cache: the selected `positions` [B, Hkv, kept] into the kept slots, the
-        `recent` prompt positions (the last `self.recent`) into the ring."""
-        self.keep(target, layer, positions)
+    def fill(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, recent: torch.Tensor):
+        """Layer `layer` from the target's K and V of that layer ([B, Hkv, S, D]): the selected `positions`
+        [B, Hkv, kept] into the kept slots, the `recent` prompt positions (the last `self.recent`) into the ring."""
+        self.keep(layer, k, v, positions)
         slots = self.slots(recent)
-        self.k[layer][:, :, slots] = target.k[layer][:, :, recent]
-        self.v[layer][:, :, slots] = target.v[layer][:, :, recent]
+        self.k[layer][:, :, slots] = k[:, :, recent]
+        self.v[layer][:, :, slots] = v[:, :, recent]
 
-    def keep(self, target: KVCache, layer: int, positions: torch.Tensor) -> None:
+    def keep(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
         """The target's keys and values at `positions` [B, Hkv, kept] into layer `layer`'s kept slots."""
-        idx = positions[..., None].expand(-1, -1, -1, target.k[layer].shape[-1])
-        self.k[layer][:, :, :self.kept] = target.k[layer].gather(2, idx)
-        self.v[layer][:, :, :self.kept] = target.v[layer].gather(2, idx)
+        idx = positions[..., None].expand(-1, -1, -1, k.shape[-1])
+        self.k[layer][:, :, :self.kept] = k.gather(2, idx)
+        self.v[layer][:, :, :self.kept] = v.gather(2, idx)
 
     def hold(self, recent: torch.Tensor, lengths: torch.Tensor) -> None:
         """Which position each slot holds, for the mask, once every layer is filled."""
@@ -191,13 +191,14 @@ def build(policy, target: KVCache, queries: list[torch.Tensor], append: int, max
     queries a QueryRecorder kept of the prompt's last tokens (one [B, H, n, D] per layer). `append` covers every
     position generation reaches, so what a forward writes never lands on a key still needed: `max_new` ring slots
     beyond it are not needed (and would be read, masked, by every draft step)."""
-    B, Hkv, _, D = target.k[0].shape
+    B, Hkv, _, D = target.k[-1].shape
     P = int(target.lengths.max())
     cache = SelectionCache(len(target.k), B, Hkv, policy.budget - policy.window, policy.window, append, max_new, D,
-                           target.k[0].dtype, target.k[0].device, target.backend)
+                           target.k[-1].dtype, target.lengths.device, target.backend)
     recent = torch.arange(P - policy.window, P, device=target.lengths.device)
     for layer, q in enumerate(queries):
-        cache.fill(target, layer, policy.select(q[:, :, -policy.queries:], target.k[layer][:, :, :P]), recent)
+        k, v = target.layer_kv(layer)  # an offloaded layer's, copied to the device
+        cache.fill(layer, k, v, policy.select(q[:, :, -policy.queries:], k[:, :, :P]), recent)
     cache.hold(recent, target.lengths)
     return cache
 
@@ -255,4 +256,5 @@ class Refresh:
     def _reselect(self) -> None:
         n_kv = self.target.k[0].shape[1]
         for layer, logits in enumerate(self.logits):
-            self.draft.keep(self.target, layer, self.policy.reselect(logits, self.prompt_len, n_kv))
+            self.draft.keep(layer, self.target.k[layer], self.target.v[layer],
+                            self.policy.reselect(logits, self.prompt_len, n_kv))

@@ -44,6 +44,10 @@ class KVCache:
     def attend(self, T: int):
         return make_attend(self.backend, self.positions(T), None, self.max_len, scores=self.scores)
 
+    def layer_kv(self, layer: int):
+        """A layer's K and V [B, Hkv, S, D] on the cache's device, outside a forward (a selection reads them)."""
+        return self.k[layer], self.v[layer]
+
     def fill_random(self, length: int, seed: int) -> None:
         """Stand in for a prefill of `length` tokens (random-weight speed runs only): random K/V, lengths set."""
         gen = torch.Generator(device=self.lengths.device).manual_seed(seed)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.hierarchy import Hierarchy
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.lookup import PromptLookup
+from magicdec.offload import OffloadedCache
 from magicdec.planner import AutoGamma
 from magicdec.sampling import next_token
 from magicdec.verify import SYNTHETIC_DRAWS
@@ -47,6 +49,10 @@ DESCRIPTIONS = {
 
 def parser(method: str) -> argparse.ArgumentParser:
     p = bench.common_parser(DESCRIPTIONS[method])
+    p.add_argument("--offload", action="store_true",
+                   help="the target's KV cache beyond the first --on_chip layers in pinned host memory, streamed to the "
+                        "GPU layer by layer while the layer before computes (TriForce's offloading)")
+    p.add_argument("--on_chip", type=int, default=0, help="--offload: layers whose KV stays on the GPU")
     if method == "baseline":
         return p
     p.add_argument("--gamma", type=gamma_arg, nargs="+", default=[3],
@@ -193,6 +199,21 @@ def local_config(config, shard):
     kv = shard.kv[1] - shard.kv[0]
     return replace(config, n_kv_heads=kv, n_heads=kv * (config.n_heads // config.n_kv_heads),
                    intermediate_size=shard.ffn[1] - shard.ffn[0], head_dim=config.head_dim)
+
+
+def check_offload(args, config) -> None:
+    if not args.offload:
+        if args.on_chip:
+            raise MagicDecError("--on_chip counts the layers --offload keeps on the GPU: add --offload")
+        return
+    if not 0 <= args.on_chip <= config.n_layers:
+        raise MagicDecError(f"--on_chip {args.on_chip}: must be 0..{config.n_layers} (the target's layers)")
+    if args.compile or args.cuda_graphs:
+        raise MagicDecError("--offload streams the cache on a side stream outside CUDA graphs: drop --compile / "
+                            "--cuda_graphs")
+    if getattr(args, "refresh", None):
+        raise MagicDecError("--refresh re-selects from the target's whole cache after each verification: not with "
+                            "--offload (its prompt KV is on the host)")
 
 
 def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
@@ -462,6 +483,7 @@ def run(method: str, argv=None) -> dict:
     spec = method != "baseline"
     rank, world = tp.init_distributed(args.device)
     target_cfg, target_ckpt, draft_cfg, draft_ckpt = sources(args, method)
+    check_offload(args, target_cfg)
     target_shard, draft_shard, draft_ranks = shards(args, method, rank, world, target_cfg, draft_cfg)
     gamma = max_gamma(args) if spec else 0
     bench.check_context(target_cfg, args.prefix_len, args.gen_len + gamma + 1 if spec else args.gen_len,
@@ -473,7 +495,17 @@ def run(method: str, argv=None) -> dict:
     cache_len = args.prefix_len + appended_for(args.gen_len, gamma)
     # The draft's ring holds a prefill chunk, and everything a warm-up run writes before rolling back to the prompt.
     ring_extra = ring_extra_for(args.gen_len, gamma)
-    parts = [(local_config(target_cfg, target_shard), True, cache_len)]
+    target_local = local_config(target_cfg, target_shard)
+    if args.offload:  # on the GPU: the on-chip layers, two layer slots, every offloaded layer's generated tail
+        off = target_cfg.n_layers - args.on_chip
+        device_slots = cache_len * (args.on_chip + 2) + off * (cache_len - args.prefix_len)
+        parts = [(target_local, True, 0), (replace(target_local, n_layers=1), False, device_slots)]
+        bench.check_host_fits(OffloadedCache.host_nbytes(target_cfg.n_layers, args.on_chip, args.B,
+                                                         target_local.n_kv_heads, args.prefix_len,
+                                                         target_cfg.head_dim, bench.DTYPES[args.dtype]),
+                              f"--offload of {off} layers at B={args.B} x {args.prefix_len}")
+    else:
+        parts = [(target_local, True, cache_len)]
     lookup = method == "lookup"  # no draft model, no draft cache
     selection = spec and not lookup and args.draft_policy != "streaming"
     hierarchy = spec and getattr(args, "hierarchy", False)
@@ -507,8 +539,12 @@ def run(method: str, argv=None) -> dict:
     all_reduce = tp.enable_fast_all_reduce(target_shard, args.device, dtype)
     if method == "longspec" and draft_shard is not None and draft_shard.group is not target_shard.group:
         all_reduce += "; draft group: " + tp.enable_fast_all_reduce(draft_shard, args.device, dtype)
-    cache = KVCache(target_cfg.n_layers, args.B, target.n_kv_heads, cache_len, target_cfg.head_dim, dtype,
-                    args.device, backend)
+    if args.offload:
+        cache = OffloadedCache(target_cfg.n_layers, args.B, target.n_kv_heads, cache_len, target_cfg.head_dim, dtype,
+                               args.device, backend, args.on_chip, args.prefix_len)
+    else:
+        cache = KVCache(target_cfg.n_layers, args.B, target.n_kv_heads, cache_len, target_cfg.head_dim, dtype,
+                        args.device, backend)
     draft = None
     if spec and not lookup:
         draft_model, draft_kv = None, None
@@ -614,6 +650,7 @@ def run(method: str, argv=None) -> dict:
         "draft_cache": describe_draft_cache(args, method) if spec else None,
         "draft_weights": describe_draft_weights(args, method, draft),
         "hierarchy": describe_hierarchy(args, bottom_cfg) if hierarchy else None,
+        "offload": describe_offload(args, target_cfg, cache) if args.offload else None,
         "synthetic_acceptance": getattr(args, "synthetic_acceptance", None),
         "synthetic_draws": SYNTHETIC_DRAWS if getattr(args, "synthetic_acceptance", None) is not None else None,
         "decoding": "greedy" if sampling.greedy else f"sampled (temperature {args.temperature}, top_p {args.top_p}, top_k {args.top_k})",
@@ -673,6 +710,16 @@ def describe_draft_cache(args, method: str) -> str:
     again = (f", selected again every {args.refresh} verifications from their attention (--refresh)"
              if getattr(args, "refresh", None) else "")
     return f"{args.draft_policy}: selected per KV head from {source}{again}"
+
+
+def describe_offload(args, config, cache) -> dict:
+    """Where the target's KV was, and what streaming it costs: the prompt KV of every offloaded layer crosses the
+    host link once per forward (a verification or a plain step)."""
+    host = sum(t.nbytes for t in (*cache.host_k, *cache.host_v))
+    h2d = bench.host_to_device_bandwidth(args.device)
+    return {"on_chip_layers": args.on_chip, "offloaded_layers": config.n_layers - args.on_chip,
+            "host_GiB": host / 2**30, "host_to_device_GBps": h2d / 1e9 if h2d else None,
+            "copy_s_per_forward": host / h2d if h2d else None}
 
 
 def describe_hierarchy(args, bottom_cfg) -> str:

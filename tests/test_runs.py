@@ -245,6 +245,7 @@ def test_triforce_command_line(tiny, jsonl, tiny_baseline):
             "--draft_cache_budget", "24", "--sinks", "4", "--gen_len", str(GEN)]
     assert triforce_benchmark.translate(["--prefill=9", "--temp", "0.3"])[:4] == ["--hierarchy", "--prefix_len=9",
                                                                                    "--temperature", "0.3"]
+    assert triforce_benchmark.translate(["--on_chip", "2"])[-1] == "--offload"
     defaults = triforce_benchmark.translate([])
     assert " ".join(defaults).endswith("--gamma_bottom 1 --draft_policy retrieval --draft ngram")
     assert "--prefix_len 32768 --draft_budget 4096 --chunk_size 8 --gamma 6 --temperature 0.6 --top_p 0.9" in " ".join(defaults)
@@ -254,6 +255,27 @@ def test_triforce_command_line(tiny, jsonl, tiny_baseline):
     assert record["args"]["draft_policy"] == "retrieval" and record["args"]["gamma"] == 4
     assert record["hierarchy"].startswith("bottom: ") and record["decoding"] == "greedy"
     assert_lossless(record, tiny_baseline)
+
+
+@pytest.mark.parametrize("method", ["baseline", "selfspec"])
+def test_offloaded_target_end_to_end(tiny, jsonl, tiny_baseline, method):
+    """--offload --on_chip 1: the tiny target's other layer's prompt KV on the host; the baseline script's ids."""
+    argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--offload", "--on_chip", "1")
+    record = (baseline_benchmark.run(argv) if method == "baseline" else
+              selfspec_benchmark.run(argv + ["--draft_policy", "retrieval", "--draft_budget", "48", "--gamma", "3"]))
+    assert_lossless(record, tiny_baseline)
+    assert record["offload"]["on_chip_layers"] == 1 and record["offload"]["offloaded_layers"] == 1
+
+
+def test_offload_bad_input():
+    base = (*SMALL, "--prefix_len", "64")
+    one_line_error(cli("baseline", *base, "--offload", "--on_chip", "3"), "--on_chip 3: must be 0..2")
+    one_line_error(cli("baseline", *base, "--on_chip", "1"), "add --offload")
+    one_line_error(cli("baseline", *base, "--offload", "--compile"), "drop --compile / --cuda_graphs")
+    p = cli("baseline", "--random_weights", "--model_name", "meta-llama/Meta-Llama-3.1-8B", "--B", "64",
+            "--prefix_len", "131000", "--gen_len", "4", "--offload")
+    one_line_error(p, "GiB of host memory", "raise --on_chip")
+    assert p.peak_rss_gib < 4  # refused before the host cache (or the model) was allocated
 
 
 def test_hierarchy_bad_input(tiny, jsonl):

@@ -11,6 +11,7 @@ torchrun and --rank_group, --B, --random_weights, --synthetic_acceptance / --syn
     --temp T, --top_p P   --temperature T, --top_p P
     --draft_cache_budget  --bottom_budget (the bottom model's StreamingLLM cache)
     --dataset D           --dataset D
+    --on_chip N           --offload --on_chip N (the target's KV beyond N layers in host memory: test/offloading.py)
 
 TriForce's bottom is llama-68m drafting one token at a time (--gamma_bottom 1); here --draft PATH/model.pth names a
 bottom model (with --random_weights: --draft_name JackFram/llama-68m), and without one the bottom is prompt lookup
@@ -46,6 +47,8 @@ def translate(argv: list[str]) -> list[str]:
             out += [flag, value]
     if "--draft" not in given and "--draft_name" not in given:
         out += ["--draft", "ngram"]
+    if "--on_chip" in given and "--offload" not in given:
+        out.append("--offload")
     return ["--hierarchy", *out]
 
 
