@@ -123,6 +123,26 @@ def refresh_seconds(c: ModelArgs, d: Device, B: int, context: int, policy: str) 
     return c.n_layers * per_layer / d.bandwidth / d.ranks
 
 
+def lookup_seconds(d: Device, B: int, context: int, ngram_max: int) -> float:
+    """Seconds of one prompt-lookup proposal (lookup.propose_ngram): the prompt and output joined (int64: read and
+    written, 16 bytes a token), then for each n-gram length a window comparison over every position (n int64 reads
+    and a bool written, a match mask read and an index written: 8n + 10 bytes a token), plus a host read of the
+    proposal's length; kernel launches (~10 per n) go to the device's fixed cost per layer."""
+    per_token = 16 + sum(8 * n + 10 for n in range(1, ngram_max + 1))
+    return B * context * per_token / d.bandwidth + 10 * ngram_max * d.layer_overhead_s
+
+
+def offloaded_step_time(c: ModelArgs, d: Device, B: int, context: int, T: int, on_chip: int, host_bandwidth: float,
+                        prompt: int | None = None) -> float:
+    """Seconds of one forward over a target cache whose layers past `on_chip` keep their prompt KV in host memory
+    (offload.OffloadedCache): every offloaded layer's prompt KV crosses the host link once, while the layers compute;
+    with the copy overlapped, the step takes the longer of the copy and the on-GPU step (PCIe-bound at long context:
+    Llama-2-7B at 128K moves 60 GB per step)."""
+    prompt = context if prompt is None else prompt
+    copy = (c.n_layers - on_chip) * B * prompt * kv_bytes_per_token(c) / c.n_layers / host_bandwidth
+    return max(copy, step_time(c, d, B, context, T))
+
+
 def verification_cost(p: dict, gamma: int) -> float:
     """Seconds of one verification, in target steps: gamma draft steps, the target's (gamma+1)-token step, T_O."""
     return gamma * p["T_D_over_T_T"] + p["T_V_over_T_T"] + p["T_O_over_T_T"]

@@ -169,3 +169,19 @@ def test_a_quantized_draft_reads_half_the_weight_bytes():
     int8 = cm.predict(L31, d, 13, 32768, 3, 0.8, 512, draft_weights=q)
     assert bf16["T_D"] - int8["T_D"] == pytest.approx((cm.weight_bytes(L31) - q) / 3e12)
     assert int8["T_V"] == bf16["T_V"] and int8["speedup"] > bf16["speedup"]
+
+
+def test_offloaded_step_is_bound_by_the_host_link():
+    """Llama-2-7B (MHA: 512 KiB of KV per token) at 128K, 2 of 32 layers on chip: 30 layers' prompt KV, 60 GiB, over
+    a 25 GB/s link is 2.6 s, far beyond the on-GPU step; all on chip, nothing crosses."""
+    l2 = ModelArgs.from_name("meta-llama/Llama-2-7b-hf")
+    d = cm.Device(bandwidth=3e12, matmul_flops=7e14)
+    copy = 30 * 131072 * 2 * 2 * 4096 / 25e9  # layers x tokens x (K, V) x bf16 x 32 heads of 128
+    assert cm.offloaded_step_time(l2, d, 1, 131072, 1, 2, 25e9) == pytest.approx(copy)
+    assert copy == pytest.approx(2.58, rel=0.01)
+    assert cm.offloaded_step_time(l2, d, 1, 131072, 1, 32, 25e9) == cm.step_time(l2, d, 1, 131072, 1)
+
+
+def test_lookup_costs_its_window_comparisons():
+    d = cm.Device(bandwidth=1e12, matmul_flops=7e14, layer_overhead_s=5e-6)
+    assert cm.lookup_seconds(d, 4, 1000, 3) == pytest.approx(4 * 1000 * (16 + 18 + 26 + 34) / 1e12 + 30 * 5e-6)
