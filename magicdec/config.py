@@ -71,8 +71,9 @@ class ModelArgs:
             scaling.pop("type", None)
             if scaling["rope_type"] in (None, "default"):
                 scaling = None
-            elif scaling["rope_type"] not in ("linear", "llama3"):
-                raise MagicDecError(f"unsupported rope_scaling type {scaling['rope_type']!r}: magicdec supports linear and llama3")
+            elif scaling["rope_type"] not in ("linear", "llama3", "yarn"):
+                raise MagicDecError(f"unsupported rope_scaling type {scaling['rope_type']!r}: magicdec supports linear, "
+                                    "llama3 and yarn")
         return cls(
             vocab_size=cfg["vocab_size"],
             dim=cfg["hidden_size"],
@@ -131,6 +132,9 @@ KNOWN_MODELS: dict[str, ModelArgs] = {
                                          intermediate_size=28672, head_dim=0),
     "togethercomputer/LLaMA-2-7B-32K": replace(_llama2_7b, max_seq_len=32768,
                                                rope_scaling={"rope_type": "linear", "factor": 8.0}),
+    # TriForce's target: Llama-2-7B with YaRN scaling to 128K (rope_theta 10000, factor 32 over 4096)
+    "NousResearch/Yarn-Llama-2-7b-128k": replace(_llama2_7b, max_seq_len=131072, rope_scaling={
+        "rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}),
     "meta-llama/Meta-Llama-3-8B": _llama3_8b,
     "meta-llama/Meta-Llama-3-70B": _llama3_70b,
     "meta-llama/Meta-Llama-3.1-8B": replace(_llama3_8b, max_seq_len=131072, rope_scaling=dict(_LLAMA3_ROPE)),

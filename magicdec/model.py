@@ -37,9 +37,34 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
         interpolated = (1 - smooth) * inv_freq / factor + smooth * inv_freq
         inv_freq = torch.where(wavelen > old_ctx / lo, inv_freq / factor,
                                torch.where(wavelen < old_ctx / hi, inv_freq, interpolated))
+    elif s["rope_type"] == "yarn":
+        # YaRN (Peng et al. 2023): dimensions that turn more than beta_fast times over the original context keep
+        # their frequency, those turning fewer than beta_slow times are slowed by `factor`, a linear ramp between
+        old_ctx = s["original_max_position_embeddings"]
+        fast, slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+        turned_dim = lambda turns: d * math.log(old_ctx / (turns * 2 * math.pi)) / (2 * math.log(args.rope_base))  # noqa: E731
+        lo, hi = turned_dim(fast), turned_dim(slow)
+        if s.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, d - 1)
+        ramp = ((torch.arange(d // 2, dtype=torch.float64) - lo) / max(hi - lo, 1e-3)).clamp(0, 1)
+        inv_freq = inv_freq / s["factor"] * ramp + inv_freq * (1 - ramp)
     else:
         raise MagicDecError(f"unsupported rope scaling {s}")
     return inv_freq.float()
+
+
+def rope_attention_factor(args: ModelArgs) -> float:
+    """What cos and sin are multiplied by: YaRN's attention temperature (0.1 ln(factor) + 1), else 1."""
+    s = args.rope_scaling
+    if not s or s["rope_type"] != "yarn":
+        return 1.0
+    if s.get("attention_factor"):
+        return float(s["attention_factor"])
+    mscale = lambda m: 1.0 if s["factor"] <= 1 else 0.1 * m * math.log(s["factor"]) + 1.0  # noqa: E731
+    if s.get("mscale") and s.get("mscale_all_dim"):
+        return mscale(s["mscale"]) / mscale(s["mscale_all_dim"])
+    return mscale(1.0)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -156,6 +181,7 @@ class Transformer(nn.Module):
         v0, v1 = shard.vocab if shard else (0, args.vocab_size)
         self.output = nn.Linear(args.dim, v1 - v0, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+        self.rope_scale = rope_attention_factor(args)
         if args.tie_embeddings and shard is None:
             self.output.weight = self.tok_embeddings.weight
 
@@ -177,6 +203,8 @@ class Transformer(nn.Module):
         attend = cache.attend(T)
         angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
+        if self.rope_scale != 1.0:  # YaRN
+            cos, sin = cos * self.rope_scale, sin * self.rope_scale
         x = self.tok_embeddings(tokens)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, attend)

@@ -44,6 +44,10 @@ VARIANTS = {
     "mqa_theta": ("llama", dict(num_key_value_heads=1, rope_theta=500.0)),
     "llama3_rope": ("llama", dict(rope_scaling=dict(LLAMA3_ROPE))),
     "linear_rope": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 4.0})),
+    # YaRN as TriForce's Yarn-Llama-2-7b-128k (factor 32 over 4096): at head_dim 16, theta 1e4, frequency pairs 0-2
+    # are kept, 3-5 ramped, 6-7 slowed, and cos/sin scaled by 1.35
+    "yarn_rope": ("llama", dict(rope_scaling={"rope_type": "yarn", "factor": 32.0,
+                                              "original_max_position_embeddings": 4096})),
     "tied": ("llama", dict(tie_word_embeddings=True)),
     "head_dim": ("llama", dict(head_dim=32)),  # head_dim != hidden / heads
     "qwen2": ("qwen2", dict()),
@@ -156,6 +160,7 @@ PUBLISHED = {
     "meta-llama/Llama-2-70b-hf": ("llama", dict(L2, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                                                 num_attention_heads=64, num_key_value_heads=8), 69.0e9),
     "togethercomputer/LLaMA-2-7B-32K": ("llama", L2, 6.74e9),
+    "NousResearch/Yarn-Llama-2-7b-128k": ("llama", L2, 6.74e9),
     "meta-llama/Meta-Llama-3-8B": ("llama", L3, 8.03e9),
     "meta-llama/Meta-Llama-3-70B": ("llama", L3_70, 70.6e9),
     "meta-llama/Meta-Llama-3.1-8B": ("llama", L3, 8.03e9),
