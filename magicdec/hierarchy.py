@@ -48,9 +48,9 @@ class Hierarchy:
 
     ranks = None
 
-    def __init__(self, middle: Draft, bottom, gamma_bottom: int, sampling: Sampling, cuda_graphs: bool = False,
-                 compile: bool = False, synthetic_acceptance: float | None = None):
-        self.middle, self.sampling = middle, sampling
+    def __init__(self, middle: Draft, bottom, gamma_bottom: int, sampling: Sampling, target_cache,
+                 cuda_graphs: bool = False, compile: bool = False, synthetic_acceptance: float | None = None):
+        self.middle, self.sampling, self.target_cache = middle, sampling, target_cache
         self.bottom = WholeContext(bottom) if isinstance(bottom, PromptLookup) else bottom
         self.inner = Decoder(middle.model, sampling, compile=compile, draft=self.bottom, gamma=gamma_bottom,
                              cuda_graphs=cuda_graphs, synthetic_acceptance=synthetic_acceptance)
@@ -81,7 +81,9 @@ class Hierarchy:
         cache, model = self.middle.cache, self.middle.model
         prev, first = hist.gather(1, (m - 2)[:, None]), hist.gather(1, (m - 1)[:, None])
         cache.rollback(start)
-        model(prev, cache, logits="none")  # the middle's cache then holds everything before `first`
+        # The middle holds every committed token before `prev` (it computed them, or took them here before); prev's
+        # KV it takes from the target's cache, which verified it: a gather, where a forward would read the weights.
+        cache.take(self.target_cache, start)
         cache.advance(1)
         if isinstance(self.bottom, WholeContext):
             self.bottom.outer, self.bottom.m = hist, m

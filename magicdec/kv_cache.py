@@ -48,6 +48,10 @@ class KVCache:
         """A layer's K and V [B, Hkv, S, D] on the cache's device, outside a forward (a selection reads them)."""
         return self.k[layer], self.v[layer]
 
+    def kv_at(self, layer: int, pos: torch.Tensor):
+        """Each sequence's K and V [B, Hkv, D] at its position pos [B] (a generated one)."""
+        return self.k[layer][self._rows[:, 0], :, pos], self.v[layer][self._rows[:, 0], :, pos]
+
     def fill_random(self, length: int, seed: int) -> None:
         """Stand in for a prefill of `length` tokens (random-weight speed runs only): random K/V, lengths set."""
         gen = torch.Generator(device=self.lengths.device).manual_seed(seed)
@@ -114,6 +118,14 @@ class StreamingCache(KVCache):
         self.k[layer][self._rows, :, slot] = k
         self.v[layer][self._rows, :, slot] = v
         return self.k[layer], self.v[layer]
+
+    def take(self, source: KVCache, pos: torch.Tensor) -> None:
+        """Each sequence's K and V at its generated position pos [B], every layer, from `source` (the target's full
+        cache) instead of a forward of its own: what TriForce's retrieval cache does with the target's new tokens."""
+        rows, slot = self._rows[:, 0], self.slots(pos)
+        for layer in range(len(self.k)):
+            self.k[layer][rows, :, slot], self.v[layer][rows, :, slot] = source.kv_at(layer, pos)
+        self.key_pos[rows, slot] = pos
 
     def _reindex_sinks(self, T: int) -> None:
         """Before a forward's layers run: rotate every layer's sinks on so they sit right before the window of the

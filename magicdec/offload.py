@@ -117,6 +117,13 @@ class OffloadedCache(KVCache):
         full = [torch.cat([h.to(dev), t]) for h, t in ((self.host_k[i], self.tail_k[i]), (self.host_v[i], self.tail_v[i]))]
         return self._view(full[0]), self._view(full[1])
 
+    def kv_at(self, layer: int, pos: torch.Tensor):
+        if layer < self.on_chip:
+            return super().kv_at(layer, pos)
+        i, rows = layer - self.on_chip, self._rows[:, 0]
+        return (self._view(self.tail_k[i])[rows, :, pos - self.prompt_len],
+                self._view(self.tail_v[i])[rows, :, pos - self.prompt_len])
+
     def fill_random(self, length: int, seed: int) -> None:
         gen = torch.Generator(device=self.lengths.device).manual_seed(seed)
         for t in (*self.k[:self.on_chip], *self.v[:self.on_chip], *self.tail_k, *self.tail_v):

@@ -599,7 +599,7 @@ def run(method: str, argv=None) -> dict:
         if hierarchy:
             draft = Hierarchy(draft, new_bottom(args, bottom_cfg, bottom_ckpt, target_cfg.vocab_size, prompts, rank,
                                                 world, ring_extra, dtype, backend, progress),
-                              args.gamma_bottom, sampling, args.cuda_graphs, args.compile, args.synthetic_bottom)
+                              args.gamma_bottom, sampling, cache, args.cuda_graphs, args.compile, args.synthetic_bottom)
         torch.manual_seed(args.seed)
         first = next_token(logits, args.temperature, args.top_p, args.top_k)
         prev = prompts[:, -1]

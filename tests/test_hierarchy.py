@@ -41,7 +41,7 @@ def hierarchical(target, prompts, n_new, gamma, gamma_bottom, bottom_kind, botto
         bottom = Draft(bottom_model, bc)
     else:
         bottom = PromptLookup(prompts, 3, None if sampling.greedy else a.vocab_size)
-    draft = Hierarchy(middle, bottom, gamma_bottom, sampling)
+    draft = Hierarchy(middle, bottom, gamma_bottom, sampling, cache)
     decoder = Decoder(target, sampling, draft=draft, gamma=gamma, trace=sampling.greedy)
     first = logits.argmax(-1) if first is None else first
     out, counts = decode(decoder, cache, first, n_new, prev=prompts[:, -1])

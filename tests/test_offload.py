@@ -95,3 +95,25 @@ def test_speculation_over_an_offloaded_target_is_lossless(tiny):
     out, _ = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
     assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
     assert_ragged(decoder)
+
+
+@pytest.mark.parametrize("on_chip", [None, 1])  # None: the on-chip KVCache
+def test_a_small_cache_takes_generated_positions_from_the_target(tiny, on_chip):
+    """StreamingCache.take (a hierarchy's middle level): each sequence's K and V at its own generated position,
+    from the target's cache (its tail when offloaded), into the ring slot of that position, every layer."""
+    a, prompts = tiny.args, torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(6))
+    full, off = caches(tiny, 2, 40, 20, on_chip or 0)
+    target = full if on_chip is None else off
+    prefill(tiny, target, prompts, 16)
+    tiny(torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(7)), target)  # positions 40..44
+    target.advance(5)
+    small = StreamingCache(a.n_layers, 2, a.n_kv_heads, 16, 4, 32, a.head_dim, torch.float32, "cpu")
+    pos = torch.tensor([41, 43])
+    small.take(target, pos)
+    for layer in range(a.n_layers):
+        k, v = target.layer_kv(layer)
+        for b in range(2):
+            slot = int(small.slots(pos)[b])
+            assert torch.equal(small.k[layer][b, :, slot], k[b, :, int(pos[b])])
+            assert torch.equal(small.v[layer][b, :, slot], v[b, :, int(pos[b])])
+            assert small.key_pos[b, slot] == pos[b] and k[b, :, int(pos[b])].abs().sum() > 0
