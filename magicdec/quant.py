@@ -132,13 +132,13 @@ def quantized_copy(model: nn.Module, fmt: str) -> nn.Module:
     """The draft of `--draft_weights fmt`: `model` with every nn.Linear (q/k/v, o, gate, up, down, LM head) replaced
     by a QuantLinear of it, sharing everything else (embeddings, norms, RoPE frequencies) with the target. Under
     tensor parallelism `model` is this rank's shard, so each rank quantizes its own slice."""
-    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    draft = copy.deepcopy(model, memo=shared)  # new modules around the same tensors
-    for name, module in list(draft.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, child_name, QuantLinear(child, fmt))
-    return draft
+    def clone(module: nn.Module) -> nn.Module:  # new module objects around the same tensors (and the same TP shard)
+        new = copy.copy(module)
+        new._modules = {name: QuantLinear(child, fmt) if isinstance(child, nn.Linear) else clone(child)
+                        for name, child in module._modules.items()}
+        return new
+
+    return clone(model)
 
 
 def copy_bytes(c) -> int:

@@ -125,3 +125,20 @@ def test_vocab_argmax_equals_argmax_on_full_logits(tmp_path):
     expected = logits.argmax(-1)
     assert out[0].tolist() == out[1].tolist() == expected.tolist()
     assert expected[0, :3].tolist() == [1, 5, 0]
+
+
+def test_hierarchy_two_ranks(tmp_path):
+    """--hierarchy under tensor parallelism: the bottom model runs on rank 0 and broadcasts its tokens, the middle
+    (the sharded target over its retrieval cache) and the target verify on both; the tokens of one process."""
+    one, two = same_tokens(tmp_path, "selfspec_benchmark.py", *LLAMA68M, "--draft_policy", "retrieval",
+                           "--draft_budget", "64", "--gamma", "4", "--hierarchy", "--draft_name", "JackFram/llama-68m",
+                           "--gamma_bottom", "2", "--bottom_budget", "32", "--sinks", "4")
+    levels = [r["metrics"]["speculation"]["hierarchy"] for r in (one, two)]
+    assert levels[0]["alpha_bottom_to_middle"] == levels[1]["alpha_bottom_to_middle"]
+
+
+def test_quantized_draft_over_an_offloaded_target_two_ranks(tmp_path):
+    """Each rank quantizes its own slice of the draft's weights and offloads its own KV heads."""
+    one, two = same_tokens(tmp_path, "selfspec_benchmark.py", *LLAMA68M, "--streamingllm_budget", "64", "--gamma", "3",
+                           "--draft_weights", "int8", "--offload", "--on_chip", "1")
+    assert two["offload"]["offloaded_layers"] == 1 and two["draft_weights"].startswith("an int8 copy")
