@@ -98,7 +98,7 @@ def main(argv=None) -> None:
         tri = ["--prefill", str(P), "--budget", str(a.budget or 8192), "--chunk_size", "8", "--gamma", "12",
                "--draft_name", BOTTOM,
                "--on_chip", "0"]
-        rec = run("triforce", common + tri + rates + ["--synthetic_bottom", str(a.alpha_bottom)], a.device)
+        rec = run("triforce", common + graphs + tri + rates + ["--synthetic_bottom", str(a.alpha_bottom)], a.device)
         save(("offload", "hierarchy"), rec)
         h2d = (rec.get("offload") or {}).get("host_to_device_GBps")
         if h2d:

@@ -251,7 +251,7 @@ class Decoder:
 
     def __init__(self, model: Transformer, sampling: Sampling, compile: bool = False, draft: Draft | None = None,
                  gamma: int = 0, synthetic_acceptance: float | None = None, trace: bool = False,
-                 cuda_graphs: bool = False, policy: AutoGamma | None = None):
+                 cuda_graphs: bool = False, policy: AutoGamma | None = None, graph_target: bool = True):
         self.model, self.sampling, self.draft = model, sampling, draft
         self.trace = [] if trace else None  # per-iteration accepted counts (a host sync each: tests only)
         self.policy = policy if draft is not None else None
@@ -264,7 +264,8 @@ class Decoder:
             wrap = GraphedStep
         else:
             wrap = lambda f: f  # noqa: E731
-        self.verify_step = wrap(self._verify_step)
+        # graph_target False: the target's steps stay eager (an offloaded cache streams on a side stream)
+        self.verify_step = wrap(self._verify_step) if graph_target else self._verify_step
         self.draft_step = wrap(self._draft_step)
         self.stats = Stats(self.gamma)
         self.round_seconds: list[float] = []  # seconds of each timed run (runs.timed_generations)

@@ -208,9 +208,9 @@ def check_offload(args, config) -> None:
         return
     if not 0 <= args.on_chip <= config.n_layers:
         raise MagicDecError(f"--on_chip {args.on_chip}: must be 0..{config.n_layers} (the target's layers)")
-    if args.compile or args.cuda_graphs:
-        raise MagicDecError("--offload streams the cache on a side stream outside CUDA graphs: drop --compile / "
-                            "--cuda_graphs")
+    if args.compile:
+        raise MagicDecError("--offload streams the cache on a side stream, which torch.compile's graphs do not "
+                            "capture: drop --compile (--cuda_graphs graphs the draft's steps, the target's stay eager)")
     if getattr(args, "refresh", None):
         raise MagicDecError("--refresh re-selects from the target's whole cache after each verification: not with "
                             "--offload (its prompt KV is on the host)")
@@ -605,7 +605,8 @@ def run(method: str, argv=None) -> dict:
         prev = prompts[:, -1]
         baseline = base_decoder = None
         if method == "baseline" or args.baseline:
-            base_decoder = Decoder(target, sampling, compile=args.compile, cuda_graphs=args.cuda_graphs)
+            base_decoder = Decoder(target, sampling, compile=args.compile, cuda_graphs=args.cuda_graphs,
+                                   graph_target=not args.offload)
         if method == "baseline":  # with --baseline, a speculative run times it in turns with each gamma instead
             out, counts, b_s = timed_generation(base_decoder, cache, first, prev, args, eos, progress)
             baseline = generation_metrics(counts, b_s, args, base_decoder.stats, base_decoder.round_seconds)
@@ -614,7 +615,7 @@ def run(method: str, argv=None) -> dict:
         for g in gammas_to_time(args) if spec else []:
             cache.rollback(torch.full_like(cache.lengths, args.prefix_len))
             policy = AutoGamma(range(1, g + 1), args.alpha_prior) if args.gamma == "auto" else None
-            decoder = Decoder(target, sampling, compile=args.compile, draft=draft, gamma=g,
+            decoder = Decoder(target, sampling, compile=args.compile, draft=draft, gamma=g, graph_target=not args.offload,
                               synthetic_acceptance=args.synthetic_acceptance, cuda_graphs=args.cuda_graphs,
                               policy=policy)
             profile_s = profile_gammas(decoder, cache, first, prev, args, eos) if policy else None
