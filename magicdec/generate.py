@@ -269,6 +269,9 @@ class Decoder:
         self.draft_step = wrap(self._draft_step)
         self.stats = Stats(self.gamma)
         self.round_seconds: list[float] = []  # seconds of each timed run (runs.timed_generations)
+        # keep_probs: sampled generation keeps the target's distribution at every committed position (hist column
+        # i's in probs[:, i]): a hierarchy's middle level hands them to the target's verification as q
+        self.keep_probs, self.probs = False, None
 
     def generate(self, cache, first: torch.Tensor, n_new: int, eos_ids=(), progress: bool = False,
                  prev: torch.Tensor | None = None):
@@ -282,6 +285,9 @@ class Decoder:
         schedule = GammaSchedule(self.gamma, self.policy, B, n_new)
         counts, timer = Counts(B, self.gamma, dev), PhaseTimer(dev)
         bar = Progress(n_new, "decode (speculation)" if self.gamma else "decode (baseline)", progress)
+        self.probs = None
+        if self.keep_probs and not self._greedy:
+            self.probs = torch.zeros(B, batch.hist.shape[1], self.model.args.vocab_size, device=dev)
         if self.synthetic is not None:  # hist column i holds position base + i; stopped rows read inside it
             self.landscape = acceptance_landscape(B, batch.hist.shape[1], dev, self.landscape_seed)
         refresh = self.draft.refresh if self.draft is not None else None
@@ -297,8 +303,10 @@ class Decoder:
             gamma = drafted.shape[1]  # a draft may propose fewer (prompt lookup: as many as it found)
             t1 = timer.stamp()
             cache.scores = refresh.due() if refresh is not None and gamma else None  # its attention kept, to refresh
-            accepted, nxt = self._verify(cache, batch, drafted, q)  # verify gamma + 1 in one target pass, accept
+            accepted, nxt, verified = self._verify(cache, batch, drafted, q)  # verify gamma + 1 in one pass, accept
             t2 = timer.stamp()
+            if self.probs is not None:
+                self._keep_probs(batch, verified, accepted)
             active = batch.commit(drafted, accepted, nxt)
             cache.rollback(batch.position(1))  # drop rejected drafts' KV; the last committed token is fed next
             if cache.scores is not None:
@@ -365,8 +373,19 @@ class Decoder:
             dist.broadcast(q, src=ranks[0])
         return tokens, q
 
+    def _keep_probs(self, batch: Batch, verified: torch.Tensor, accepted: torch.Tensor) -> None:
+        """The verified distributions [B, g+1, V] at the columns this verification commits (its accepted tokens and
+        the one after), for the active rows."""
+        g1 = verified.shape[1]
+        cols = batch.cols[:g1]
+        idx = torch.clamp(batch.m, max=batch.n_new)[:, None] + cols[None]
+        take = (cols[None] <= accepted[:, None]) & ~batch.done[:, None]
+        rows = torch.arange(idx.shape[0], device=idx.device)[:, None]
+        self.probs[rows, idx] = torch.where(take[..., None], verified, self.probs[rows, idx])
+
     def _verify(self, cache, batch: Batch, drafted: torch.Tensor, q):
-        """The target's pass over the last committed token and the drafted ones: (accepted [B], next token [B])."""
+        """The target's pass over the last committed token and the drafted ones: (accepted [B], next token [B], what
+        the pass returned: argmax ids [B, g+1], or probabilities [B, g+1, V])."""
         tokens = torch.cat([batch.hist.gather(1, (batch.m - 1)[:, None]), drafted], 1)
         verified = self.verify_step(tokens, cache).clone()
         if self.synthetic is not None:
@@ -381,7 +400,7 @@ class Decoder:
             # there): rank 0 decides, everyone follows, so no rank can diverge or wait on another.
             dist.broadcast(accepted, src=0)
             dist.broadcast(nxt, src=0)
-        return accepted, nxt
+        return accepted, nxt, verified
 
 
 def decode(decoder: Decoder, cache, first: torch.Tensor, n_new: int, eos_ids=(), progress: bool = False,

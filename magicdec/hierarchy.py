@@ -6,8 +6,8 @@ until each sequence holds gamma tokens; the target then verifies those gamma in 
 The middle level is the generation loop itself (generate.Decoder) with the middle as its "target" and the bottom as
 its draft, so it is exact by the same argument as every other speculation here: its tokens are distributed as the
 middle's own sampling distribution (or are the middle's argmax chain when greedy). The target's verification then
-needs q, the middle's distribution at each proposed position: one middle forward over the gamma proposed tokens
-(the same cost as one of its verifications) gives it; greedy needs none.
+needs q, the middle's distribution at each proposed position: its verifications computed them, and the middle's
+loop keeps them (Decoder.keep_probs); greedy needs none.
 
 Acceptance and time are kept per level: the loop's own record is the target's verification of the middle's tokens;
 `Hierarchy.summary()` is the middle's verification of the bottom's.
@@ -18,7 +18,6 @@ import torch
 
 from magicdec.generate import Decoder, Draft, Sampling
 from magicdec.lookup import PromptLookup
-from magicdec.sampling import probabilities
 
 
 class WholeContext:
@@ -54,6 +53,7 @@ class Hierarchy:
         self.bottom = WholeContext(bottom) if isinstance(bottom, PromptLookup) else bottom
         self.inner = Decoder(middle.model, sampling, compile=compile, draft=self.bottom, gamma=gamma_bottom,
                              cuda_graphs=cuda_graphs, synthetic_acceptance=synthetic_acceptance)
+        self.inner.keep_probs = True  # q for the target: the middle's distributions where it committed
         self.totals = {"verifications": 0, "kept": 0, "examined": 0, "middle_steps": 0, "bottom_steps": 0,
                        "seconds": {}}
 
@@ -78,7 +78,7 @@ class Hierarchy:
     def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
         """gamma tokens per sequence after hist[:, :m] from the middle's own speculative loop, and (sampling) the
         middle's distributions at them [B, gamma, V]."""
-        cache, model = self.middle.cache, self.middle.model
+        cache = self.middle.cache
         prev, first = hist.gather(1, (m - 2)[:, None]), hist.gather(1, (m - 1)[:, None])
         cache.rollback(start)
         # The middle holds every committed token before `prev` (it computed them, or took them here before); prev's
@@ -91,12 +91,9 @@ class Hierarchy:
         ids, _ = self.inner.generate(cache, first[:, 0], gamma + 1, prev=prev[:, 0])
         self._count(self.inner.stats)
         tokens = ids[:, 1:]
-        if self.sampling.greedy:
-            return tokens, None
-        cache.rollback(start + 1)  # the middle's distributions where it proposed: one forward over them
-        logits = model(torch.cat([first, tokens[:, :-1]], 1), cache, logits="all")
-        s = self.sampling
-        return tokens, probabilities(logits, s.temperature, s.top_p, s.top_k)
+        # sampled: hist column 1 is `first`, columns 2.. the middle's tokens, each with the distribution it was
+        # verified under (the marginal the middle's speculative sampling draws from)
+        return tokens, None if self.inner.probs is None else self.inner.probs[:, 2:gamma + 2]
 
     def _count(self, stats) -> None:
         t = self.totals
