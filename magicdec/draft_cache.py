@@ -48,10 +48,11 @@ class SnapKV:
         future = torch.arange(n, device=q.device)[None, :] > torch.arange(n, device=q.device)[:, None]
         out = []
         for h in range(Hkv):  # one KV head at a time: at 32K x 13 the whole layer's fp32 attention would be 1.7 GB
-            logits = torch.einsum("bgnd,bpd->bgnp", q[:, h * G:(h + 1) * G].float() / math.sqrt(D), k[:, h].float())
-            logits[..., P - n:].masked_fill_(future, float("-inf"))
-            # pooling is linear: summing the group first pools G times less
-            out.append(self._pooled(logits.softmax(-1)[..., :P - self.window].sum((1, 2))))  # [B, P - window]
+            rows = q[:, h * G:(h + 1) * G].float().reshape(B, G * n, D) / math.sqrt(D)  # row g*n + i: head g, query i
+            logits = torch.matmul(rows, k[:, h].float().transpose(1, 2))  # [B, G*n, P]: K^T a view, not a copy
+            logits.view(B, G, n, P)[..., P - n:].masked_fill_(future, float("-inf"))
+            # summed over the rows while contiguous, then cut; pooling is linear: summing the group first pools less
+            out.append(self._pooled(logits.softmax(-1).sum(1)[:, :P - self.window]))  # [B, P - window]
         return torch.stack(out, 1)
 
     def _pooled(self, attn: torch.Tensor) -> torch.Tensor:
