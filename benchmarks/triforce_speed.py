@@ -55,6 +55,38 @@ def run(method: str, argv: list[str], device: str) -> dict:
     return rec
 
 
+def overlap_probe(model_name: str, P: int, device: str, steps: int = 5) -> dict:
+    """How much of the host-to-GPU copy an offloaded decode step hides behind compute: one step timed as it runs
+    (copies overlapped), with the copies skipped (compute alone: the slots keep stale KV, the time is what counts),
+    and the copies alone, all layers back to back. hidden = (copy + compute - step) / min(copy, compute)."""
+    from magicdec.model import build_model
+    from magicdec.offload import OffloadedCache
+
+    c, dev = ModelArgs.from_name(model_name), torch.device(device)
+    model = build_model(c, dev, torch.bfloat16, random_seed=0)
+    cache = OffloadedCache(c.n_layers, 1, c.n_kv_heads, P + 8, c.head_dim, torch.bfloat16, dev, "triton"
+                           if dev.type == "cuda" else "sdpa", 0, P)
+    cache.fill_random(P, 0)
+    token = torch.zeros(1, 1, dtype=torch.long, device=dev)
+
+    def step_seconds():
+        with torch.inference_mode():
+            model(token, cache, logits="last")
+            return bench.timed(lambda: [model(token, cache, logits="last") for _ in range(steps)], dev)[1] / steps
+
+    step = step_seconds()
+    real = OffloadedCache._prefetch
+    OffloadedCache._prefetch = lambda self, layer: (self.fetched.__setitem__(layer % 2, layer),  # noqa: E731
+                                                    self.ready[layer % 2] and self.ready[layer % 2].record())
+    try:
+        compute = step_seconds()
+    finally:
+        OffloadedCache._prefetch = real
+    copy = bench.timed(lambda: [cache._prefetch(layer) for layer in range(c.n_layers)], dev)[1]
+    return {"step_s": step, "compute_alone_s": compute, "copies_alone_s": copy,
+            "hidden_fraction": (copy + compute - step) / min(copy, compute)}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--parts", nargs="+", choices=["on_chip", "offload"], required=True)
@@ -100,6 +132,10 @@ def main(argv=None) -> None:
                "--on_chip", "0"]
         rec = run("triforce", common + graphs + tri + rates + ["--synthetic_bottom", str(a.alpha_bottom)], a.device)
         save(("offload", "hierarchy"), rec)
+        out["offload"]["overlap"] = overlap_probe(a.model_name, P, a.device)
+        bench.release_memory(torch.device(a.device))
+        a.output.write_text(json.dumps(out, indent=1))
+        print("overlap:", out["offload"]["overlap"], flush=True)
         h2d = (rec.get("offload") or {}).get("host_to_device_GBps")
         if h2d:
             c = ModelArgs.from_name(a.model_name)
