@@ -831,7 +831,8 @@ def print_summary(method, record, config, args) -> None:
                      ("middle verifications", levels["middle_verifications"]),
                      ("bottom / middle s", f"{levels['bottom_seconds']:.3f} / {levels['middle_seconds']:.3f}")]
         rows += [("gamma", args.gamma if "gamma_sweep" not in record else f"{m['gamma']} (best of {args.gamma})"),
-                 ("budget", f"{args.streamingllm_budget} ({args.draft_policy}" + (", reindexed)" if args.reindex else ")")
+                 ("budget", f"{args.streamingllm_budget} ({getattr(args, 'draft_policy', 'streaming')}"
+                            + (", reindexed)" if getattr(args, "reindex", False) else ")")
                   if method != "lookup" else f"none (prompt lookup, n-grams {args.ngram_max}..1)"),
                  ("alpha", m["alpha"] if m["alpha"] is not None else "n/a"), ("Omega", m["omega"] or 0.0)]
         policy = (m.get("speculation") or {}).get("auto_gamma") or {}
