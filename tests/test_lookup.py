@@ -157,3 +157,30 @@ def test_nothing_proposed_costs_one_plain_step(tiny, monkeypatch):
     out, _ = decode(decoder, cache, torch.full((3,), 100), n_new, prev=prompts[:, -1])
     assert out[0].tolist() == list(range(100, 100 + n_new)) and fed == [1] * (n_new - 1)
     assert decoder.stats.drafted == 0 and decoder.stats.iterations == n_new - 1
+
+
+def first_proposal(seq: list[int], ngram_max: int):
+    """A plain-Python reference: the token after the latest earlier occurrence of the longest suffix, or None."""
+    for n in range(min(ngram_max, len(seq) - 1), 0, -1):
+        tail = seq[-n:]
+        for s in range(len(seq) - n - 1, -1, -1):
+            if seq[s:s + n] == tail:
+                return seq[s + n]
+    return None
+
+
+def test_lookup_teacher_forced_counts(tiny):
+    """benchmarks/lookup_alpha.py against the reference: positions with a proposal, and those whose proposal is the
+    target's own top-1 (the book is the target's greedy continuation, so top-1 is the book's next token)."""
+    from conftest import benchmark_script
+
+    lookup_alpha = benchmark_script("lookup_alpha")
+    prompts = repetitive_prompts(2, 64, seed=7)
+    book = plain_greedy(tiny, prompts, 12)
+    got = lookup_alpha.teacher_forced(tiny, prompts, book, 3)
+    text = torch.cat([prompts, book], 1).tolist()
+    proposals = [first_proposal(row[:64 + t], 3) for row in text for t in range(12)]
+    nexts = [row[64 + t] for row in text for t in range(12)]
+    assert got["positions"] == 24 and got["proposed"] == sum(x is not None for x in proposals)
+    assert got["top1"] == sum(x == y for x, y in zip(proposals, nexts))
+    assert 0 < got["top1"] and 0 < got["min_pq"] <= got["proposed"]
