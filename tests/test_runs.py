@@ -273,7 +273,7 @@ def test_offload_bad_input():
     one_line_error(cli("baseline", *base, "--on_chip", "1"), "add --offload")
     one_line_error(cli("baseline", *base, "--offload", "--compile"), "drop --compile")
     p = cli("baseline", "--random_weights", "--model_name", "meta-llama/Meta-Llama-3.1-8B", "--B", "64",
-            "--prefix_len", "131000", "--gen_len", "4", "--offload")
+            "--prefix_len", "131000", "--gen_len", "4", "--offload", peak=True)
     one_line_error(p, "GiB of host memory", "raise --on_chip")
     assert p.peak_rss_gib < 4  # refused before the host cache (or the model) was allocated
 
@@ -465,8 +465,8 @@ def test_synthetic_acceptance():
 
 # ------------------------------------------------------------------ bad input: exit 2, one line, no traceback
 
-def cli(method: str, *argv: str) -> subprocess.CompletedProcess:
-    return run_cli(SCRIPTS[method], *argv)
+def cli(method: str, *argv: str, peak: bool = False) -> subprocess.CompletedProcess:
+    return run_cli(SCRIPTS[method], *argv, peak=peak)
 
 
 SMALL = (*LLAMA68M, "--B", "1", "--gen_len", "4")
@@ -495,7 +495,7 @@ def test_draft_with_other_vocabulary_fails_fast():
     """Llama-3.1-8B (128256 tokens) drafted by TinyLlama (32000): refused from the configs, before any weights."""
     t0 = time.monotonic()
     p = cli("longspec", "--random_weights", "--model_name", "meta-llama/Meta-Llama-3.1-8B",
-            "--draft_name", "TinyLlama/TinyLlama_v1.1")
+            "--draft_name", "TinyLlama/TinyLlama_v1.1", peak=True)
     one_line_error(p, "draft vocabulary (32000) differs from the target's (128256)", "share the target's tokenizer")
     assert time.monotonic() - t0 < 60
     assert p.peak_rss_gib < 4  # never built the 8B target (32 GB in fp32) nor the 1.1B draft
