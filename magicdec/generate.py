@@ -293,7 +293,8 @@ class Decoder:
         refresh = self.draft.refresh if self.draft is not None else None
         if refresh is not None:
             refresh.begin()
-        levels = getattr(self.draft, "levels", None)  # a hierarchy: its middle level's counts, per generation
+        # a draft with levels of its own (a hierarchy) counts them per generation: reset here, summary() at the end
+        levels = self.draft if hasattr(self.draft, "summary") else None
         if levels is not None:
             levels.reset()
         while not self._all_done(batch, schedule):

@@ -58,11 +58,6 @@ class Hierarchy:
                        "seconds": {}}
 
     @property
-    def levels(self):
-        """What the generation loop reports per generation (reset, summary)."""
-        return self
-
-    @property
     def refresh(self):
         """--refresh re-selects the middle's cache from the target's verifications, as without a hierarchy."""
         return self.middle.refresh

@@ -198,6 +198,21 @@ def smol_prompts(smol_tokenizer):
     return torch.tensor([ids[i * 96:(i + 1) * 96] for i in range(3)])
 
 
+def fixed_first_token(model, N: int):
+    """The sampled-speculation tests' setting: a 96-token random prompt copied N times with its first generated token
+    fixed to 7; returns (prompt [1, 96], first [N], the model's own distribution of the token after it at T 0.6 /
+    top-p 0.9, float64), which the first drafted position's samples must follow."""
+    from magicdec.kv_cache import KVCache
+    from magicdec.sampling import probabilities
+
+    prompt, first = torch.randint(0, 256, (1, 96), generator=torch.Generator().manual_seed(5)), torch.full((N,), 7)
+    a = model.args
+    cache = KVCache(a.n_layers, 1, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
+    model(prompt, cache, logits="none")
+    cache.advance(96)
+    return prompt, first, probabilities(model(first[:1, None], cache)[:, -1], 0.6, 0.9)[0].double()
+
+
 def chi_square(tokens: torch.Tensor, p: torch.Tensor) -> tuple[float, float]:
     """Pearson's chi-square of sampled `tokens` against the distribution p (cells expected fewer than 5 times
     pooled) and its 1 - 3e-7 quantile (Wilson-Hilferty, z = 5); inf when a token with p = 0 was drawn."""

@@ -8,11 +8,10 @@ import math
 import pytest
 import torch
 
-from conftest import REPO, chi_square, run_cli
+from conftest import REPO, chi_square, fixed_first_token, run_cli
 from magicdec import draft_cache
 from magicdec.generate import Decoder, Draft, Sampling, decode
 from magicdec.kv_cache import KVCache
-from magicdec.sampling import probabilities
 from test_generate_speculative import assert_ragged, plain_greedy
 
 
@@ -139,13 +138,8 @@ def test_sampled_speculation_with_a_selected_draft_is_lossless(tiny, policy, mon
     token outside the top-p set; without the rejection correction the same check fails."""
     from magicdec import generate, verify
 
-    N, prompt = 4_000, torch.randint(0, 256, (1, 96), generator=torch.Generator().manual_seed(5))
-    sampling, first = Sampling(0.6, 0.9), torch.full((N,), 7)
-    a = tiny.args
-    cache = KVCache(a.n_layers, 1, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
-    tiny(prompt, cache, logits="none")
-    cache.advance(96)
-    p = probabilities(tiny(first[:1, None], cache)[:, -1], 0.6, 0.9)[0].double()
+    N, sampling = 4_000, Sampling(0.6, 0.9)
+    prompt, first, p = fixed_first_token(tiny, N)
 
     torch.manual_seed(0)
     out, _, decoder = selected_speculation(tiny, policy, prompt.expand(N, -1), 2, 1, sampling, first)

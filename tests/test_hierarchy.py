@@ -7,13 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import chi_square
+from conftest import chi_square, fixed_first_token
 from magicdec import draft_cache
 from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.hierarchy import Hierarchy
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.lookup import PromptLookup
-from magicdec.sampling import probabilities
 from test_generate_speculative import assert_ragged, first_layers, plain_greedy
 from test_lookup import repetitive_prompts
 
@@ -78,13 +77,8 @@ def test_sampled_hierarchy_keeps_the_targets_distribution(tiny, broken, monkeypa
     level (the middle verifies 1 token at a time, the target 2: told apart by q's length) fails the same check."""
     from magicdec import generate, verify
 
-    N, prompt = 4_000, torch.randint(0, 256, (1, 96), generator=torch.Generator().manual_seed(5))
-    sampling, first = Sampling(0.6, 0.9), torch.full((N,), 7)
-    a = tiny.args
-    cache = KVCache(a.n_layers, 1, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
-    tiny(prompt, cache, logits="none")
-    cache.advance(96)
-    p = probabilities(tiny(first[:1, None], cache)[:, -1], 0.6, 0.9)[0].double()
+    N, sampling = 4_000, Sampling(0.6, 0.9)
+    prompt, first, p = fixed_first_token(tiny, N)
 
     if broken:
         length = {"middle": 1, "target": 2}[broken]
