@@ -118,6 +118,82 @@ def e2e(a, config: ModelArgs, device: cm.Device) -> dict:
             yield out
 
 
+KERNEL_GROUPS = (("matmul (weight-only kernel)", ("_weight_only_kernel",)),
+                 ("matmul (cuBLAS)", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "splitk")),
+                 ("attention", ("attn", "attention", "_decode")),
+                 ("norm / RoPE / SwiGLU (fused)", ("triton_",)))
+
+
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    return next((g for g, keys in KERNEL_GROUPS if any(k in low for k in keys)), "other")
+
+
+def profile_steps(a, config: ModelArgs, copy_bw: float, dev, steps: int = 10) -> dict:
+    """Where a draft step's time goes (issue #23, item 3): one decode step of the draft (the target's weights, or
+    their int8 copy, over a StreamingLLM ring of the run's budget) and one of the target (its full cache), each at
+    B x prefix_len over random KV, under torch.profiler: every GPU kernel's time per step, by kernel and by group
+    (matmuls, attention, the fused elementwise kernels, the rest), beside the weight and KV bytes over the copy
+    bandwidth. Eager launches: the kernels' own times, which a CUDA graph replays back to back."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from magicdec.kv_cache import KVCache, StreamingCache
+    from magicdec.model import build_model
+
+    c, cuda = config, dev.type == "cuda"
+    backend, sync = ("triton", torch.cuda.synchronize) if cuda else ("sdpa", lambda d: None)
+    model = build_model(c, dev, torch.bfloat16, random_seed=0)
+    ring_extra = runs.ring_extra_for(a.gen_len, max(a.gammas))
+    kv_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2  # K and V, bf16, every layer
+    weight_bytes = 2 * sum(p.numel() for n, p in model.named_parameters() if "tok_embeddings" not in n)
+    out = {}
+    for label, fmt, budget in (("draft bf16", "bf16", a.budget), ("draft int8", "int8", a.budget),
+                               ("target", "bf16", 0)):
+        net = model if fmt == "bf16" else quant.quantized_copy(model, fmt)
+        if budget:
+            cache = StreamingCache(c.n_layers, a.B, c.n_kv_heads, budget, 16, ring_extra, c.head_dim, torch.bfloat16,
+                                   dev, backend)
+            slots = budget + ring_extra
+        else:
+            cache = KVCache(c.n_layers, a.B, c.n_kv_heads, a.prefix_len + 64, c.head_dim, torch.bfloat16, dev,
+                            backend)
+            slots = a.prefix_len
+        cache.fill_random(a.prefix_len, 0)
+        token = torch.zeros(a.B, 1, dtype=torch.long, device=dev)
+        with torch.inference_mode():
+            for _ in range(3):
+                net(token, cache, logits="last")
+            sync(dev)
+            with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+                for _ in range(steps):
+                    net(token, cache, logits="last")
+                sync(dev)
+        kernels = {}
+        for e in prof.key_averages():
+            us = e.device_time_total if cuda else e.self_cpu_time_total  # CPU: a smoke test, ops not kernels
+            if us > 0 and e.count:
+                kernels[e.key] = {"us_per_step": us / steps, "calls_per_step": e.count / steps,
+                                  "group": kernel_group(e.key)}
+        groups = {}
+        for k in kernels.values():
+            g = groups.setdefault(k["group"], {"us_per_step": 0.0, "calls_per_step": 0.0})
+            g["us_per_step"] += k["us_per_step"]
+            g["calls_per_step"] += k["calls_per_step"]
+        wbytes = weight_bytes if fmt == "bf16" else quant.copy_bytes(c)
+        row = {"kernel_us_per_step": sum(k["us_per_step"] for k in kernels.values()), "groups": groups,
+               "weights_at_copy_us": wbytes / copy_bw * 1e6,
+               "kv_at_copy_us": a.B * slots * kv_token / copy_bw * 1e6,
+               "top_kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us_per_step"])[:15])}
+        out[label] = row
+        print(f"{label}: {row['kernel_us_per_step']:.0f} us of kernels per step; weights at copy bandwidth "
+              f"{row['weights_at_copy_us']:.0f} us, KV {row['kv_at_copy_us']:.0f} us", flush=True)
+        for g, v in sorted(groups.items(), key=lambda kv: -kv[1]["us_per_step"]):
+            print(f"   {g:32s} {v['us_per_step']:8.0f} us  {v['calls_per_step']:6.0f} kernels", flush=True)
+        net = cache = None
+        bench.release_memory(dev)
+    return out
+
+
 def common(a) -> list[str]:
     graphs = ["--cuda_graphs"] if a.device == "cuda" else []
     return ["--random_weights", "--skip_prefill", *graphs, "--no_progress", "--device", a.device]
@@ -126,7 +202,8 @@ def common(a) -> list[str]:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model_name", default="meta-llama/Meta-Llama-3.1-8B")
-    p.add_argument("--parts", nargs="+", choices=["linears", "e2e"], default=["linears", "e2e"])
+    p.add_argument("--parts", nargs="+", choices=["linears", "e2e", "profile"],
+                   default=["linears", "e2e"], help="profile: where a draft step's time goes, kernel by kernel (GPU)")
     p.add_argument("--M", type=int, nargs="+", default=[13, 26, 64], help="rows multiplied (first: the per-step sum)")
     p.add_argument("--prefix_len", type=int, default=32768)
     p.add_argument("--B", type=int, default=11, help="the largest batch one H100 holds at 32K with an int8 copy")
@@ -158,6 +235,9 @@ def main(argv=None) -> None:
             result["linears"] = time_linears(config, a.M, device.bandwidth, dev)
         a.output.write_text(json.dumps(result, indent=1))
         bench.release_memory(dev)  # the e2e runs check what is free
+    if "profile" in a.parts:
+        result["profile"] = profile_steps(a, config, device.bandwidth, dev)
+        a.output.write_text(json.dumps(result, indent=1))
     if "e2e" in a.parts:
         result["e2e_setup"] = {"prefix_len": a.prefix_len, "B": a.B, "budget": a.budget, "gammas": a.gammas,
                                "gen_len": a.gen_len, "acceptance": "synthetic (random weights)"}
