@@ -11,9 +11,11 @@
 #   bash benchmarks/issue23_24_gpu.sh h200        # H200: TriForce's on-chip headline command; int8/fp8 drafts at 100K
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
-end=$(( $(date +%s) + 570 ))
+name=$1
+end=$(( $(date +%s) + ${BUDGET:-570} ))  # BUDGET: a few seconds under the device call's timeout
 left() { echo $(( end - $(date +%s) )); }
-step() { echo "== $* ($(left) s left)"; timeout "$(left)" "$@" 2>&1 | grep -v "^USDT\|^\s*$" | tail -60; }
+# the log goes to $OUT as it is written: a call cut short still brings back what ran
+step() { echo "== $* ($(left) s left)" | tee -a "$OUT/$name.log"; timeout "$(left)" "$@" 2>&1 | grep --line-buffered -v "^USDT\|^\s*$" | tee -a "$OUT/$name.log" | tail -40; }
 pack() { tar czf "$OUT/$1.tgz" "${@:2}"; }
 case "$1" in
   quant)

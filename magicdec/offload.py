@@ -128,8 +128,9 @@ class OffloadedCache(KVCache):
         gen = torch.Generator(device=self.lengths.device).manual_seed(seed)
         for t in (*self.k[:self.on_chip], *self.v[:self.on_chip], *self.tail_k, *self.tail_v):
             t.normal_(generator=gen)
-        host_gen = torch.Generator().manual_seed(seed)
+        # drawn on the device and copied over: the CPU draws about 0.4 GB/s, 3 minutes for 128K of Llama-2-7B's KV
         for t in (*self.host_k, *self.host_v):
-            t.normal_(generator=host_gen)
+            for piece in t.split(max(1, (256 << 20) // (t[0].numel() * t.element_size()))):  # <= 256 MB at a time
+                piece.copy_(torch.randn(piece.shape, generator=gen, device=gen.device, dtype=piece.dtype))
         self.lengths.fill_(length)
         self.host_len = self.prompt_len
