@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from magicdec import benchmark as bench  # noqa: E402
-from magicdec import draft_cache, quant, runs  # noqa: E402
+from magicdec import draft_cache, runs  # noqa: E402
 from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
 from magicdec.generate import Decoder, Draft, Sampling, decode  # noqa: E402
 from magicdec.kv_cache import KVCache  # noqa: E402
@@ -38,26 +38,26 @@ METRICS = {"teacher_top1": "teacher-forced top-1 agreement", "teacher_min_pq": "
 
 
 def drafter(row: dict) -> str:
-    """A row's draft: its cache policy, and its weights when they are a quantized copy (--draft_weights)."""
+    """A row's draft: its cache policy, and the weights' format where an older JSON's row ran a one-byte copy of
+    the target's linears (results/quant: --draft_weights int8 / fp8, since removed)."""
     weights = row.get("draft_weights", "bf16")
     return row["policy"] if weights == "bf16" else f"{row['policy']} {weights}"
 
 
-def new_draft(policy: str, budget: int, target, cache: KVCache, prompts, queries, a, model=None) -> Draft:
+def new_draft(policy: str, budget: int, target, cache: KVCache, prompts, queries, a) -> Draft:
     """The draft of one (policy, budget) over this batch: StreamingLLM by its own prefill, a selection from the
-    target's prefill KV and its last prompt tokens' queries; `model`: its weights when not the target's own."""
+    target's prefill KV and its last prompt tokens' queries."""
     cfg, B = target.args, prompts.shape[0]
-    model = model or target
     extra = runs.ring_extra_for(max(a.gen_len, a.teacher), a.gamma)
     if policy == "streaming":
         dc = runs.new_draft_cache(cfg, B, cfg.n_kv_heads, budget, a.sinks, extra, 0, cache.k[0].dtype,
                                   cache.k[0].device, "sdpa")
-        draft = Draft(model, dc)
+        draft = Draft(target, dc)
         draft.prefill(prompts, runs.draft_prefill_chunk(a.prefill_chunk, budget))
         dc.backend = cache.backend
         return draft
     sel = draft_cache.policy_for(policy, budget, a.chunk_size)
-    return Draft(model, draft_cache.build(sel, cache, queries, runs.appended_for(max(a.gen_len, a.teacher), a.gamma),
+    return Draft(target, draft_cache.build(sel, cache, queries, runs.appended_for(max(a.gen_len, a.teacher), a.gamma),
                                            extra))
 
 
@@ -101,14 +101,13 @@ def measure(a) -> dict:
     if min(a.budgets) <= draft_cache.WINDOW and set(a.policies) - {"streaming"}:
         raise MagicDecError(f"--budgets must exceed the {draft_cache.WINDOW}-token window of snapkv and retrieval")
     target = bench.load_weights(args, config, ckpt)
-    models = {w: None if w == "bf16" else quant.quantized_copy(target, w) for w in a.draft_weights}
     rows, start = [], time.time()
     meta = {"model": config.name, "random_weights": a.random_weights, "B": a.B, "gamma": a.gamma, "gen_len": a.gen_len,
             "teacher": a.teacher, "sinks": a.sinks, "chunk_size": a.chunk_size, "window": draft_cache.WINDOW,
             "environment": bench.environment(args.device)}
     work = [(P, skip) for P in a.prefix_lens for skip in a.skip_tokens]
     a.prefill_chunk = max(16, 16384 // a.B)
-    bar = tqdm(total=len(work) * len(a.policies) * len(a.budgets) * len(models), desc="drafts", disable=a.no_progress)
+    bar = tqdm(total=len(work) * len(a.policies) * len(a.budgets), desc="drafts", disable=a.no_progress)
     with torch.inference_mode():
         for P, skip in work:
             args.prefix_len, args.skip_tokens = P + a.teacher, skip
@@ -119,26 +118,26 @@ def measure(a) -> dict:
                             dtype, args.device, "sdpa")
             logits, queries = draft_cache.prefill_recording(target, cache, prompts, draft_cache.WINDOW, a.prefill_chunk)
             cache.backend = "triton" if cache.k[0].is_cuda else "sdpa"  # decode's kernel; prefill ran on sdpa
-            for policy, budget, weights in [(p_, b, w) for p_ in a.policies for b in a.budgets for w in models]:
-                draft = new_draft(policy, budget, target, cache, prompts, queries, a, models[weights])
-                row = {"prefix_len": P, "skip_tokens": skip, "policy": policy, "budget": budget,
-                       "draft_weights": weights}
-                row |= teacher_forced(target, cache, draft, prompts, book, logits)
-                for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED)):
-                    row[mode] = generated_alpha(target, cache, draft, prompts, logits, sampling, a)
-                for n in a.refresh if policy != "streaming" else []:
-                    sel = draft_cache.policy_for(policy, budget, a.chunk_size)
-                    draft.refresh = draft_cache.Refresh(sel, n, cache, draft.cache, config.n_heads)
-                    row[f"refresh_{n}"] = {mode: generated_alpha(target, cache, draft, prompts, logits, sampling, a)
-                                           for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED))}
-                    draft.refresh = None
-                rows.append(row | {"seconds": time.time() - start})
-                del draft
-                bar.update(1)
-                if a.output:  # after every row: a device call's time limit loses only the row in progress
-                    a.output.parent.mkdir(parents=True, exist_ok=True)
-                    a.output.write_text(json.dumps(meta | {"rows": rows, "partial": True,
-                                                           "prompt_source": args.prompt_source}, indent=1))
+            for policy in a.policies:
+                for budget in a.budgets:
+                    draft = new_draft(policy, budget, target, cache, prompts, queries, a)
+                    row = {"prefix_len": P, "skip_tokens": skip, "policy": policy, "budget": budget}
+                    row |= teacher_forced(target, cache, draft, prompts, book, logits)
+                    for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED)):
+                        row[mode] = generated_alpha(target, cache, draft, prompts, logits, sampling, a)
+                    for n in a.refresh if policy != "streaming" else []:
+                        sel = draft_cache.policy_for(policy, budget, a.chunk_size)
+                        draft.refresh = draft_cache.Refresh(sel, n, cache, draft.cache, config.n_heads)
+                        row[f"refresh_{n}"] = {mode: generated_alpha(target, cache, draft, prompts, logits, sampling, a)
+                                               for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED))}
+                        draft.refresh = None
+                    rows.append(row | {"seconds": time.time() - start})
+                    del draft
+                    bar.update(1)
+                    if a.output:  # after every row: a device call's time limit loses only the row in progress
+                        a.output.parent.mkdir(parents=True, exist_ok=True)
+                        a.output.write_text(json.dumps(meta | {"rows": rows, "partial": True,
+                                                               "prompt_source": args.prompt_source}, indent=1))
             del cache, queries
             bench.release_memory(args.device)
     bar.close()
@@ -232,8 +231,6 @@ def main(argv=None) -> int:
     p.add_argument("--prefix_lens", type=int, nargs="+", default=[2048, 4096, 8000])
     p.add_argument("--budgets", type=int, nargs="+", default=[128, 256, 512, 1024])
     p.add_argument("--policies", nargs="+", choices=draft_cache.POLICIES, default=list(draft_cache.POLICIES))
-    p.add_argument("--draft_weights", nargs="+", choices=("bf16", "int8", "fp8"), default=["bf16"],
-                   help="the draft's weights: the target's own, or a one-byte copy of its linears (magicdec/quant.py)")
     p.add_argument("--B", type=int, default=8, help="sequences per batch")
     p.add_argument("--skip_tokens", type=int, nargs="+", default=[8000, 15000, 22000], help="one batch per value")
     p.add_argument("--gamma", type=int, default=3)

@@ -201,12 +201,11 @@ def weight_bytes(config: ModelArgs, dtype) -> int:
     return read_bytes(config, item) + (0 if config.tie_embeddings else item * config.vocab_size * config.dim)
 
 
-def memory_needed(B: int, chunk: int, dtype, parts, extra_weights: int = 0) -> dict:
+def memory_needed(B: int, chunk: int, dtype, parts) -> dict:
     """Bytes a run will allocate, estimated before allocating. `parts` lists (config, weights loaded?, cache slots)
-    for each model and cache of the run (self-speculation: the target's weights once, two caches);
-    `extra_weights`: a quantized draft's copy of them."""
+    for each model and cache of the run (self-speculation: the target's weights once, two caches)."""
     item = torch.empty((), dtype=dtype).element_size()
-    weights = extra_weights + sum(weight_bytes(c, dtype) for c, loaded, _ in parts if loaded)
+    weights = sum(weight_bytes(c, dtype) for c, loaded, _ in parts if loaded)
     kv = sum(KVCache.nbytes_for(c.n_layers, B, c.n_kv_heads, slots, c.head_dim, dtype) for c, _, slots in parts)
     c = max((p[0] for p in parts), key=lambda c: c.intermediate_size)
     h = c.n_heads * c.head_dim

@@ -218,7 +218,7 @@ class Transformer(nn.Module):
 
     def weight_bytes(self) -> int:
         """Bytes read from weights by one decode step (the embedding table is only gathered, unless it is the LM
-        head too: a quantized draft's head is its own copy)."""
+        head too)."""
         seen, total = set(), 0
         head_is_table = getattr(self.output, "weight", None) is self.tok_embeddings.weight
         for name, p in self.named_parameters():

@@ -14,7 +14,6 @@ import torch
 from magicdec import benchmark as bench
 from magicdec import cost_model
 from magicdec import draft_cache
-from magicdec import quant
 from magicdec import tp
 from magicdec.attention import resolve_backend
 from magicdec.config import ModelArgs
@@ -96,10 +95,6 @@ def draft_cache_flags(p: argparse.ArgumentParser, method: str) -> None:
                         f"retrieval (selected per KV head from {own}, the prompt's last {draft_cache.WINDOW} tokens "
                         "kept, generated tokens appended): see magicdec/draft_cache.py")
     p.add_argument("--chunk_size", type=int, default=8, help="--draft_policy retrieval: tokens per scored chunk")
-    p.add_argument("--draft_weights", choices=("bf16", "int8", "fp8"), default="bf16",
-                   help="selfspec: the draft reads a copy of the target's linear weights in one byte each (a scale "
-                        "per output channel; dequantized inside the matmul): int8, or fp8 e4m3 (compute capability "
-                        "8.9+); bf16 = the target's own weights, no copy")
     if method == "selfspec":
         p.add_argument("--refresh", type=int, default=None, metavar="N",
                        help="snapkv / retrieval: every N verifications select the draft's kept prompt positions again, "
@@ -237,13 +232,6 @@ def check_speculation(args, method, target, draft, draft_ckpt, target_ckpt):
     check_draft_cache(args, method)
     if method == "selfspec":
         check_hierarchy(args, target)
-    if args.draft_weights != "bf16":
-        if method == "longspec":
-            raise MagicDecError(f"--draft_weights {args.draft_weights} quantizes the target's weights for "
-                                "self-speculation; a standalone draft runs its checkpoint's weights: drop the flag")
-        if args.draft_weights == "fp8" and not quant.fp8_supported(args.device):
-            raise MagicDecError(f"--draft_weights fp8 needs compute capability 8.9+ (this GPU: "
-                                f"{torch.cuda.get_device_capability(args.device)}): use --draft_weights int8")
     if method == "longspec":
         check_standalone_draft(args, target, draft, draft_ckpt, target_ckpt)
 
@@ -525,10 +513,7 @@ def run(method: str, argv=None) -> dict:
         parts.append((local_config(draft_cfg, draft_shard), method == "longspec", draft_slots))
     if bottom_cfg is not None and rank == 0:  # the bottom model runs unsharded, on rank 0 (it broadcasts its tokens)
         parts.append((bottom_cfg, True, args.bottom_budget + ring_extra))
-    quantized = spec and not lookup and args.draft_weights != "bf16"
-    copy_bytes = quant.copy_bytes(local_config(target_cfg, target_shard)) if quantized else 0
-    bench.check_fits(bench.memory_needed(args.B, args.prefill_chunk, dtype, parts, copy_bytes), args.device, args.B,
-                     args.prefix_len)
+    bench.check_fits(bench.memory_needed(args.B, args.prefill_chunk, dtype, parts), args.device, args.B, args.prefix_len)
     prompts, tokenizer = bench.load_prompts_for(args, target_cfg, target_ckpt)
     copy_bw = bench.copy_bandwidth(args.device)
     torch.manual_seed(args.seed)
@@ -550,8 +535,6 @@ def run(method: str, argv=None) -> dict:
         draft_model, draft_kv = None, None
         if rank in draft_ranks:
             draft_model = target if method == "selfspec" else bench.load_weights(args, draft_cfg, draft_ckpt, draft_shard)
-            if quantized:
-                draft_model = quant.quantized_copy(target, args.draft_weights)
             if not selection:  # a selection policy's cache is built from the target's prefill, below
                 draft_kv = new_draft_cache(draft_cfg, args.B, draft_model.n_kv_heads, args.streamingllm_budget,
                                            args.sinks, ring_extra, cache_len, dtype, args.device, backend,
@@ -649,7 +632,6 @@ def run(method: str, argv=None) -> dict:
         "random_weights": bool(args.random_weights),
         "prefill": "skipped: KV caches filled with random values" if args.skip_prefill else "computed",
         "draft_cache": describe_draft_cache(args, method) if spec else None,
-        "draft_weights": describe_draft_weights(args, method, draft),
         "hierarchy": describe_hierarchy(args, bottom_cfg) if hierarchy else None,
         "offload": describe_offload(args, target_cfg, cache) if args.offload else None,
         "synthetic_acceptance": getattr(args, "synthetic_acceptance", None),
@@ -731,18 +713,6 @@ def describe_hierarchy(args, bottom_cfg) -> str:
             f"weights over the draft cache; per-level acceptance and time: metrics.speculation.hierarchy")
 
 
-def describe_draft_weights(args, method: str, draft) -> str | None:
-    """What the draft's weights are, and the bytes its step reads of them."""
-    if method in ("baseline", "lookup"):
-        return None
-    what = {"bf16": "the target's own" if method == "selfspec" else "the draft checkpoint's",
-            "int8": "an int8 copy of the target's linears (per-channel scales)",
-            "fp8": "an fp8 e4m3 copy of the target's linears (per-channel scales)"}[args.draft_weights]
-    if draft.model is None:
-        return what
-    return f"{what}: {draft.model.weight_bytes() / 2**30:.2f} GiB read per draft step"
-
-
 def generation_metrics(counts, seconds, args, stats, round_seconds) -> dict:
     """Throughput of a timed generation (`seconds`: its median run; `round_seconds`: every run's, in round order).
     Token 1 comes from the prefill logits, so decode produced counts - 1. Over several batches of args.B sequences
@@ -822,8 +792,6 @@ def print_summary(method, record, config, args) -> None:
             rows += [("achieved GB/s", m.get("achieved_bandwidth_GBps", 0.0)), ("copy GB/s", m["copy_bandwidth_GBps"]),
                      ("fraction of copy", m.get("bandwidth_fraction_of_copy", 0.0))]
     else:
-        if record.get("draft_weights"):
-            rows.append(("draft weights", record["draft_weights"]))
         levels = (m.get("speculation") or {}).get("hierarchy")
         if levels:
             rows += [("hierarchy", record["hierarchy"]),
