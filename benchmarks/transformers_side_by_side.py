@@ -340,7 +340,8 @@ def batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, de
                                        (m["decode_tokens_per_s"], gamma, None))
     del dc
     for gamma in cli.gammas:  # prompt lookup: no draft model, n-grams of up to --ngram_max tokens
-        out, m = ours.decode_rate(PromptLookup(ours.prompts, cli.ngram_max), gamma, base)
+        out, m = ours.decode_rate(PromptLookup(ours.prompts, cli.ngram_max, cuda_graphs=ours.graphs), gamma,
+                                   base)
         emit(1, P, "magicdec", "prompt_lookup", out, m, ref, gamma=gamma, ngram_max=cli.ngram_max)
         best["prompt_lookup"] = max(best.get("prompt_lookup", (0, None, None)), (m["decode_tokens_per_s"], gamma, None))
     for method, (rate, gamma, budget) in best.items():

@@ -543,7 +543,7 @@ def run(method: str, argv=None) -> dict:
         draft_chunk = draft_prefill_chunk(args.prefill_chunk, args.streamingllm_budget)
     elif method == "lookup":
         draft = PromptLookup(prompts.to(args.device), args.ngram_max,
-                             None if args.temperature == 0 else target_cfg.vocab_size)
+                             None if args.temperature == 0 else target_cfg.vocab_size, args.cuda_graphs or args.compile)
     sampling = Sampling(args.temperature, args.top_p, args.top_k)
     progress = not args.no_progress
     prompts = prompts.to(args.device)
@@ -667,7 +667,8 @@ def new_bottom(args, config, checkpoint, vocab_size, prompts, rank, world, ring_
     prefill (random KV for --skip_prefill), run on rank 0 alone under tensor parallelism (it broadcasts its tokens:
     sampled proposals must be the same on every rank)."""
     if args.draft == "ngram":
-        return PromptLookup(prompts, args.ngram_max, None if args.temperature == 0 else vocab_size)
+        return PromptLookup(prompts, args.ngram_max, None if args.temperature == 0 else vocab_size,
+                            args.cuda_graphs or args.compile)
     ranks = None if world == 1 else [0]
     if rank != 0:
         return Draft(None, None, ranks)
