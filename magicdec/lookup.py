@@ -44,6 +44,7 @@ class PromptLookup:
     eagerly they took 1.2 ms a verification at SmolLM2's shape on an H100, half a decode step."""
 
     model = cache = ranks = refresh = None
+    varying_lengths = True  # a verification is as long as the batch's longest proposal: its shape varies
 
     def __init__(self, prompts: torch.Tensor, ngram_max: int = 3, vocab_size: int | None = None,
                  cuda_graphs: bool = False):

@@ -641,6 +641,25 @@ def test_timing_rounds_until_min_seconds(monkeypatch, repeats, min_seconds, run_
     assert slow_s == pytest.approx(sorted(decoders[1].round_seconds)[rounds // 2])
 
 
+@pytest.mark.parametrize("varying, graphs, warm", [(True, True, 20), (False, True, 12), (True, False, 2)])
+def test_warm_up_meets_every_shape_of_a_varying_draft(monkeypatch, varying, graphs, warm):
+    """A draft whose verification length varies (prompt lookup, a hierarchy over it) is warmed up by the whole run,
+    so every length's CUDA graph is captured before timing; other drafts by 4 (gamma + 1) tokens; eager runs by 2."""
+    from types import SimpleNamespace
+
+    from magicdec import runs
+
+    lengths = []
+    monkeypatch.setattr(runs, "decode", lambda decoder, cache, first, n, *a, **k: (lengths.append(n), "counts"))
+    monkeypatch.setattr(runs.bench, "timed", lambda fn, device: (fn(), 1.0))
+    decoder = SimpleNamespace(gamma=2, stats=None, draft=SimpleNamespace(varying_lengths=varying))
+    cache = SimpleNamespace(lengths=torch.zeros(1), rollback=lambda lengths: None)
+    args = SimpleNamespace(seed=0, compile=False, cuda_graphs=graphs, gen_len=20, repeats=1, min_seconds=0.0,
+                           device="cpu")
+    runs.timed_generations([decoder], cache, None, None, args, [])
+    assert lengths == [warm, 20]
+
+
 def test_profile_keeps_each_length_fastest_try(monkeypatch):
     """Profiling times each run length three times and keeps the fastest: a host pause (here 50 ms on the first try of the
     long gamma-1 run) only adds time, and does not reach the cost. Per gamma: short and long runs of 4 and 12
