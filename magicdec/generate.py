@@ -251,7 +251,8 @@ class Decoder:
 
     def __init__(self, model: Transformer, sampling: Sampling, compile: bool = False, draft: Draft | None = None,
                  gamma: int = 0, synthetic_acceptance: float | None = None, trace: bool = False,
-                 cuda_graphs: bool = False, policy: AutoGamma | None = None, graph_target: bool = True):
+                 cuda_graphs: bool = False, policy: AutoGamma | None = None, graph_target: bool = True,
+                 keep_probs: bool = False):
         self.model, self.sampling, self.draft = model, sampling, draft
         self.trace = [] if trace else None  # per-iteration accepted counts (a host sync each: tests only)
         self.policy = policy if draft is not None else None
@@ -271,7 +272,7 @@ class Decoder:
         self.round_seconds: list[float] = []  # seconds of each timed run (runs.timed_generations)
         # keep_probs: sampled generation keeps the target's distribution at every committed position (hist column
         # i's in probs[:, i]): a hierarchy's middle level hands them to the target's verification as q
-        self.keep_probs, self.probs = False, None
+        self.keep_probs, self.probs = keep_probs, None
 
     def generate(self, cache, first: torch.Tensor, n_new: int, eos_ids=(), progress: bool = False,
                  prev: torch.Tensor | None = None):

@@ -52,9 +52,9 @@ class Hierarchy:
         self.middle, self.sampling, self.target_cache = middle, sampling, target_cache
         self.bottom = WholeContext(bottom) if isinstance(bottom, PromptLookup) else bottom
         self.varying_lengths = isinstance(bottom, PromptLookup)  # the middle's verifications, as prompt lookup's
+        # keep_probs: q for the target, the middle's distributions where it committed
         self.inner = Decoder(middle.model, sampling, compile=compile, draft=self.bottom, gamma=gamma_bottom,
-                             cuda_graphs=cuda_graphs, synthetic_acceptance=synthetic_acceptance)
-        self.inner.keep_probs = True  # q for the target: the middle's distributions where it committed
+                             cuda_graphs=cuda_graphs, synthetic_acceptance=synthetic_acceptance, keep_probs=True)
         self.totals = {"verifications": 0, "kept": 0, "examined": 0, "middle_steps": 0, "bottom_steps": 0,
                        "seconds": {}}
 
