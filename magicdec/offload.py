@@ -90,7 +90,7 @@ class OffloadedCache(KVCache):
             torch.cuda.current_stream(k.device).wait_event(self.ready[s])
         slot_k, slot_v = self._view(self.slot_k[s]), self._view(self.slot_v[s])
         T = k.shape[1]
-        pos = self.positions(T)
+        pos = self.write_slots(layer, T)  # positions: a slot buffer holds every position
         slot_k[self._rows, :, pos] = k
         slot_v[self._rows, :, pos] = v
         if self.host_len < self.prompt_len:  # the prefill: uniform positions host_len..host_len+T-1, to the host
