@@ -30,7 +30,7 @@ from magicdec import runs  # noqa: E402
 from magicdec.config import ModelArgs  # noqa: E402
 
 KERNEL_GROUPS = (("matmul (cuBLAS)", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "splitk")),
-                 ("attention", ("attn", "attention", "_decode")),
+                 ("attention", ("attn", "attention", "_decode", "split_kv")),  # split_kv: magicdec's Triton kernel
                  ("norm / RoPE / SwiGLU (fused)", ("triton_",)))
 
 
@@ -49,11 +49,9 @@ def profile_steps(a, config: ModelArgs, copy_bw: float, dev, steps: int = 10) ->
     from magicdec.model import build_model
 
     c, cuda = config, dev.type == "cuda"
-    backend, sync = ("triton", torch.cuda.synchronize) if cuda else ("sdpa", lambda d: None)
+    backend = "triton" if cuda else "sdpa"
     model = build_model(c, dev, torch.bfloat16, random_seed=0)
     ring_extra = runs.ring_extra_for(a.gen_len, max(a.gammas))
-    kv_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2  # K and V, bf16, every layer
-    weight_bytes = 2 * sum(p.numel() for n, p in model.named_parameters() if "tok_embeddings" not in n)
     out = {}
     for label, budget in (("draft", a.budget), ("target", 0)):
         if budget:
@@ -69,11 +67,11 @@ def profile_steps(a, config: ModelArgs, copy_bw: float, dev, steps: int = 10) ->
         with torch.inference_mode():
             for _ in range(3):
                 model(token, cache, logits="last")
-            sync(dev)
+            bench.sync(dev)
             with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
                 for _ in range(steps):
                     model(token, cache, logits="last")
-                sync(dev)
+                bench.sync(dev)
         kernels = {}
         for e in prof.key_averages():
             us = e.device_time_total if cuda else e.self_cpu_time_total  # CPU: a smoke test, ops not kernels
@@ -86,8 +84,8 @@ def profile_steps(a, config: ModelArgs, copy_bw: float, dev, steps: int = 10) ->
             g["us_per_step"] += k["us_per_step"]
             g["calls_per_step"] += k["calls_per_step"]
         row = {"kernel_us_per_step": sum(k["us_per_step"] for k in kernels.values()), "groups": groups,
-               "cache_slots": slots, "weights_at_copy_us": weight_bytes / copy_bw * 1e6,
-               "kv_at_copy_us": a.B * slots * kv_token / copy_bw * 1e6,
+               "cache_slots": slots, "weights_at_copy_us": model.weight_bytes() / copy_bw * 1e6,
+               "kv_at_copy_us": a.B * slots * cm.kv_bytes_per_token(c) / copy_bw * 1e6,
                "top_kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us_per_step"])[:15])}
         out[label] = row
         print(f"{label}: {row['kernel_us_per_step']:.0f} us of kernels per step; weights at copy bandwidth "

@@ -51,7 +51,7 @@ class Hierarchy:
                  cuda_graphs: bool = False, compile: bool = False, synthetic_acceptance: float | None = None):
         self.middle, self.sampling, self.target_cache = middle, sampling, target_cache
         self.bottom = WholeContext(bottom) if isinstance(bottom, PromptLookup) else bottom
-        self.varying_lengths = isinstance(bottom, PromptLookup)  # the middle's verifications, as prompt lookup's
+        self.varying_lengths = getattr(bottom, "varying_lengths", False)  # the middle's verifications, as its bottom's
         # keep_probs: q for the target, the middle's distributions where it committed
         self.inner = Decoder(middle.model, sampling, compile=compile, draft=self.bottom, gamma=gamma_bottom,
                              cuda_graphs=cuda_graphs, synthetic_acceptance=synthetic_acceptance, keep_probs=True)

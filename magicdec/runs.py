@@ -442,11 +442,11 @@ def timed_generations(decoders, target_cache, first, prev, args, eos, progress=F
     for decoder in decoders:
         target_cache.rollback(prompt_lengths)
         torch.manual_seed(args.seed + 1)
-        warm = 4 * (decoder.gamma + 1) if (args.compile or args.cuda_graphs) else 2
-        if getattr(getattr(decoder, "draft", None), "varying_lengths", False) and (args.compile or args.cuda_graphs):
-            # a verification per proposal length, each its own graph: only the whole run meets every length, and
-            # a capture inside a timed run (SmolLM2 at B = 1: ~0.1 s a run) costs more than the run's steps
-            warm = args.gen_len
+        # A draft whose verification length varies (prompt lookup) has a graph per length: only the whole run
+        # meets every length, and a capture inside a timed run (SmolLM2 at B = 1: ~0.1 s a run) costs more than
+        # the run's steps
+        varying = getattr(getattr(decoder, "draft", None), "varying_lengths", False)
+        warm = (args.gen_len if varying else 4 * (decoder.gamma + 1)) if (args.compile or args.cuda_graphs) else 2
         decode(decoder, target_cache, first, min(args.gen_len, warm), eos, prev=prev)
     timings = [[] for _ in decoders]
     repeats, min_seconds = getattr(args, "repeats", 1), getattr(args, "min_seconds", 0.0)
