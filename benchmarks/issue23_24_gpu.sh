@@ -9,6 +9,11 @@
 #                                                 #   transformers', SnapKV / retrieval selection time at 8B 32K x 13
 #   bash benchmarks/issue23_24_gpu.sh offload     # H100: TriForce with the target's cache on the host, 128K
 #   bash benchmarks/issue23_24_gpu.sh h200        # H200: TriForce's on-chip headline command
+#   bash benchmarks/issue23_24_gpu.sh profile     # H100: the 8B draft step's kernels and graphed time, 32K x 11, and
+#                                                 #   the split-KV kernel alone over block sizes and split counts
+#   COMMITS="a b" bash benchmarks/issue23_24_gpu.sh before  # H100: the same profile at earlier commits, each
+#                                                 #   unpacked under .carry/old/COMMIT (git archive + this profiler)
+#   bash benchmarks/issue23_24_gpu.sh e2e         # H100: self-speculation at 8B 32K x 13, budget 512, alpha 0.8
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
 name=$1
@@ -31,6 +36,18 @@ case "$1" in
     step python3 benchmarks/triforce_speed.py --parts offload --gen_len 96 --repeats 1 \
       --output results/triforce/offload_gen96.json
     pack offload results/triforce ;;
+  profile)
+    step python3 benchmarks/draft_step_profile.py --attention_sweep --output results/quant/draft_step_profile.json
+    pack profile results/quant/draft_step_profile.json ;;
+  before)
+    for c in $COMMITS; do
+      (cd ".carry/old/$c" && step python3 benchmarks/draft_step_profile.py --output "$OUT/draft_step_profile_$c.json")
+    done ;;
+  e2e)
+    step python3 tests/selfspec_benchmark.py --model_name meta-llama/Meta-Llama-3.1-8B --random_weights --skip_prefill \
+      --cuda_graphs --no_progress --B 13 --prefix_len 32768 --gen_len 64 --repeats 3 --draft_budget 512 --sinks 16 \
+      --gamma 2 3 4 5 --synthetic_acceptance 0.8 --baseline --output results/quant/selfspec_32k_b13.json
+    pack e2e results/quant/selfspec_32k_b13.json ;;
   h200)
     step python3 benchmarks/triforce_speed.py --parts on_chip --output results/triforce/on_chip.json
     pack h200 results/triforce ;;

@@ -29,7 +29,7 @@ import transformers  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from magicdec import benchmark as bench  # noqa: E402
-from magicdec import data, runs  # noqa: E402
+from magicdec import data, fused, runs  # noqa: E402
 from magicdec.attention import resolve_backend  # noqa: E402
 from magicdec.checkpoint import _hf_name, load_state_dict, smollm2_checkpoint  # noqa: E402
 from magicdec.config import ModelArgs  # noqa: E402
@@ -230,7 +230,7 @@ def main(argv=None):
     cli.output_dir.mkdir(parents=True, exist_ok=True)
     args, ckpt, hf, target = load_models(cli, device, dtype)
     if gpu and not cli.no_fuse:
-        runs.fuse_kernels()
+        fused.fuse()
     k = cli.draft_layers or max(1, args.n_layers // 4)
     want_b1 = 1 in cli.batch_sizes
     hf_draft, draft = first_layers(hf, args, k, device, dtype) if want_b1 else (None, None)

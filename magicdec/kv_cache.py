@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import torch
 
+from magicdec import fused
 from magicdec.attention import make_attend
+
+
+@fused.op
+def store_kv(k_cache, v_cache, rows, slots, k, v) -> None:
+    """k, v [B, T, Hkv, D] into the [B, Hkv, S, D] buffers at each sequence's slots [B, T] (rows: [B, 1] arange).
+    Fused: one kernel writes both, in place."""
+    k_cache[rows, :, slots] = k
+    v_cache[rows, :, slots] = v
 
 
 class KVCache:
@@ -37,9 +46,7 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v [B, T, Hkv, D] at each sequence's next T positions; return the layer's buffers."""
-        slot = self.write_slots(layer, k.shape[1])
-        self.k[layer][self._rows, :, slot] = k
-        self.v[layer][self._rows, :, slot] = v
+        store_kv(self.k[layer], self.v[layer], self._rows, self.write_slots(layer, k.shape[1]), k, v)
         return self.k[layer], self.v[layer]
 
     def slots(self, pos: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from magicdec import tp
+from magicdec import fused, tp
 from magicdec.attention import Attend
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
@@ -67,6 +67,7 @@ def rope_attention_factor(args: ModelArgs) -> float:
     return mscale(1.0)
 
 
+@fused.op
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [B, T, H, D]; cos/sin: [B, T, 1, D/2] in fp32. Rotate-half convention (HF Llama)."""
     x1, x2 = x.float().chunk(2, dim=-1)
@@ -81,26 +82,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.type_as(x)
 
 
+@fused.op
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """The residual stream with a sublayer's output added (delta None: nothing to add), and its RMSNorm. One kernel
+    for both: the add was a kernel of its own, twice per layer."""
+    if delta is not None:
+        x = x + delta
+    return x, rms_norm(x, weight, eps)
+
+
+@fused.op
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
-
-
-ELEMENTWISE = {"apply_rope": apply_rope, "rms_norm": rms_norm, "swiglu": swiglu}
-_ops = dict(ELEMENTWISE)  # what the layers call: the plain functions, or their fused (compiled) versions
-
-
-def fuse_elementwise(enabled: bool = True) -> None:
-    """Compile RMSNorm, RoPE and SwiGLU into fused kernels, once for all shapes (dynamic=True).
-
-    Eagerly each is 5-10 small kernels per layer; for small models (SmolLM2: 30 layers of width 576) those
-    launches, not bytes, set the step time even inside a CUDA graph. Whole-model torch.compile (--compile) fuses
-    more but compiles again for every batch size and token count.
-    """
-    # dynamic=True still guards on strides (a sliced last position is not contiguous): one process running many
-    # batch sizes and token counts (a sweep) would pass the default limit of 8 graphs and fall back to eager.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    for name, fn in ELEMENTWISE.items():
-        _ops[name] = torch.compile(fn, dynamic=True) if enabled else fn
 
 
 class RMSNorm(nn.Module):
@@ -110,7 +103,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _ops["rms_norm"](x, self.weight, self.eps)
+        return add_rms_norm(x, None, self.weight, self.eps)[1]
+
+    def residual(self, x: torch.Tensor, delta: torch.Tensor | None):
+        """(x + delta, RMSNorm(x + delta)) in one kernel: see add_rms_norm."""
+        return add_rms_norm(x, delta, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -134,14 +131,13 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, cache, layer: int, attend: Attend) -> torch.Tensor:
         B, T, _ = x.shape
-        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = _ops["apply_rope"](q.view(B, T, self.n_heads, self.head_dim), cos, sin)
-        k = _ops["apply_rope"](k.view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
-        v = v.view(B, T, self.n_kv_heads, self.head_dim)
-        k_cache, v_cache = cache.write(layer, k, v)
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        qk, v = self.wqkv(x).split([(H + Hkv) * D, Hkv * D], dim=-1)
+        # q's and k's heads rotated as one tensor: one kernel, not two
+        q, k = apply_rope(qk.view(B, T, H + Hkv, D), cos, sin).split([H, Hkv], dim=2)
+        k_cache, v_cache = cache.write(layer, k, v.view(B, T, Hkv, D))
         y = attend(q.transpose(1, 2), k_cache, v_cache, layer)  # [B, H, T, D]
-        return self.wo(y.transpose(1, 2).reshape(B, T, q_size))
+        return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
 
 
 class FeedForward(nn.Module):
@@ -153,7 +149,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(f1 - f0, args.dim, bias=False)  # down
 
     def forward(self, x):
-        return self.w2(_ops["swiglu"](self.w1(x), self.w3(x)))
+        return self.w2(swiglu(self.w1(x), self.w3(x)))
 
 
 class Block(nn.Module):
@@ -165,10 +161,14 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
-    def forward(self, x, cos, sin, cache, layer, attend):
+    def forward(self, x, delta, cos, sin, cache, layer, attend):
+        """x: the residual stream before the previous sublayer's output `delta` is added (the add is fused into
+        this block's first norm). Returns the same pair for the next block."""
+        x, h = self.attention_norm.residual(x, delta)
         # Each rank's heads / MLP units give a partial sum of the output projection: all-reduce it.
-        x = x + tp.all_reduce(self.attention(self.attention_norm(x), cos, sin, cache, layer, attend), self.shard)
-        return x + tp.all_reduce(self.feed_forward(self.ffn_norm(x)), self.shard)
+        delta = tp.all_reduce(self.attention(h, cos, sin, cache, layer, attend), self.shard)
+        x, h = self.ffn_norm.residual(x, delta)
+        return x, tp.all_reduce(self.feed_forward(h), self.shard)
 
 
 class Transformer(nn.Module):
@@ -205,14 +205,14 @@ class Transformer(nn.Module):
         cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
         if self.rope_scale != 1.0:  # YaRN
             cos, sin = cos * self.rope_scale, sin * self.rope_scale
-        x = self.tok_embeddings(tokens)
+        x, delta = self.tok_embeddings(tokens), None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, attend)
+            x, delta = layer(x, delta, cos, sin, cache, i, attend)
         if logits == "none":
             return None
         if logits == "last":
-            x = x[:, -1:]
-        out = self.output(self.norm(x))
+            x, delta = x[:, -1:], delta[:, -1:]
+        out = self.output(self.norm.residual(x, delta)[1])
         # Under tensor parallelism each rank has a vocabulary slice; gather=False leaves it so (see tp.vocab_argmax).
         return tp.gather_vocab(out, self.shard, self.args.vocab_size) if gather else out
 

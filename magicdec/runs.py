@@ -13,7 +13,7 @@ import torch
 
 from magicdec import benchmark as bench
 from magicdec import cost_model
-from magicdec import draft_cache
+from magicdec import draft_cache, fused
 from magicdec import tp
 from magicdec.attention import resolve_backend
 from magicdec.config import ModelArgs
@@ -27,14 +27,6 @@ from magicdec.planner import AutoGamma
 from magicdec.sampling import next_token
 from magicdec.verify import SYNTHETIC_DRAWS
 
-
-def fuse_kernels() -> None:
-    """Fused RMSNorm/RoPE/SwiGLU and split-merge kernels (compiled once for all shapes): see model.fuse_elementwise."""
-    from magicdec.model import fuse_elementwise
-    from magicdec.triton_attention import fuse_merge
-
-    fuse_elementwise()
-    fuse_merge()
 
 DESCRIPTIONS = {
     "baseline": "Autoregressive baseline: prefill, then one target step per token.",
@@ -523,7 +515,7 @@ def run(method: str, argv=None) -> dict:
     torch.manual_seed(args.seed)
     target = bench.load_weights(args, target_cfg, target_ckpt, target_shard)
     if args.device.type == "cuda" and not args.compile and not args.no_fuse:
-        fuse_kernels()
+        fused.fuse()
     backend = resolve_backend(args.attn_backend, args.device)
     all_reduce = tp.enable_fast_all_reduce(target_shard, args.device, dtype)
     if method == "longspec" and draft_shard is not None and draft_shard.group is not target_shard.group:

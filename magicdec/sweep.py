@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from magicdec import benchmark as bench
 from magicdec import cost_model as cm
-from magicdec import draft_cache
+from magicdec import draft_cache, fused
 from magicdec import runs
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError, one_line_errors
@@ -278,7 +278,7 @@ class Sweep:
         if self.draft_config is not None:
             self.draft_model = bench.load_weights(self.args, self.draft_config, self.draft_checkpoint)
         if self.cuda and self.cfg["fuse"]:
-            runs.fuse_kernels()
+            fused.fuse()
         self.cost_device = cm.measure_device(self.device, self.dtype)
         prefix, n = PROBE
         overhead = cm.fit_layer_overhead(self.config, self.cost_device, 1, prefix + n // 2, self.probe_step(prefix, n))

@@ -15,13 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
+from magicdec import fused
+
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": an empty split must give weight 0, not NaN
 MAX_ROWS = 128  # beyond G*T rows (prefill chunks) a tiled prefill kernel is the better tool
 
 
 @triton.jit
 def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES,
-                     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+                     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                      n_kv_heads, n_slots, split_len, sinks, window,
                      SCALE: tl.constexpr, T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KPOS: tl.constexpr, N_SPLITS: tl.constexpr,
@@ -33,9 +35,11 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES,
     rows = tl.arange(0, BLOCK_M)
     dims = tl.arange(0, D)
     row_ok = rows < ROWS
-    # Row r is query head (h * G + r // T) at token r % T.
+    # Row r is query head (h * G + r // T) at token r % T. q is read through its strides: the model's q is a
+    # transposed slice of the rotated q and k heads, which a contiguous copy would cost a kernel per layer.
     q_pos = tl.load(QPOS + b * T + rows % T, mask=row_ok, other=-1)
-    q = tl.load(Q + (pid_bh * ROWS + rows[:, None]) * D + dims[None, :], mask=row_ok[:, None], other=0.0)
+    q_row = b * stride_qb + (h * (ROWS // T) + rows // T) * stride_qh + (rows % T) * stride_qt
+    q = tl.load(Q + q_row[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
 
     start = split * split_len
     end = tl.minimum(start + split_len, n_slots)
@@ -85,50 +89,52 @@ def supports(q_shape, k_shape) -> bool:
 
 
 def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
-    """Enough programs to fill the GPU a few times over; never a split shorter than a few blocks."""
+    """Enough programs to fill the GPU a few times over; never a split shorter than two blocks. A short cache is
+    split too: one program walking an 8B self-draft's 768-slot ring alone is bound by its loads' latency (H100,
+    B = 11: 6 splits of 2 blocks of 64 took 0.8 of the time of 1 split in blocks of 128; results/quant)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     want = max(1, -(-4 * sms // pairs))
-    return max(1, min(want, n_slots // (4 * block_n)))
+    return max(1, min(want, n_slots // (2 * block_n)))
 
 
 def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int = 0, n_splits: int | None = None,
-                       block_n: int = 128, num_warps: int = 4, num_stages: int = 2, scores=None):
-    """q [B, H, T, D]; k, v [B, Hkv, S, D] (last dim contiguous); q_pos [B, T] (increasing in T);
+                       block_n: int = 64, num_warps: int = 4, num_stages: int = 2, scores=None):
+    """q [B, H, T, D]; k, v [B, Hkv, S, D] (each last dim contiguous); q_pos [B, T] (increasing in T);
     key_pos [B, S] or None (slot s holds position s); window > 0 limits each query to the `sinks` first positions
     plus its `window` most recent ones. Returns [B, H, T, D] in q's dtype. `scores` [B, H, S] fp32 (contiguous):
     also each head's scaled logits of the first query, -inf where it may not look."""
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rows = H // Hkv * T
-    q_rows = q.reshape(B, Hkv, rows, D).contiguous()
+    assert q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1
+    q_pos = q_pos.contiguous()  # read as [B, T] rows (a no-op for the caches' own positions)
     if n_splits is None:
         n_splits = choose_splits(B * Hkv, S, block_n, q.device)
     split_len = -(-(-(-S // n_splits)) // block_n) * block_n  # ceil(S / splits) rounded up to whole blocks
+    n_splits = -(-S // split_len)  # rounding up may leave the last splits empty: no program for them
     acc = torch.empty(B, Hkv, n_splits, rows, D, dtype=torch.float32, device=q.device)
     m = torch.empty(B, Hkv, n_splits, rows, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     if scores is not None:
         scores.fill_(float("-inf"))  # a full cache's blocks past the last query are never read
     _split_kv_kernel[(B * Hkv, n_splits)](
-        q_rows, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l, scores if scores is not None else m,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        q, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l, scores if scores is not None else m,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         Hkv, S, split_len, sinks, window,
         SCALE=D ** -0.5, T=T, ROWS=rows, D=D, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
         HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, HAS_SCORES=scores is not None, num_warps=num_warps,
         num_stages=num_stages)
-    return _merge["fn"](acc, m, l).view(B, H, T, D).to(q.dtype)
+    return merge_splits(acc, m, l, q.dtype, T)
 
 
-def merge_splits(acc, m, l):
-    """Softmax over all keys = the per-split softmaxes weighted by exp(split max - global max) and their sums."""
+@fused.op
+def merge_splits(acc, m, l, dtype: torch.dtype, T: int):
+    """Softmax over all keys = the per-split softmaxes weighted by exp(split max - global max) and their sums.
+    acc [B, Hkv, splits, G * T, D] -> [B, H, T, D] in `dtype`, laid out as [B, T, H, D] (a transposed view), so the
+    model's transpose back to tokens-first costs no copy."""
+    B, Hkv, _, rows, D = acc.shape
     m_all = m.amax(dim=2, keepdim=True)
     w = torch.exp(m - m_all)
-    return (acc * w[..., None]).sum(2) / (l * w).sum(2)[..., None]
-
-
-_merge = {"fn": merge_splits}
-
-
-def fuse_merge(enabled: bool = True) -> None:
-    """One fused kernel for the merge instead of about eight small ones (see model.fuse_elementwise)."""
-    _merge["fn"] = torch.compile(merge_splits, dynamic=True) if enabled else merge_splits
+    out = ((acc * w[..., None]).sum(2) / (l * w).sum(2)[..., None]).to(dtype)  # [B, Hkv, G * T, D]
+    by_token = out.view(B, Hkv, rows // T, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * rows // T, D)
+    return by_token.transpose(1, 2)

@@ -84,6 +84,21 @@ def test_triton_splits_agree(splits):
     torch.testing.assert_close(out.double(), reference(q, k, v, q_pos, None), atol=2e-5, rtol=1e-4)
 
 
+def test_triton_reads_q_through_its_strides():
+    """The model hands attention q as a transposed slice of its rotated q and k heads ([B, T, H + Hkv, D]), not a
+    contiguous tensor: the kernel must read it through its strides, at every token of a verification."""
+    from magicdec.triton_attention import split_kv_attention
+
+    q, k, v, q_pos, _ = case(2, 8, 2, 3, 200, 16, False, seed=3)
+    B, H, T, D = q.shape
+    qk = torch.randn(B, T, H + 2, D, dtype=q.dtype)
+    qk[:, :, :H] = q.transpose(1, 2)
+    strided = qk[:, :, :H].transpose(1, 2)
+    assert not strided.is_contiguous()
+    out = split_kv_attention(strided, k, v, q_pos, None, n_splits=3, block_n=32)
+    torch.testing.assert_close(out.double(), reference(q, k, v, q_pos, None), atol=2e-5, rtol=1e-4)
+
+
 def test_triton_ignores_stale_slots():
     """Slots past a sequence's length (left by a rollback) must not leak into the result."""
     from magicdec.triton_attention import split_kv_attention
