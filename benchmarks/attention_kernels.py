@@ -19,11 +19,14 @@ from magicdec.triton_attention import split_kv_attention  # noqa: E402
 p = argparse.ArgumentParser()
 p.add_argument("--output", type=Path, default=None)
 p.add_argument("--tune", action="store_true", help="also sweep the Triton kernel's block/warp/stage settings")
+p.add_argument("--blocks", type=int, nargs="+", default=None,
+               help="instead: the Triton kernel alone at these KV block sizes (its default split for each), in turns, "
+                    "3 rounds, each replayed in a CUDA graph as the runs replay it")
 args = p.parse_args()
 dev = torch.device("cuda")
 copy = copy_bandwidth(dev)
 rows, H, Hkv, D = [], 32, 8, 128
-for B, S in [(8, 32768), (1, 131072), (32, 16384), (64, 4096)]:
+for B, S in [(8, 32768), (1, 131072), (32, 16384), (64, 4096), (13, 32768)]:
     for T in (1, 4, 8):
         torch.manual_seed(0)
         q = torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16)
@@ -31,6 +34,16 @@ for B, S in [(8, 32768), (1, 131072), (32, 16384), (64, 4096)]:
         v = torch.randn_like(k)
         q_pos = (S - T + torch.arange(T, device=dev))[None].expand(B, T).contiguous()
         nbytes = 2 * k.numel() * k.element_size()
+        if args.blocks:
+            for r in range(3):
+                for bn in args.blocks:
+                    ms = triton.testing.do_bench_cudagraph(
+                        lambda: split_kv_attention(q, k, v, q_pos, None, block_n=bn), rep=50)
+                    rows.append({"B": B, "S": S, "T": T, "backend": f"triton_bn{bn}", "round": r, "ms": ms,
+                                 "fraction_of_copy": nbytes / ms / 1e-3 / copy})
+                    print(f"B={B:3d} S={S:6d} T={T} block {bn:3d} round {r} {ms:8.3f} ms "
+                          f"{rows[-1]['fraction_of_copy']:.2f} of copy", flush=True)
+            continue
         ref = make_attend("sdpa", q_pos, None, S)(q, k, v).float()
         variants = {"sdpa": make_attend("sdpa", q_pos, None, S), "triton": make_attend("triton", q_pos, None, S)}
         if args.tune:

@@ -132,7 +132,7 @@ def attention_sweep(a, config: ModelArgs, copy_bw: float, dev) -> list[dict]:
     cases.append(("target", full[0], full[1], torch.full((a.B, 1), a.prefix_len - 1, device=dev), None, a.prefix_len))
     for label, k, v, pos, key_pos, visible in cases:
         slots = k.shape[2]
-        grid = [(64, None)] + [(bn, n) for bn in (32, 64, 128) for n in (1, 2, 3, 4, 6, 8, 12, 16)
+        grid = [(128, None)] + [(bn, n) for bn in (32, 64, 128) for n in (1, 2, 3, 4, 6, 8, 12, 16)
                                 if n * bn <= slots and (label == "draft" or n >= 4)]
         kv_us = 2 * a.B * c.n_kv_heads * visible * c.head_dim * 2 / copy_bw * 1e6
         for bn, n in grid:

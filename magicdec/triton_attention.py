@@ -91,14 +91,14 @@ def supports(q_shape, k_shape) -> bool:
 def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
     """Enough programs to fill the GPU a few times over; never a split shorter than two blocks. A short cache is
     split too: one program walking an 8B self-draft's 768-slot ring alone is bound by its loads' latency (H100,
-    B = 11: 6 splits of 2 blocks of 64 took 0.8 of the time of 1 split in blocks of 128; results/quant)."""
+    B = 11: 3 splits took 15.4 us a layer, 1 split 16.7; results/quant/README.md)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     want = max(1, -(-4 * sms // pairs))
     return max(1, min(want, n_slots // (2 * block_n)))
 
 
 def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int = 0, n_splits: int | None = None,
-                       block_n: int = 64, num_warps: int = 4, num_stages: int = 2, scores=None):
+                       block_n: int = 128, num_warps: int = 4, num_stages: int = 2, scores=None):
     """q [B, H, T, D]; k, v [B, Hkv, S, D] (each last dim contiguous); q_pos [B, T] (increasing in T);
     key_pos [B, S] or None (slot s holds position s); window > 0 limits each query to the `sinks` first positions
     plus its `window` most recent ones. Returns [B, H, T, D] in q's dtype. `scores` [B, H, S] fp32 (contiguous):
