@@ -119,15 +119,6 @@ def refresh_seconds(c: ModelArgs, d: Device, B: int, context: int, policy: str) 
     return c.n_layers * per_layer / d.bandwidth / d.ranks
 
 
-def lookup_seconds(d: Device, B: int, context: int, ngram_max: int) -> float:
-    """Seconds of one prompt-lookup proposal (lookup.propose_ngram): the prompt and output joined (int64: read and
-    written, 16 bytes a token), then for each n-gram length a window comparison over every position (n int64 reads
-    and a bool written, a match mask read and an index written: 8n + 10 bytes a token), plus a host read of the
-    proposal's length; kernel launches (~10 per n) go to the device's fixed cost per layer."""
-    per_token = 16 + sum(8 * n + 10 for n in range(1, ngram_max + 1))
-    return B * context * per_token / d.bandwidth + 10 * ngram_max * d.layer_overhead_s
-
-
 def offloaded_step_time(c: ModelArgs, d: Device, B: int, context: int, T: int, on_chip: int, host_bandwidth: float,
                         prompt: int | None = None) -> float:
     """Seconds of one forward over a target cache whose layers past `on_chip` keep their prompt KV in host memory

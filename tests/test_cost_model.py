@@ -164,8 +164,3 @@ def test_offloaded_step_is_bound_by_the_host_link():
     assert cm.offloaded_step_time(l2, d, 1, 131072, 1, 2, 25e9) == pytest.approx(copy)
     assert copy == pytest.approx(2.58, rel=0.01)
     assert cm.offloaded_step_time(l2, d, 1, 131072, 1, 32, 25e9) == cm.step_time(l2, d, 1, 131072, 1)
-
-
-def test_lookup_costs_its_window_comparisons():
-    d = cm.Device(bandwidth=1e12, matmul_flops=7e14, layer_overhead_s=5e-6)
-    assert cm.lookup_seconds(d, 4, 1000, 3) == pytest.approx(4 * 1000 * (16 + 18 + 26 + 34) / 1e12 + 30 * 5e-6)
