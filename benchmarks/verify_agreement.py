@@ -4,8 +4,9 @@ verification feeds them), each position's logits compared: argmax mismatches and
 fused op plain, all fused, each one plain, and each one alone fused (fused.py).
 
 Greedy speculation is exact when a T-token forward gives each position the logits a 1-token step gives it. The plain
-ops do, bitwise; a compiled reduction (RMSNorm's mean, the split merge's sum) is compiled per shape and may sum in
-another order for T = 1 than for T > 1, so at a bf16 near-tie the greedy outputs part (results/quant/README.md).
+ops do, bitwise; a torch.compile'd reduction (RMSNorm's mean, the split merge's sum) is compiled per shape and may
+sum in another order for T = 1 than for T > 1, so at a bf16 near-tie greedy outputs parted; fused.py now runs those
+two as Triton kernels with one program per row (results/quant/README.md).
 
     python3 benchmarks/verify_agreement.py --model /tmp/smol/model.pth --dataset /tmp/books
 """
@@ -59,23 +60,29 @@ def main() -> None:
     p.add_argument("--prefix_len", type=int, default=4096)
     p.add_argument("--gen_len", type=int, default=128)
     p.add_argument("--T", type=int, default=4, help="tokens per verification forward")
+    p.add_argument("--quick", action="store_true", help="only every op plain and every op fused")
     a = p.parse_args()
     dev = torch.device("cuda")
     model = load_model(a.model, dev, torch.bfloat16)
     prompts = load_prompts(load_tokenizer(Path(a.model).parent), 1, a.prefix_len, a.dataset).to(dev)
-    print("fused ops:", ", ".join(fused._plain), f"({triton_attention.__name__} imported first)")
+    print("fused ops:", ", ".join(f"{n} ({fused._kernels[n] or 'compiled'})" for n in fused._plain),
+          f"({triton_attention.__name__} imported first)")
     run = lambda label: compare(model, prompts, a.gen_len, a.T, label)  # noqa: E731
     fused.fuse(False)
     run("plain")
     fused.fuse(True)
     run("all fused")
+    if a.quick:
+        return
     for name in list(fused._plain):
         fused.fuse(True)
         fused._active[name] = fused._plain[name]
         run("plain " + name.split(".")[-1])
     for name in list(fused._plain):
         fused.fuse(False)
-        fused._active[name] = torch.compile(fused._plain[name], dynamic=True)
+        fused._fusing = True
+        fused._active[name] = fused._fused(name)
+        fused._fusing = False
         run("only fused " + name.split(".")[-1])
 
 

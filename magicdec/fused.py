@@ -4,35 +4,49 @@ store, the split-KV merge.
 Eagerly each is 2-10 small kernels per layer. A decode step's matmuls read the weights in a few microseconds per
 layer, so those launches and round trips through memory are a visible part of it even inside a CUDA graph (an 8B
 self-draft at 32K x 11: results/quant; SmolLM2's 30 narrow layers: results/issue5). `fuse()` compiles each once for
-all shapes (dynamic=True). Whole-model torch.compile (--compile) fuses more but compiles again for every batch size
-and token count, and it traces the plain functions (fuse() is not called then).
+all shapes (dynamic=True), or swaps in a hand-written Triton kernel where the op reduces (RMSNorm, the merge).
+Whole-model torch.compile (--compile) fuses more but compiles again for every batch size and token count, and it
+traces the plain functions (fuse() is not called then).
 """
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 
 _plain: dict[str, object] = {}
-_active: dict[str, object] = {}  # what a call runs: the plain function, or its compiled version
+_kernels: dict[str, str | None] = {}  # a hand-written replacement's "module.function", imported when fusing
+_active: dict[str, object] = {}  # what a call runs: the plain function, or its fused version
 _fusing = False
 
 
-def _compiled(fn):
-    return torch.compile(fn, dynamic=True) if _fusing else fn
+def _fused(name: str):
+    if not _fusing:
+        return _plain[name]
+    if _kernels[name] is not None:
+        module, function = _kernels[name].rsplit(".", 1)
+        return getattr(importlib.import_module(module), function)
+    return torch.compile(_plain[name], dynamic=True)
 
 
-def op(fn):
-    """Register `fn` as fusable; calls go to its compiled version while fusing is on (fuse() may run before the
-    module that defines fn is imported: attention's kernel module is imported on first use)."""
-    name = f"{fn.__module__}.{fn.__qualname__}"
-    _plain[name], _active[name] = fn, _compiled(fn)
+def op(fn=None, *, kernel: str | None = None):
+    """Register `fn` as fusable; calls go to its fused version while fusing is on: `kernel` (a hand-written
+    replacement, named "module.function") or else fn compiled. Reductions take a kernel: torch.compile makes one
+    per shape, whose summation order differs between 1 row and several, and a verification must round each token
+    as a decode step does (results/quant). fuse() may run before the module that defines fn is imported."""
+    def register(fn):
+        name = f"{fn.__module__}.{fn.__qualname__}"
+        _plain[name], _kernels[name] = fn, kernel
+        _active[name] = _fused(name)
 
-    @functools.wraps(fn)
-    def call(*args):
-        return _active[name](*args)
+        @functools.wraps(fn)
+        def call(*args):
+            return _active[name](*args)
 
-    return call
+        return call
+
+    return register(fn) if fn is not None else register
 
 
 def fuse(enabled: bool = True) -> None:
@@ -41,5 +55,5 @@ def fuse(enabled: bool = True) -> None:
     global _fusing
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     _fusing = enabled
-    for name, fn in _plain.items():
-        _active[name] = _compiled(fn)
+    for name in _plain:
+        _active[name] = _fused(name)

@@ -82,10 +82,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.type_as(x)
 
 
-@fused.op
+@fused.op(kernel="magicdec.triton_norm.add_rms_norm")
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """The residual stream with a sublayer's output added (delta None: nothing to add), and its RMSNorm. One kernel
-    for both: the add was a kernel of its own, twice per layer."""
+    for both on the GPU (triton_norm.py): the add was a kernel of its own, twice per layer."""
     if delta is not None:
         x = x + delta
     return x, rms_norm(x, weight, eps)

@@ -127,7 +127,39 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     return merge_splits(acc, m, l, q.dtype, T)
 
 
-@fused.op
+@triton.jit
+def _merge_kernel(ACC, M, L, OUT, n_kv_heads, n_splits, T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
+                  SPLITS: tl.constexpr):
+    # One program per (sequence, KV head, row): the same sum over the splits however many rows a call has, so a
+    # verification's tokens merge bitwise as a decode step's token does (see merge_splits).
+    pid = tl.program_id(0)
+    r = pid % ROWS
+    bh = pid // ROWS
+    b, h = bh // n_kv_heads, bh % n_kv_heads
+    splits = tl.arange(0, SPLITS)
+    dims = tl.arange(0, D)
+    ok = splits < n_splits
+    at = (bh * n_splits + splits) * ROWS + r
+    m = tl.load(M + at, mask=ok, other=NEG)
+    w = tl.where(ok, tl.exp(m - tl.max(m, axis=0)), 0.0)
+    denom = tl.sum(tl.load(L + at, mask=ok, other=0.0) * w, axis=0)
+    acc = tl.load(ACC + at[:, None] * D + dims[None, :], mask=ok[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / denom
+    # out is [B, T, H, D]: row r is query head h * G + r // T at token r % T
+    head = h * (ROWS // T) + r // T
+    tl.store(OUT + ((b * T + r % T) * n_kv_heads * (ROWS // T) + head) * D + dims, out.to(OUT.dtype.element_ty))
+
+
+def merge_kernel(acc, m, l, dtype: torch.dtype, T: int):
+    """merge_splits in one Triton kernel (what fused.fuse() runs on the GPU)."""
+    B, Hkv, n_splits, rows, D = acc.shape
+    out = torch.empty(B, T, Hkv * rows // T, D, dtype=dtype, device=acc.device)
+    _merge_kernel[(B * Hkv * rows,)](acc, m, l, out, Hkv, n_splits, T=T, ROWS=rows, D=D,
+                                     SPLITS=max(2, triton.next_power_of_2(n_splits)))
+    return out.transpose(1, 2)
+
+
+@fused.op(kernel="magicdec.triton_attention.merge_kernel")
 def merge_splits(acc, m, l, dtype: torch.dtype, T: int):
     """Softmax over all keys = the per-split softmaxes weighted by exp(split max - global max) and their sums.
     acc [B, Hkv, splits, G * T, D] -> [B, H, T, D] in `dtype`, laid out as [B, T, H, D] (a transposed view), so the

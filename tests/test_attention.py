@@ -99,6 +99,25 @@ def test_triton_reads_q_through_its_strides():
     torch.testing.assert_close(out.double(), reference(q, k, v, q_pos, None), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("T", [1, 3])
+def test_merge_kernel_matches_merge_splits(T):
+    """The merge as one Triton kernel (the GPU's) against the plain merge, laid out tokens-first, an empty split
+    (max -1e30, sum 0) included."""
+    from magicdec.triton_attention import NEG, merge_kernel, merge_splits
+
+    g = torch.Generator().manual_seed(T)
+    B, Hkv, splits, rows, D = 2, 2, 3, 4 * T, 16
+    acc = torch.randn(B, Hkv, splits, rows, D, generator=g)
+    m = torch.randn(B, Hkv, splits, rows, generator=g)
+    l = torch.rand(B, Hkv, splits, rows, generator=g) + 0.5
+    m[:, :, 1], l[:, :, 1], acc[:, :, 1] = NEG.value, 0.0, 0.0
+    out = merge_kernel(acc, m, l, torch.float32, T)
+    ref = merge_splits.__wrapped__(acc, m, l, torch.float32, T)
+    assert out.shape == ref.shape == (B, 4 * Hkv, T, D)
+    assert out.transpose(1, 2).is_contiguous()
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+
+
 def test_triton_ignores_stale_slots():
     """Slots past a sequence's length (left by a rollback) must not leak into the result."""
     from magicdec.triton_attention import split_kv_attention
