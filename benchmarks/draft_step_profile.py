@@ -34,7 +34,8 @@ from magicdec.config import ModelArgs  # noqa: E402
 
 KERNEL_GROUPS = (("matmul (cuBLAS)", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "splitk")),
                  ("attention", ("attn", "attention", "_decode", "split_kv")),  # split_kv: magicdec's Triton kernel
-                 ("norm / RoPE / SwiGLU (fused)", ("triton_",)))
+                 # fused.py's ops: Inductor's kernels (triton_*) and the hand-written row-wise reductions
+                 ("norm / RoPE / SwiGLU / KV store / merge (fused)", ("triton_", "_add_rms_norm", "_merge_kernel")))
 
 
 def kernel_group(name: str) -> str:
