@@ -111,25 +111,31 @@ def capture(fn, pool=None):
 
 
 class GraphedStep:
-    """Replays a CUDA graph of `fn(tokens, cache)`, captured on first use for each (token shape, cache).
+    """Replays a CUDA graph of `fn(*args)`, captured on first use for each key: the tensor arguments' shapes, the
+    other arguments' values (ints) or identities (a cache), and `key(*args)` for what else changes the work.
 
     Small models and short contexts are bound by kernel launches; a graph removes them. Capture costs one eager
     step, where torch.compile (`--compile`) also fuses kernels but compiles for minutes per new shape — too slow
-    for sweeps over many batch sizes. The warm-up and capture write the same KV the real step writes next.
+    for sweeps over many batch sizes. The warm-up and capture write the same KV the real step writes next. Tensor
+    arguments are copied into the graph's static inputs before each replay; the output is the graph's static
+    output, overwritten by the next replay.
     """
 
-    def __init__(self, fn):
-        self.fn, self.graphs, self.pool = fn, {}, None
+    def __init__(self, fn, key=lambda *args: ()):
+        self.fn, self.key, self.graphs, self.pool = fn, key, {}, None
 
-    def __call__(self, tokens, cache):
-        key = (tuple(tokens.shape), id(cache), cache.scores is not None)  # a refresh's verify writes its attention
-        if key not in self.graphs:
-            static_in = tokens.clone()
+    def __call__(self, *args):
+        k = tuple(a.shape if torch.is_tensor(a) else a if isinstance(a, int) else id(a) for a in args)
+        k += tuple(self.key(*args))
+        if k not in self.graphs:
+            static = [a.clone() if torch.is_tensor(a) else a for a in args]
             self.pool = self.pool or torch.cuda.graph_pool_handle()
-            graph, static_out = capture(lambda: self.fn(static_in, cache), self.pool)
-            self.graphs[key] = (graph, static_in, static_out, cache)  # holding the cache keeps its id unique
-        graph, static_in, static_out, _ = self.graphs[key]
-        static_in.copy_(tokens)
+            graph, static_out = capture(lambda: self.fn(*static), self.pool)
+            self.graphs[k] = (graph, static, static_out, args)  # holding the args keeps their ids unique
+        graph, static, static_out, _ = self.graphs[k]
+        for s, a in zip(static, args):
+            if torch.is_tensor(a):
+                s.copy_(a)
         graph.replay()
         return static_out
 
@@ -262,7 +268,8 @@ class Decoder:
         if compile:
             wrap = lambda f: torch.compile(f, mode="reduce-overhead", fullgraph=True, dynamic=False)  # noqa: E731
         elif cuda_graphs:
-            wrap = GraphedStep
+            # a refresh's verification also writes its attention scores: a graph of its own
+            wrap = lambda f: GraphedStep(f, key=lambda tokens, cache: (cache.scores is not None,))  # noqa: E731
         else:
             wrap = lambda f: f  # noqa: E731
         # graph_target False: the target's steps stay eager (an offloaded cache streams on a side stream)

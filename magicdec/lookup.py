@@ -49,8 +49,11 @@ class PromptLookup:
     def __init__(self, prompts: torch.Tensor, ngram_max: int = 3, vocab_size: int | None = None,
                  cuda_graphs: bool = False):
         self.prompts, self.ngram_max, self.vocab_size = prompts, ngram_max, vocab_size
-        self.cuda_graphs = cuda_graphs and prompts.is_cuda
-        self.graphs = {}
+        self._graphed = None
+        if cuda_graphs and prompts.is_cuda:  # the loop's history buffer keeps one shape per run: one capture
+            from magicdec.generate import GraphedStep  # generate imports this module
+
+            self._graphed = GraphedStep(self._propose)
         self.proposed = None  # per sequence, how many real tokens the last proposal held
 
     def _propose(self, hist: torch.Tensor, m: torch.Tensor, gamma: int):
@@ -58,24 +61,11 @@ class PromptLookup:
         ctx = torch.cat([self.prompts[:, :P - 1], hist], 1)
         return propose_ngram(ctx, P - 1 + m, gamma, self.ngram_max)
 
-    def _replayed(self, hist: torch.Tensor, m: torch.Tensor, gamma: int):
-        from magicdec.generate import capture  # generate imports this module
-
-        key = (tuple(hist.shape), gamma)
-        if key not in self.graphs:  # the loop's history buffer keeps one shape per run: one capture
-            static = hist.clone(), m.clone()
-            self.graphs[key] = (*capture(lambda: self._propose(*static, gamma)), static)
-        graph, out, (static_hist, static_m) = self.graphs[key]
-        static_hist.copy_(hist)
-        static_m.copy_(m)
-        graph.replay()
-        return out
-
     def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
         """Up to gamma tokens per sequence after its committed tokens hist[:, :m] (hist[:, 0] is the prompt's last
         token): [B, n] with n the longest real proposal (0: nothing matched anywhere), and their one-hot
         distributions when sampling."""
-        tokens, self.proposed = (self._replayed if self.cuda_graphs else self._propose)(hist, m, gamma)
+        tokens, self.proposed = (self._graphed or self._propose)(hist, m, gamma)
         n = int(self.proposed.max())  # the loop's host read: its verification's length
         tokens = tokens[:, :n].clone()  # a replay's output is overwritten by the next one
         q = None if self.vocab_size is None else F.one_hot(tokens, self.vocab_size).float()
