@@ -126,7 +126,7 @@ def attention_sweep(a, config: ModelArgs, copy_bw: float, dev) -> list[dict]:
                           c.head_dim, torch.bfloat16, dev, "triton")
     ring.fill_random(a.prefix_len, 0)
     q_pos = ring.positions(1)
-    ring.key_pos[ring._rows, ring.slots(q_pos)] = q_pos  # the query's own slot, as attend() claims it
+    ring.attend(1)  # claims the query's own slot, as a forward does
     q = torch.randn(a.B, c.n_heads, 1, c.head_dim, device=dev, dtype=torch.bfloat16)
     cases = [("draft", ring.k[0], ring.v[0], q_pos, ring.key_pos, a.budget)]
     full = torch.randn(2, a.B, c.n_kv_heads, a.prefix_len, c.head_dim, device=dev, dtype=torch.bfloat16)

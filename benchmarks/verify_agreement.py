@@ -65,7 +65,8 @@ def main() -> None:
     dev = torch.device("cuda")
     model = load_model(a.model, dev, torch.bfloat16)
     prompts = load_prompts(load_tokenizer(Path(a.model).parent), 1, a.prefix_len, a.dataset).to(dev)
-    print("fused ops:", ", ".join(f"{n} ({fused._kernels[n] or 'compiled'})" for n in fused._plain),
+    ops = fused.names()
+    print("fused ops:", ", ".join(f"{n} ({how})" for n, how in ops.items()),
           f"({triton_attention.__name__} imported first)")
     run = lambda label: compare(model, prompts, a.gen_len, a.T, label)  # noqa: E731
     fused.fuse(False)
@@ -74,17 +75,12 @@ def main() -> None:
     run("all fused")
     if a.quick:
         return
-    for name in list(fused._plain):
-        fused.fuse(True)
-        fused._active[name] = fused._plain[name]
+    for name in ops:
+        fused.fuse(only=set(ops) - {name})
         run("plain " + name.split(".")[-1])
-    for name in list(fused._plain):
-        fused.fuse(False)
-        fused._fusing = True
-        fused._active[name] = fused._fused(name)
-        fused._fusing = False
+    for name in ops:
+        fused.fuse(only={name})
         run("only fused " + name.split(".")[-1])
-
 
 if __name__ == "__main__":
     main()

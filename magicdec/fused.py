@@ -18,11 +18,11 @@ import torch
 _plain: dict[str, object] = {}
 _kernels: dict[str, str | None] = {}  # a hand-written replacement's "module.function", imported when fusing
 _active: dict[str, object] = {}  # what a call runs: the plain function, or its fused version
-_fusing = False
+_fusing: set[str] | bool = False  # True: every op; a set: those ops alone (fuse's `only`)
 
 
 def _fused(name: str):
-    if not _fusing:
+    if _fusing is not True and name not in (_fusing or ()):
         return _plain[name]
     if _kernels[name] is not None:
         module, function = _kernels[name].rsplit(".", 1)
@@ -49,11 +49,18 @@ def op(fn=None, *, kernel: str | None = None):
     return register(fn) if fn is not None else register
 
 
-def fuse(enabled: bool = True) -> None:
+def names() -> dict[str, str]:
+    """Every registered op's name ("module.function") and what fusing runs for it."""
+    return {name: _kernels[name] or "compiled" for name in _plain}
+
+
+def fuse(enabled: bool = True, only=None) -> None:
+    """Fuse every op (enabled), none, or `only` the named ones, the rest plain (benchmarks/verify_agreement.py
+    isolates each op this way)."""
     # dynamic=True still guards on strides (a sliced last position is not contiguous): one process running many
     # batch sizes and token counts (a sweep) would pass the default limit of 8 graphs and fall back to eager.
     global _fusing
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    _fusing = enabled
+    _fusing = enabled and (True if only is None else set(only))
     for name in _plain:
         _active[name] = _fused(name)

@@ -63,6 +63,11 @@ def test_an_op_registered_after_fuse_is_compiled():
         name = f"{twice.__module__}.{twice.__qualname__}"
         assert fused._active[name] is not twice
         assert torch.equal(call(torch.ones(3)), torch.full((3,), 2.0))
+        fused.fuse(only=set(fused.names()) - {name})  # every other op fused, this one plain
+        assert fused._active[name] is twice
+        fused.fuse(only={name})
+        assert fused._active[name] is not twice
+        assert all(fused._active[n] is fused._plain[n] for n in fused.names() if n != name)
     finally:
         fused.fuse(False)
     assert fused._active[name] is twice
