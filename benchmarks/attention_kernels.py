@@ -5,18 +5,16 @@ device-to-device copy. GPU only. Writes a JSON record.
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
-import triton  # noqa: E402
+import torch
+import triton
 
-from magicdec.attention import make_attend  # noqa: E402
-from magicdec.benchmark import copy_bandwidth, environment  # noqa: E402
-from magicdec.triton_attention import split_kv_attention  # noqa: E402
+from magicdec.attention import make_attend
+from magicdec.device import copy_bandwidth, environment
+from magicdec.triton_attention import split_kv_attention
 
-p = argparse.ArgumentParser()
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--output", type=Path, default=None)
 p.add_argument("--tune", action="store_true", help="also sweep the Triton kernel's block/warp/stage settings")
 p.add_argument("--blocks", type=int, nargs="+", default=None,

@@ -9,7 +9,12 @@ prompts (B book chunks, each followed by the book's own next tokens), the target
   `--refresh N ...` also the same generations with snapkv / retrieval selecting again every N verifications from the
   verification's attention (row key `refresh_N`).
 
-    python benchmarks/draft_policies.py --model /tmp/smol/model.pth --dataset /tmp/books --output results/draft_policies/smollm2.json
+The target, its prefill and every draft are the engine's (magicdec/engine.py): each (policy, budget) is a
+self-speculation run config (--drafter selfspec --draft_policy P --draft_budget N) prepared over the shared prefill.
+The books: Project Gutenberg text (PG-19 is Project Gutenberg books before 1919), in this workspace the 21 books of
+../shared/data/gutenberg; --dataset takes any folder of .txt books (or pg19, stdlib, a .txt or .jsonl file).
+
+    python benchmarks/draft_policies.py --dataset ../shared/data/gutenberg --output results/draft_policies/smollm2.json
     python benchmarks/draft_policies.py --report results/draft_policies/smollm2.json   # table and plot from the JSON
 """
 from __future__ import annotations
@@ -18,23 +23,29 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from magicdec import benchmark as bench  # noqa: E402
-from magicdec import draft_cache, runs  # noqa: E402
-from magicdec.errors import MagicDecError, one_line_errors  # noqa: E402
-from magicdec.generate import Decoder, Draft, Sampling, decode  # noqa: E402
-from magicdec.kv_cache import KVCache  # noqa: E402
-from magicdec.sampling import probabilities  # noqa: E402
+from magicdec import device as dev
+from magicdec import draft_cache
+from magicdec.engine import Engine
+from magicdec.errors import one_line_errors
+from magicdec.generate import decode
+from magicdec.run_config import RunConfig
+from magicdec.sampling import probabilities
 
-SAMPLED = Sampling(0.6, 0.9)
+MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.6, "top_p": 0.9}}
+SAMPLED = MODES["sampled"]
 METRICS = {"teacher_top1": "teacher-forced top-1 agreement", "teacher_min_pq": "teacher-forced Σ min(p, q) (T 0.6, top-p 0.9)",
            "alpha_greedy": "α, greedy generation", "alpha_sampled": "α, sampled generation (T 0.6, top-p 0.9)"}
+# the engine's flags in its errors, as this script's user types them
+RENAMED = {"--draft_budget": "--budgets", "--prefix_len": "--prefix_lens", "--draft_policy": "--policies"}
+BOOKS = ("where the books come from: a folder of .txt books, e.g. ../shared/data/gutenberg (Project Gutenberg "
+         "books, the kind of text PG-19 holds), or pg19, stdlib, auto, one .txt file, a .jsonl file with a 'text' "
+         "field per line")
 
 
 def drafter(row: dict) -> str:
@@ -44,25 +55,25 @@ def drafter(row: dict) -> str:
     return row["policy"] if weights == "bf16" else f"{row['policy']} {weights}"
 
 
-def new_draft(policy: str, budget: int, target, cache: KVCache, prompts, queries, a) -> Draft:
-    """The draft of one (policy, budget) over this batch: StreamingLLM by its own prefill, a selection from the
-    target's prefill KV and its last prompt tokens' queries."""
-    cfg, B = target.args, prompts.shape[0]
-    extra = runs.ring_extra_for(max(a.gen_len, a.teacher), a.gamma)
-    if policy == "streaming":
-        dc = runs.new_draft_cache(cfg, B, cfg.n_kv_heads, budget, a.sinks, extra, 0, cache.k[0].dtype,
-                                  cache.k[0].device, "sdpa")
-        draft = Draft(target, dc)
-        draft.prefill(prompts, runs.draft_prefill_chunk(a.prefill_chunk, budget))
-        dc.backend = cache.backend
-        return draft
-    sel = draft_cache.policy_for(policy, budget, a.chunk_size)
-    return Draft(target, draft_cache.build(sel, cache, queries, runs.appended_for(max(a.gen_len, a.teacher), a.gamma),
-                                           extra))
+class BookEngine(Engine):
+    """The engine, its prompts each followed by its book's own next `teacher` tokens: prompts of prefix_len +
+    teacher tokens are cut at prefix_len, and what follows is kept (`book`) for the teacher-forced measure."""
+
+    def __init__(self, cfg: RunConfig, teacher: int):
+        super().__init__(cfg)
+        self.teacher, self.book = teacher, None
+
+    def prompts(self, cfg: RunConfig):
+        P = cfg.workload.prefix_len
+        text, tokenizer, source = super().prompts(replace(cfg, workload=replace(cfg.workload,
+                                                                                 prefix_len=P + self.teacher)))
+        self.book = text[:, P:]
+        return text[:, :P], tokenizer, source
 
 
-def teacher_forced(target, cache: KVCache, draft: Draft, prompts, book, logits) -> dict:
-    """Top-1 agreement and sum min(p, q) at each of the book's next tokens, summed over the batch's positions."""
+def teacher_forced(target, cache, draft, prompts, book, logits) -> dict:
+    """Top-1 agreement and sum min(p, q) at each of the book's next tokens, summed over the batch's positions.
+    `draft`: a model draft (its model over its cache) prepared from the target's prefill of `prompts`."""
     P = prompts.shape[1]
     fed = torch.cat([prompts[:, -1:], book[:, :-1]], 1)  # position P-1 onwards: predicts book[:, 0..T-1]
     backends = cache.backend, draft.cache.backend
@@ -72,76 +83,94 @@ def teacher_forced(target, cache: KVCache, draft: Draft, prompts, book, logits) 
     d_logits = draft.model(fed, draft.cache, logits="all")
     cache.rollback(torch.full_like(cache.lengths, P))
     cache.backend, draft.cache.backend = backends
-    p, q = (probabilities(x.float(), SAMPLED.temperature, SAMPLED.top_p) for x in (t_logits, d_logits))
+    p, q = (probabilities(x.float(), SAMPLED["temperature"], SAMPLED["top_p"]) for x in (t_logits, d_logits))
     return {"positions": fed.numel(), "teacher_top1": int((t_logits.argmax(-1) == d_logits.argmax(-1)).sum()),
             "teacher_min_pq": float(torch.minimum(p, q).sum(-1).sum())}
 
 
-def generated_alpha(target, cache: KVCache, draft: Draft, prompts, logits, sampling: Sampling, a) -> dict:
-    """Kept / examined drafted tokens of one speculative generation from the prompts."""
-    P = prompts.shape[1]
-    torch.manual_seed(a.seed)
-    first = logits.argmax(-1) if sampling.greedy else probabilities(logits.float(), sampling.temperature,
-                                                                      sampling.top_p).multinomial(1)[:, 0]
-    decoder = Decoder(target, sampling, draft=draft, gamma=a.gamma)  # eager: alpha does not depend on speed
-    decode(decoder, cache, first, a.gen_len, prev=prompts[:, -1])
+def generated_alpha(decoder, cache, prompts, logits, gen_len: int, seed: int) -> dict:
+    """Kept / examined drafted tokens of one speculative generation of `decoder` (its drafter, gamma and decoding)
+    from the prompts, whose prefill left `cache` and the last position's `logits`."""
+    P, s = prompts.shape[1], decoder.sampling
+    torch.manual_seed(seed)
+    first = logits.argmax(-1) if s.greedy else probabilities(logits.float(), s.temperature, s.top_p).multinomial(1)[:, 0]
+    decode(decoder, cache, first, gen_len, prev=prompts[:, -1])
     cache.rollback(torch.full_like(cache.lengths, P))
     return {"kept": sum(decoder.stats.kept), "examined": sum(decoder.stats.reached)}
 
 
+def configs(a, P: int, skip: int) -> dict:
+    """The run config of each (policy, budget) draft at prefix P, its prompts `skip` tokens into each book: a
+    self-speculation run at --gamma (its caches hold --gen_len generated or --teacher teacher-forced tokens, whichever
+    is more), decoded greedy; `refresh` N and `decoding` (MODES) change it."""
+    base = {"model": a.model, "model_name": a.model_name, "random_weights": a.random_weights,
+            "tokenizer": a.tokenizer, "dataset": a.dataset, "seed": a.seed, "device": a.device, "B": a.B,
+            "prefix_len": P, "skip_tokens": skip, "gen_len": max(a.gen_len, a.teacher), "drafter": "selfspec",
+            "gamma": [a.gamma], "sinks": a.sinks, "progress": False}
+    out = {}
+    for policy in a.policies:
+        for budget in a.budgets:
+            opts = base | {"draft_policy": policy, "draft_budget": budget}
+            if policy == "retrieval":
+                opts["chunk_size"] = a.chunk_size
+            out[policy, budget] = RunConfig.from_options(opts)
+    return out
+
+
+def changed(cfg: RunConfig, **options) -> RunConfig:
+    return RunConfig.from_options(cfg.options() | options)
+
+
 def measure(a) -> dict:
-    args = SimpleNamespace(model=a.model, model_name=a.model_name, random_weights=a.random_weights,
-                           tokenizer=a.tokenizer, dataset=a.dataset, seed=a.seed, device=torch.device(a.device),
-                           dtype="bfloat16" if a.device.startswith("cuda") else "float32", B=a.B)
-    config, ckpt = bench.model_source(args)
-    for P in a.prefix_lens:
-        bench.check_context(config, P, max(a.gen_len, a.teacher) + a.gamma + 2, "generated tokens")
-        if max(a.budgets) >= P:
-            raise MagicDecError(f"--budgets {max(a.budgets)} >= --prefix_lens {P}: every budget must be below every prefix")
-    if min(a.budgets) <= draft_cache.WINDOW and set(a.policies) - {"streaming"}:
-        raise MagicDecError(f"--budgets must exceed the {draft_cache.WINDOW}-token window of snapkv and retrieval")
-    target = bench.load_weights(args, config, ckpt)
-    rows, start = [], time.time()
-    meta = {"model": config.name, "random_weights": a.random_weights, "B": a.B, "gamma": a.gamma, "gen_len": a.gen_len,
-            "teacher": a.teacher, "sinks": a.sinks, "chunk_size": a.chunk_size, "window": draft_cache.WINDOW,
-            "environment": bench.environment(args.device)}
     work = [(P, skip) for P in a.prefix_lens for skip in a.skip_tokens]
-    a.prefill_chunk = max(16, 16384 // a.B)
-    bar = tqdm(total=len(work) * len(a.policies) * len(a.budgets), desc="drafts", disable=a.no_progress)
+    points = {(P, skip): configs(a, P, skip) for P, skip in work}
+    engine = BookEngine(next(iter(points[work[0]].values())), a.teacher)
+    for cfg in (c for pts in points.values() for c in pts.values()):  # every draft's options, context and memory
+        cfg.check()
+        for n in a.refresh if cfg.draft.selected else [None]:
+            engine.check(changed(cfg, refresh=n))
+    engine.load_target()
+    rows, start, source = [], time.time(), None
+    meta = {"model": engine.target_config.name, "random_weights": a.random_weights, "B": a.B, "gamma": a.gamma,
+            "gen_len": a.gen_len, "teacher": a.teacher, "sinks": a.sinks, "chunk_size": a.chunk_size,
+            "window": draft_cache.WINDOW, "environment": dev.environment(engine.device)}
+    bar = tqdm(total=sum(len(pts) for pts in points.values()), desc="drafts", disable=a.no_progress)
+
+    def alphas(cfg: RunConfig, draft, batch) -> dict:
+        """Greedy and sampled alpha of `draft` (prepared from `cfg`) over this batch: eager, as alpha does not
+        depend on speed."""
+        return {mode: generated_alpha(engine.decoder(changed(cfg, **decoding), draft, a.gamma), batch.cache,
+                                      batch.prompts, batch.logits, a.gen_len, a.seed)
+                for mode, decoding in MODES.items()}
+
     with torch.inference_mode():
         for P, skip in work:
-            args.prefix_len, args.skip_tokens = P + a.teacher, skip
-            text, _ = bench.load_prompts_for(args, config, ckpt)
-            prompts, book = text[:, :P].to(args.device), text[:, P:].to(args.device)
-            c, dtype = config, bench.DTYPES[args.dtype]
-            cache = KVCache(c.n_layers, a.B, c.n_kv_heads, P + max(a.gen_len, a.teacher) + a.gamma + 4, c.head_dim,
-                            dtype, args.device, "sdpa")
-            logits, queries = draft_cache.prefill_recording(target, cache, prompts, draft_cache.WINDOW, a.prefill_chunk)
-            cache.backend = "triton" if cache.k[0].is_cuda else "sdpa"  # decode's kernel; prefill ran on sdpa
-            for policy in a.policies:
-                for budget in a.budgets:
-                    draft = new_draft(policy, budget, target, cache, prompts, queries, a)
-                    row = {"prefix_len": P, "skip_tokens": skip, "policy": policy, "budget": budget}
-                    row |= teacher_forced(target, cache, draft, prompts, book, logits)
-                    for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED)):
-                        row[mode] = generated_alpha(target, cache, draft, prompts, logits, sampling, a)
-                    for n in a.refresh if policy != "streaming" else []:
-                        sel = draft_cache.policy_for(policy, budget, a.chunk_size)
-                        draft.refresh = draft_cache.Refresh(sel, n, cache, draft.cache, config.n_heads)
-                        row[f"refresh_{n}"] = {mode: generated_alpha(target, cache, draft, prompts, logits, sampling, a)
-                                               for mode, sampling in (("greedy", Sampling()), ("sampled", SAMPLED))}
-                        draft.refresh = None
-                    rows.append(row | {"seconds": time.time() - start})
+            drafts = points[P, skip]
+            queries = max(cfg.drafter.prefill_queries(cfg) for cfg in drafts.values())
+            batch = engine.prefill(next(iter(drafts.values())), queries)  # one target prefill for every draft
+            book, source = engine.book.to(engine.device), batch.prompt_source
+            for (policy, budget), cfg in drafts.items():
+                row = {"prefix_len": P, "skip_tokens": skip, "policy": policy, "budget": budget}
+                draft = engine.prepare(cfg, batch, {})[0]
+                row |= teacher_forced(engine.target, batch.cache, draft, batch.prompts, book, batch.logits)
+                row |= alphas(cfg, draft, batch)
+                del draft
+                for n in a.refresh if cfg.draft.selected else []:
+                    refreshed = changed(cfg, refresh=n)
+                    draft = engine.prepare(refreshed, batch, {})[0]
+                    row[f"refresh_{n}"] = alphas(refreshed, draft, batch)
                     del draft
-                    bar.update(1)
-                    if a.output:  # after every row: a device call's time limit loses only the row in progress
-                        a.output.parent.mkdir(parents=True, exist_ok=True)
-                        a.output.write_text(json.dumps(meta | {"rows": rows, "partial": True,
-                                                               "prompt_source": args.prompt_source}, indent=1))
-            del cache, queries
-            bench.release_memory(args.device)
+                rows.append(row | {"seconds": time.time() - start})
+                dev.release_memory(engine.device)
+                bar.update(1)
+                if a.output:  # after every row: a device call's time limit loses only the row in progress
+                    a.output.parent.mkdir(parents=True, exist_ok=True)
+                    a.output.write_text(json.dumps(meta | {"rows": rows, "partial": True, "prompt_source": source},
+                                                   indent=1))
+            del batch, book
+            dev.release_memory(engine.device)
     bar.close()
-    return meta | {"rows": rows, "prompt_source": args.prompt_source, "seconds": time.time() - start}
+    return meta | {"rows": rows, "prompt_source": source, "seconds": time.time() - start}
 
 
 def summarize(result: dict) -> dict:
@@ -223,11 +252,12 @@ def plot(result: dict, path: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", type=Path, default=None, help="model.pth (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", type=Path, default=None,
+                   help="model.pth made by convert_hf_checkpoint.py (default: SmolLM2-135M-Instruct)")
     p.add_argument("--model_name", default=None, help="with --random_weights: the shapes")
     p.add_argument("--random_weights", action="store_true")
     p.add_argument("--tokenizer", type=Path, default=None, help="default: beside --model")
-    p.add_argument("--dataset", default="auto", help="a folder of .txt books (as the benchmarks' --dataset)")
+    p.add_argument("--dataset", default="auto", help=BOOKS)
     p.add_argument("--prefix_lens", type=int, nargs="+", default=[2048, 4096, 8000])
     p.add_argument("--budgets", type=int, nargs="+", default=[128, 256, 512, 1024])
     p.add_argument("--policies", nargs="+", choices=draft_cache.POLICIES, default=list(draft_cache.POLICIES))
@@ -247,7 +277,7 @@ def main(argv=None) -> int:
     p.add_argument("--report", type=Path, nargs="+",
                    help="only make the table and plot of these JSONs (their rows together), written beside --output")
     a = p.parse_args(argv)
-    with one_line_errors():
+    with one_line_errors(rename=RENAMED):
         if a.report:
             parts = [json.loads(f.read_text()) for f in a.report]
             point = lambda r: (r["prefix_len"], r["skip_tokens"], drafter(r), r["budget"])  # noqa: E731

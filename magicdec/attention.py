@@ -84,7 +84,7 @@ def sdpa_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Atte
         # Heads h = g_kv * G + i share KV head g_kv: fold them into the query axis, keep K/V unexpanded.
         q = q.reshape(B, Hkv, G * T, D)
         mask = visible[:, None, None].expand(B, 1, G, T, n_slots).reshape(B, 1, G * T, n_slots)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).view(B, H, T, D)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).reshape(B, H, T, D)
 
     return attend
 

@@ -92,31 +92,30 @@ def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha
     return p | {"speedup": p["omega"] / verification_cost(p, gamma)}
 
 
-def selection_seconds(c: ModelArgs, d: Device, B: int, prefix: int, policy: str, queries: int = 32,
-                      item: int = 2) -> float:
-    """Seconds to select a draft cache once per prompt (draft_cache.build), from the bytes its passes move per
-    layer: retrieval reads the prompt's keys once (chunk means); SnapKV converts them to fp32 (read 2, write 4 bytes
-    per element) and reads that in its matmul (4), then writes and re-reads its fp32 attention of `queries` queries
-    of every query head over every position: the matmul writes it (4), softmax reads it twice and writes it (12),
-    the sum over queries reads it (4)."""
-    keys = B * c.n_kv_heads * prefix * c.head_dim
-    if policy == "retrieval":
-        per_layer = item * keys
-    elif policy == "snapkv":
-        per_layer = (item + 8) * keys + 20 * B * c.n_heads * queries * prefix
-    else:
-        raise ValueError(f"no selection for policy {policy!r}")
-    return c.n_layers * per_layer / d.bandwidth / d.ranks
+def selection_seconds(c: ModelArgs, d: Device, B: int, prefix: int, policy) -> float:
+    """Seconds to select a draft cache once per prompt (draft_cache.build): the bytes the policy's passes move
+    (its selection_bytes) over the bandwidth."""
+    return c.n_layers * policy.selection_bytes(c, B, prefix) / d.bandwidth / d.ranks
 
 
-def refresh_seconds(c: ModelArgs, d: Device, B: int, context: int, policy: str) -> float:
+def refresh_seconds(c: ModelArgs, d: Device, B: int, context: int, policy) -> float:
     """Seconds one --refresh adds: the verification's attention writes its first query's fp32 logits for every query
-    head over the cache (after setting them to -inf: 8 bytes each), then the re-selection reads them: SnapKV a
-    softmax (read twice, written once) and a sum over the prompt's positions (16 bytes), retrieval a sum per chunk
-    (4 bytes). The gathered kept slots and the top-k are small beside them."""
+    head over the cache (after setting them to -inf: 8 bytes each), then the policy's re-selection reads them
+    (its refresh_bytes per logit). The gathered kept slots and the top-k are small beside them."""
     logits = B * c.n_heads * context
-    per_layer = logits * (8 + (16 if policy == "snapkv" else 4))
-    return c.n_layers * per_layer / d.bandwidth / d.ranks
+    return c.n_layers * logits * (8 + policy.refresh_bytes_per_logit) / d.bandwidth / d.ranks
+
+
+def without_draft_steps(p: dict, gamma: int) -> dict:
+    """A prediction for a drafter that runs no draft model (prompt lookup): T_D = 0."""
+    out = p | {"T_D": 0.0, "T_D_over_T_T": 0.0}
+    return out | {"speedup": out["omega"] / verification_cost(out, gamma)}
+
+
+def with_overhead(p: dict, gamma: int, seconds: float) -> dict:
+    """A prediction with `seconds` more fixed cost per verification (T_O)."""
+    out = p | {"T_O": p["T_O"] + seconds, "T_O_over_T_T": (p["T_O"] + seconds) / p["T_T"]}
+    return out | {"speedup": out["omega"] / verification_cost(out, gamma)}
 
 
 def offloaded_step_time(c: ModelArgs, d: Device, B: int, context: int, T: int, on_chip: int, host_bandwidth: float,
@@ -151,7 +150,7 @@ def measure_device(device, dtype=None) -> Device:
     comes from a measured step: see fit_layer_overhead."""
     import torch
 
-    from magicdec.benchmark import copy_bandwidth
+    from magicdec.device import copy_bandwidth
 
     device = torch.device(device)
     cuda = device.type == "cuda"
@@ -169,7 +168,7 @@ def measure_device(device, dtype=None) -> Device:
 
 def seconds_per_call(fn, device, repeats: int = 20) -> float:
     """fn's seconds per call on `device`: one warm-up call, then `repeats` calls timed together."""
-    from magicdec.benchmark import timed
+    from magicdec.device import timed
 
     fn()
     return timed(lambda: [fn() for _ in range(repeats)], device)[1] / repeats

@@ -55,6 +55,14 @@ class SnapKV:
             out.append(self._pooled(logits.softmax(-1).sum(1)[:, :P - self.window]))  # [B, P - window]
         return torch.stack(out, 1)
 
+    refresh_bytes_per_logit = 16  # a re-selection's softmax (read twice, written once) and its sum over positions
+
+    def selection_bytes(self, c, B: int, prefix: int, item: int = 2) -> int:
+        """Bytes one layer's selection moves: the prompt's keys converted to fp32 (read 2, write 4 bytes per element)
+        and read in the matmul (4), then the fp32 attention of `window` queries of every query head over every
+        position written by the matmul (4), read twice and written by the softmax (12), read by the sum (4)."""
+        return (item + 8) * B * c.n_kv_heads * prefix * c.head_dim + 20 * B * c.n_heads * self.window * prefix
+
     def _pooled(self, attn: torch.Tensor) -> torch.Tensor:
         """Each row of attention [..., L] averaged over `kernel` neighbouring positions (zeros beyond the ends)."""
         L = attn.shape[-1]
@@ -83,6 +91,11 @@ class Retrieval:
         self.budget, self.chunk_size, self.window = budget, chunk_size, window
 
     queries = 1  # the prompt's last query
+    refresh_bytes_per_logit = 4  # a re-selection's sum per chunk
+
+    def selection_bytes(self, c, B: int, prefix: int, item: int = 2) -> int:
+        """Bytes one layer's selection moves: the prompt's keys read once (the chunk means)."""
+        return item * B * c.n_kv_heads * prefix * c.head_dim
 
     def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """[B, Hkv, chunks]: the last query against each whole chunk's mean key, summed over the GQA group."""

@@ -6,6 +6,7 @@ helpers beside it."""
 from __future__ import annotations
 
 import gc
+import time
 from dataclasses import dataclass
 
 import torch
@@ -13,10 +14,9 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from magicdec import tp
-from magicdec.kv_cache import KVCache
 from magicdec.model import Transformer
 from magicdec.planner import AutoGamma
-from magicdec.sampling import probabilities, sample_from
+from magicdec.sampling import probabilities
 from magicdec.stats import Counts, PhaseTimer, Stats
 from magicdec.verify import acceptance_landscape, greedy_verify, speculative_sampling_verify, synthetic_verify
 
@@ -48,45 +48,36 @@ def prefill(model: Transformer, cache, prompts: torch.Tensor, chunk: int, progre
     return logits[:, -1]
 
 
-@dataclass
-class Draft:
-    """What proposes tokens: a model over a cache of its own. Self-speculation is the target's weights over a
-    StreamingLLM cache; a standalone draft is a small model over a StreamingLLM cache or a full KVCache. The loop
-    fills it once per batch of prompts and asks it for gamma tokens per verification; which keys and values its cache
-    keeps is the draft's own business."""
-    model: Transformer | None  # None on ranks that do not run the draft
-    cache: KVCache | None
-    ranks: list[int] | None = None  # the ranks running a standalone draft, when not every rank does
-    refresh: object | None = None  # draft_cache.Refresh: re-select the cache from verifications' attention
+class Drafter:
+    """What the loop asks of whatever drafts (each kind is a module of magicdec/drafters/): gamma proposed tokens
+    per verification, and hooks around each verification. The defaults do nothing, so a drafter implements only
+    what it needs.
 
-    def prefill(self, prompts: torch.Tensor, chunk: int, progress: bool = False) -> None:
-        """Fill the cache from the prompts with the draft's own attention: through a StreamingLLM cache this is
-        MagicDec's second prefill, so the draft's KV is what its windowed attention produces."""
-        prefill(self.model, self.cache, prompts, chunk, progress, desc="prefill (draft)")
+    `propose(step, hist, m, start, gamma)`: up to gamma tokens per sequence following its committed tokens
+    hist[:, :m] ([B, n], n <= gamma: a drafter may propose fewer) and the distributions q [B, n, V] they were
+    sampled from (None when greedy or deterministic); `step(model, tokens, cache)` is the decoder's draft step
+    (argmax ids [B], or probabilities [B, V], at the last position, graphed or compiled as the run's step mode
+    says); `start` [B] is the target cache position of hist[:, m - 2]."""
 
-    def fill_random(self, length: int, seed: int) -> None:
-        """Random-weight speed runs: random KV in place of a prefill of `length` tokens."""
-        self.cache.fill_random(length, seed)
+    # True where a verification's length varies from one to the next (prompt lookup): timing then warms up over a
+    # whole run, so that no CUDA-graph capture lands in a timed one
+    varying_lengths = False
+
+    def begin(self) -> None:
+        """A generation starts (each timed run starts alike)."""
 
     def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
-        """gamma tokens per sequence following its committed tokens hist[:, :m] [B, gamma], and the draft's
-        distributions q [B, gamma, V] that sampled them (None when greedy). `step(tokens, cache)` is the decoder's
-        draft step (argmax ids, or probabilities, at the last position); `start` [B] the cache position of
-        hist[:, m - 2]."""
-        # Re-feed the last two committed tokens: after full acceptance the draft has not yet seen its own last
-        # token, otherwise re-writing it is a no-op. Always two keeps the shapes fixed (CUDA graphs, no host sync).
-        self.cache.rollback(start)
-        inp = hist.gather(1, torch.stack([m - 2, m - 1], dim=1))
-        tokens, qs = [], []
-        for _ in range(gamma):
-            out = step(inp, self.cache)
-            self.cache.advance(inp.shape[1])
-            if out.dim() == 2:  # probabilities: sample, keep q for verification
-                qs.append(out.clone())
-                out = sample_from(out)
-            tokens.append(out.clone())  # a graph's output is overwritten by its next replay
-            inp = tokens[-1][:, None]
-        return torch.stack(tokens, 1), (torch.stack(qs, 1) if qs else None)
+        raise NotImplementedError
+
+    def before_verify(self, cache, gamma: int) -> None:
+        """Just before the target verifies `gamma` drafted tokens over `cache` (e.g. ask it for a side output)."""
+
+    def after_commit(self, cache) -> None:
+        """After the accepted tokens are committed and the target's cache rolled back past the rejected ones."""
+
+    def summary(self) -> dict | None:
+        """The drafter's own numbers since begin() (the record's metrics.speculation.drafter), or None."""
+        return None
 
 
 def capture(fn, pool=None):
@@ -250,42 +241,43 @@ class Progress:
 
 
 class Decoder:
-    """Target (+ optional draft) steps, optionally as CUDA graphs: `compile` (torch.compile, reduce-overhead)
-    or `cuda_graphs` (plain capture). One graph for the verify step (gamma+1 tokens), two for the draft (its
-    2-token re-feed step, then 1-token steps). With a `policy` (AutoGamma) gamma is chosen per verification, up
-    to its largest candidate; each verify length gets its own graph."""
+    """The target's steps, and a drafter's, run as the step mode says: eager, `cuda_graphs` (plain capture: one
+    graph per verify length, two for a model draft: its 2-token re-feed, then 1-token steps) or `compile`
+    (torch.compile, reduce-overhead). With a `policy` (AutoGamma) gamma is chosen per verification, up to its largest
+    candidate; each verify length gets its own graph. `graph_target` False keeps the target's steps eager (an
+    offloaded cache streams on a side stream)."""
 
-    def __init__(self, model: Transformer, sampling: Sampling, compile: bool = False, draft: Draft | None = None,
-                 gamma: int = 0, synthetic_acceptance: float | None = None, trace: bool = False,
-                 cuda_graphs: bool = False, policy: AutoGamma | None = None, graph_target: bool = True,
-                 keep_probs: bool = False):
-        self.model, self.sampling, self.draft = model, sampling, draft
+    def __init__(self, model: Transformer, sampling: Sampling, drafter: Drafter | None = None, gamma: int = 0,
+                 step_mode: str = "eager", graph_target: bool = True, synthetic_acceptance: float | None = None,
+                 policy: AutoGamma | None = None, trace: bool = False):
+        self.model, self.sampling, self.drafter = model, sampling, drafter
         self.trace = [] if trace else None  # per-iteration accepted counts (a host sync each: tests only)
-        self.policy = policy if draft is not None else None
-        self.gamma = (policy.max_gamma if self.policy else gamma) if draft is not None else 0  # the largest gamma
+        self.policy = policy if drafter is not None else None
+        self.gamma = (policy.max_gamma if self.policy else gamma) if drafter is not None else 0  # the largest gamma
         self.synthetic = synthetic_acceptance
         self.landscape_seed = 0  # a decoder run many times (a hierarchy's middle level) draws a new one each run
-        if compile:
+        if step_mode == "compile":
             wrap = lambda f: torch.compile(f, mode="reduce-overhead", fullgraph=True, dynamic=False)  # noqa: E731
-        elif cuda_graphs:
+        elif step_mode == "cuda_graphs":
             # a refresh's verification also writes its attention scores: a graph of its own
-            wrap = lambda f: GraphedStep(f, key=lambda tokens, cache: (cache.scores is not None,))  # noqa: E731
+            wrap = lambda f: GraphedStep(f, key=lambda *args: (args[-1].scores is not None,))  # noqa: E731
         else:
             wrap = lambda f: f  # noqa: E731
-        # graph_target False: the target's steps stay eager (an offloaded cache streams on a side stream)
         self.verify_step = wrap(self._verify_step) if graph_target else self._verify_step
         self.draft_step = wrap(self._draft_step)
         self.stats = Stats(self.gamma)
-        self.round_seconds: list[float] = []  # seconds of each timed run (runs.timed_generations)
-        # keep_probs: sampled generation keeps the target's distribution at every committed position (hist column
-        # i's in probs[:, i]): a hierarchy's middle level hands them to the target's verification as q
-        self.keep_probs, self.probs = keep_probs, None
+        self.seconds = None  # wall seconds of the last generation, from the loop's own syncs (see generate)
+        self.round_seconds: list[float] = []  # seconds of each timed run (timing.timed_generations)
 
     def generate(self, cache, first: torch.Tensor, n_new: int, eos_ids=(), progress: bool = False,
                  prev: torch.Tensor | None = None):
         """Generate n_new tokens per sequence; `first` [B] is the token sampled from the prefill logits and `prev`
-        [B] the prompt's last token (the draft re-feeds it). Returns ids [B, n_new] and a [B] count of tokens
-        produced before stopping (EOS included); positions after a sequence stopped repeat its last token."""
+        [B] the prompt's last token (a draft re-feeds it). Returns ids [B, n_new] and a [B] count of tokens
+        produced before stopping (EOS included); positions after a sequence stopped repeat its last token.
+
+        One clock: the loop's one host sync per verification is where time is read (wall clock), so a run's
+        seconds, and its first-done seconds (when the first sequence had n_new tokens), are both spans of the same
+        clock from the same start, for speculation and baseline alike."""
         if self.gamma and prev is None:
             raise ValueError("speculative generation needs the prompt's last token (prev)")
         B, dev = first.shape[0], first.device
@@ -293,34 +285,28 @@ class Decoder:
         schedule = GammaSchedule(self.gamma, self.policy, B, n_new)
         counts, timer = Counts(B, self.gamma, dev), PhaseTimer(dev)
         bar = Progress(n_new, "decode (speculation)" if self.gamma else "decode (baseline)", progress)
-        self.probs = None
-        if self.keep_probs and not self._greedy:
-            self.probs = torch.zeros(B, batch.hist.shape[1], self.model.args.vocab_size, device=dev)
+        self.before_loop(batch)
         if self.synthetic is not None:  # hist column i holds position base + i; stopped rows read inside it
             self.landscape = acceptance_landscape(B, batch.hist.shape[1], dev, self.landscape_seed)
-        refresh = self.draft.refresh if self.draft is not None else None
-        if refresh is not None:
-            refresh.begin()
-        # a draft with levels of its own (a hierarchy) counts them per generation: reset here, summary() at the end
-        levels = self.draft if hasattr(self.draft, "summary") else None
-        if levels is not None:
-            levels.reset()
+        drafter = self.drafter if self.gamma else None
+        if drafter is not None:
+            drafter.begin()
+        self.stamps = []  # wall clock at each of the loop's syncs: the start, then after each verification
         while not self._all_done(batch, schedule):
             gamma = schedule.next()
             t0 = timer.stamp()
             drafted, q = self._propose(batch, gamma)  # draft gamma tokens
             gamma = drafted.shape[1]  # a draft may propose fewer (prompt lookup: as many as it found)
             t1 = timer.stamp()
-            cache.scores = refresh.due() if refresh is not None and gamma else None  # its attention kept, to refresh
+            if gamma:
+                drafter.before_verify(cache, gamma)
             accepted, nxt, verified = self._verify(cache, batch, drafted, q)  # verify gamma + 1 in one pass, accept
             t2 = timer.stamp()
-            if self.probs is not None:
-                self._keep_probs(batch, verified, accepted)
+            self.after_verify(batch, verified, accepted)
             active = batch.commit(drafted, accepted, nxt)
             cache.rollback(batch.position(1))  # drop rejected drafts' KV; the last committed token is fed next
-            if cache.scores is not None:
-                refresh.apply()  # the draft's cache selected again from that attention
-                cache.scores = None
+            if gamma:
+                drafter.after_commit(cache)
             taken, examined = counts.add(gamma, accepted, active, batch.cols, batch.m - 1, n_new)
             schedule.stage(batch, taken, examined)
             if self.trace is not None:
@@ -331,19 +317,28 @@ class Decoder:
             schedule.choose_next()
             bar.update(batch)
         bar.close()
-        self.stats = counts.stats(self.gamma, timer, n_new, self.policy.summary() if self.policy else None)
-        self.stats.levels = levels.summary() if levels is not None else None
+        self.seconds = self.stamps[-1] - self.stamps[0]
+        self.stats = counts.stats(self.gamma, timer, n_new, self.policy.summary() if self.policy else None,
+                                  self.stamps)
+        self.stats.drafter = drafter.summary() if drafter is not None else None
         return batch.output()
 
-    @staticmethod
-    def _all_done(batch: Batch, schedule: GammaSchedule) -> bool:
+    def before_loop(self, batch: Batch) -> None:
+        """A subclass's per-generation setup (the hierarchy's middle level keeps its distributions)."""
+
+    def after_verify(self, batch: Batch, verified: torch.Tensor, accepted: torch.Tensor) -> None:
+        """A subclass's look at each verification before its tokens are committed."""
+
+    def _all_done(self, batch: Batch, schedule: GammaSchedule) -> bool:
         """The loop's one host sync per iteration, which also reads the policy's numbers of the last verification:
         reading them anywhere else would stall the host until the verify finished, and then launch the bookkeeping
-        kernels onto an idle GPU (~4% at B = 1)."""
+        kernels onto an idle GPU (~4% at B = 1). The clock is read right after it."""
         if schedule.pending is None:
-            return bool(batch.done.all())
-        finished, *schedule.read = torch.cat([batch.done.all()[None].long(), schedule.pending.flatten()]).tolist()
-        schedule.pending = None
+            finished = bool(batch.done.all())
+        else:
+            finished, *schedule.read = torch.cat([batch.done.all()[None].long(), schedule.pending.flatten()]).tolist()
+            schedule.pending = None
+        self.stamps.append(time.perf_counter())
         return bool(finished)
 
     @property
@@ -360,37 +355,14 @@ class Decoder:
     def _verify_step(self, tokens, cache):
         return self._distribution(self.model, tokens, cache, "all")
 
-    def _draft_step(self, tokens, cache):
-        return self._distribution(self.draft.model, tokens, cache, "last")[:, -1]
+    def _draft_step(self, model, tokens, cache):
+        return self._distribution(model, tokens, cache, "last")[:, -1]
 
     def _propose(self, batch: Batch, gamma: int):
-        """The draft's gamma tokens [B, gamma] and distributions q (None when greedy); none for gamma 0. A draft on
-        some ranks only broadcasts them from its first rank."""
+        """The drafter's tokens [B, <= gamma] and distributions q (None when greedy); none for gamma 0."""
         if not gamma:
             return batch.hist[:, :0], None
-        ranks = self.draft.ranks
-        if ranks is None or dist.get_rank() in ranks:
-            tokens, q = self.draft.propose(self.draft_step, batch.hist, batch.m, batch.position(2), gamma)
-        if ranks is None:
-            return tokens, q
-        B, V = batch.hist.shape[0], self.model.args.vocab_size
-        if dist.get_rank() not in ranks:
-            tokens = torch.empty(B, gamma, dtype=torch.long, device=batch.hist.device)
-            q = None if self._greedy else torch.empty(B, gamma, V, device=batch.hist.device)
-        dist.broadcast(tokens, src=ranks[0])
-        if q is not None:
-            dist.broadcast(q, src=ranks[0])
-        return tokens, q
-
-    def _keep_probs(self, batch: Batch, verified: torch.Tensor, accepted: torch.Tensor) -> None:
-        """The verified distributions [B, g+1, V] at the columns this verification commits (its accepted tokens and
-        the one after), for the active rows."""
-        g1 = verified.shape[1]
-        cols = batch.cols[:g1]
-        idx = torch.clamp(batch.m, max=batch.n_new)[:, None] + cols[None]
-        take = (cols[None] <= accepted[:, None]) & ~batch.done[:, None]
-        rows = torch.arange(idx.shape[0], device=idx.device)[:, None]
-        self.probs[rows, idx] = torch.where(take[..., None], verified, self.probs[rows, idx])
+        return self.drafter.propose(self.draft_step, batch.hist, batch.m, batch.position(2), gamma)
 
     def _verify(self, cache, batch: Batch, drafted: torch.Tensor, q):
         """The target's pass over the last committed token and the drafted ones: (accepted [B], next token [B], what
@@ -414,5 +386,5 @@ class Decoder:
 
 def decode(decoder: Decoder, cache, first: torch.Tensor, n_new: int, eos_ids=(), progress: bool = False,
            prev: torch.Tensor | None = None):
-    """Generate with `decoder` (see Decoder.generate); the baseline when the decoder has no draft."""
+    """Generate with `decoder` (see Decoder.generate); the baseline when the decoder has no drafter."""
     return decoder.generate(cache, first, n_new, eos_ids, progress, prev)

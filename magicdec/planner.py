@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from magicdec import cost_model as cm
-from magicdec.config import ModelArgs
 
 GRID = 100  # acceptance rates are looked up at steps of 1 / GRID
 EXACT = 32  # up to this many tokens left, the distribution of N is used itself, not a normal approximation
@@ -143,30 +142,25 @@ def sequence_weight(alpha: float, spread: float | None, default: float = 16.0) -
 
 @dataclass(frozen=True)
 class Choice:
-    method: str  # "baseline", "selfspec" or "longspec"
+    method: str  # "baseline", or the drafter's name
     budget: int | None
     gamma: int
     speedup: float  # predicted, against the baseline
 
 
-def plan(target: ModelArgs, device: cm.Device, B: int, context: int, budgets, gammas, alpha: dict[int, float],
-         draft: ModelArgs | None = None, tokens: int = 64, spread: dict[int, float] | None = None,
-         ring_extra: int = 0, sampled: bool = False) -> tuple[Choice, list[Choice]]:
+def plan(budgets, gammas, alpha: dict[int, float], predict, B: int, tokens: int = 64,
+         spread: dict[int, float] | None = None, method: str = "selfspec") -> tuple[Choice, list[Choice]]:
     """The best choice for B sequences of `tokens` new tokens each, and every option considered; alpha maps each
     budget to its expected acceptance rate, `spread` to its spread between sequences (fit_spread; none if not
-    given or unknown). Step times from the cost model (the draft's ring reading `ring_extra` slots beyond the
-    budget; `sampled`: each step's rows of logits also turned into probabilities);
-    finishing times as in AutoGamma."""
-    method = "longspec" if draft is not None else "selfspec"
+    given or unknown). `predict(budget, gamma)` is the drafter's cost-model prediction (its T_D/T_T, T_V/T_T,
+    T_O/T_T); finishing times as in AutoGamma."""
     options = [Choice("baseline", None, 0, 1.0)]
     gammas, remaining = sorted(gammas), np.full(B, tokens)
     for budget in budgets:
-        if budget >= context:  # a draft reading the whole context saves nothing
-            continue
         alphas = spread_alphas(alpha[budget], (spread or {}).get(budget) or 0.0, B)
         verifications = finish_verifications(gammas, alphas, remaining).tolist()
         for g, n in zip(gammas, verifications):
-            p = cm.predict(target, device, B, context, g, alpha[budget], budget, draft, ring_extra, sampled)
+            p = predict(budget, g)
             options.append(Choice(method, budget, g, tokens / (n * cm.verification_cost(p, g))))
     return max(options, key=lambda c: c.speedup), options
 

@@ -1,12 +1,20 @@
-"""Sweep records (magicdec/sweep.py) to markdown tables, PNG figures like the paper's and results/RESULTS.md, with the
-commands that made them and the planner's check: at every point, auto >= 0.97 x the baseline and >= 0.95 x the best
-fixed setting (the baseline counted as one, speedup 1), both with every sequence reaching gen_len.
+"""Sweep records (magicdec/sweep.py) to markdown tables and PNG figures like the paper's, one markdown file per sweep,
+and, when asked, its section of a results page (results/RESULTS.md). Every number comes from a record.
 
-    python -m magicdec.report results/issue5/smollm2 results/issue5/llama31_8b --out results/issue5 \
-        --results_md results/RESULTS.md --include results/issue5/side_by_side/README.md
+Per sweep: every drafter at each (prefix, B, decoding) at its best γ (speedups, acceptance, step-time ratios, draft
+preparation, the cost model's prediction or why it has none); the best fixed setting against the planner (`auto`),
+checked at every point: auto >= 0.97 x the baseline and >= 0.95 x the best fixed setting (the baseline counted as one,
+speedup 1), both with every sequence reaching gen_len; the figures; the commands that made the records.
 
-Every number comes from a record; writes OUT/<dir>.md (one sweep) and OUT/<dir>_*.png, and RESULTS.md (all of them,
-after a summary table with one row per sweep).
+    magicdec report SWEEP_DIR --out OUT                                 # OUT/NAME.md and OUT/NAME_*.png only
+    magicdec report SWEEP_DIR --out OUT --results_md results/RESULTS.md # and NAME's section of the results page
+
+NAME is the sweep folder's name. The results page is updated in place: each sweep's section sits between
+`<!-- sweep NAME -->` and `<!-- /sweep NAME -->` (an --include file between `<!-- include PATH -->` markers); a run
+replaces or adds the sections of the sweeps it is given and keeps every other, and the table at the top lists every
+section on the page. A page made before these markers is refused rather than cut down to the sweeps given: rebuild it
+once with --rebuild and every sweep it should show. A record that cannot be read (not JSON, not UTF-8, not a JSON
+object) is skipped with a warning naming its file; a folder that is missing or holds no records is an error.
 """
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import textwrap
 from collections import Counter
@@ -21,13 +30,18 @@ from pathlib import Path
 
 import matplotlib
 
+from magicdec.errors import MagicDecError, one_line_errors
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 BASE_TOL, BEST_TOL, MODEL_TOL = 0.97, 0.95, 0.10
-FIXED = ("selfspec", "longspec")
-PNG = {"speedup": "speedup vs batch size", "predicted": "measured vs predicted speedup",
-       "ratios": "T_D/T_T and T_V/T_T vs context", "alpha": "acceptance rate vs draft budget"}
+NOT_FIXED = ("baseline", "auto")  # every other method is a drafter at a fixed setting
+NEEDED = ("method", "prefix_len", "B", "decoding")  # what a timed point's record must name to be placed in a table
+PNG = {"speedup": "speedup vs batch size", "drafters": "speedup vs batch size, every drafter",
+       "predicted": "measured vs predicted speedup", "ratios": "T_D/T_T and T_V/T_T vs context",
+       "alpha": "acceptance rate vs draft budget"}
+MARKERS = "os^vD<>phX*"
 CONVENTIONS = """\
 How to read these tables:
 
@@ -39,8 +53,12 @@ How to read these tables:
   2026-11-23, a measured fixed cost T_O per verification), with the measured α. Its Ω form
   Ω/(γ·T_D/T_T + T_V/T_T + T_O/T_T) is compared with *first done* (no stragglers); its Ω_eff form (measured tokens per
   verification of the whole batch, stragglers included) with *all reach*. error = predicted / measured − 1.
-- **best fixed**: the (method, draft budget, γ) with the highest *all reach* speedup at that point (the *first done*
-  column names another setting where that one is best under its convention).
+  *no model*: the record says why the cost model has no prediction for that drafter or setting.
+- **every drafter**: at each point, one row per drafter configuration (its label: the drafter and what distinguishes
+  its config, such as its draft budget) at its best γ by *all reach* speedup; *draft preparation*: seconds spent
+  readying the draft before decoding (its prefill, or the selection of its cache).
+- **best fixed**: the (drafter configuration, γ) with the highest *all reach* speedup at that point, over every drafter
+  (the *first done* column names another setting where that one is best under its convention).
 - **auto**: the planner picks the budget from the cost model and the acceptance measured so far, then γ per
   verification from step times measured on the batch (γ 0 = speculation off); `γ:n` = n verifications with that γ.
   Checks: auto ≥ 0.97 × baseline, auto ≥ 0.95 × best fixed (the baseline counted as a fixed setting, speedup 1).
@@ -49,24 +67,77 @@ How to read these tables:
 """
 
 
+def warn(f: Path, why: str) -> None:
+    """One line on stderr: a bad file costs its point, not the report."""
+    print(f"warning: {f}: skipped, {why}", file=sys.stderr)
+
+
+def one_line(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]
+
+
+def read_record(f: Path) -> dict | None:
+    """One sweep record, or None: a file that is not a readable JSON object, or a point record the tables cannot place,
+    with a warning; another tool's JSON object (no `point`) quietly, as sweep.py itself treats it."""
+    try:
+        r = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return warn(f, f"not a readable JSON record ({one_line(e)})")
+    if not isinstance(r, dict):
+        return warn(f, f"a JSON {type(r).__name__}, not a record (a JSON object)")
+    if "point" not in r:
+        return None
+    if "skipped" in r:
+        return r
+    missing = [k for k in NEEDED if k not in r] + ([] if isinstance(r.get("metrics"), dict) else ["metrics"])
+    if missing:
+        return warn(f, f"a point record without {', '.join(missing)}")
+    return r
+
+
 def load(d: Path):
-    recs = [json.loads(f.read_text()) for f in sorted(Path(d).glob("*.json"))]
-    recs = [r for r in recs if isinstance(r, dict) and "point" in r]
-    return [r for r in recs if "metrics" in r], [r for r in recs if "skipped" in r]
+    """(timed points, skipped points) of one sweep folder; a folder that is not there is the user's error."""
+    d = Path(d)
+    if not d.is_dir():
+        raise MagicDecError(f"{d}: {'not a folder' if d.exists() else 'no such folder'}; give a sweep's --output_dir "
+                            "(the folder of its JSON records)")
+    recs = [r for r in map(read_record, sorted(d.glob("*.json"))) if r]
+    return [r for r in recs if "skipped" not in r], [r for r in recs if "skipped" in r]
 
 
 def rel(pred, meas):
     return pred / meas - 1 if pred is not None and meas else None
 
 
+def is_fixed(r) -> bool:
+    return r["method"] not in NOT_FIXED
+
+
+def label(r) -> str:
+    """The drafter and what distinguishes its config: the record's own label; for records made before labels, the
+    method, its draft policy where the draft selects its cache, and its budget, as the tables named them then."""
+    if r.get("label"):
+        return r["label"]
+    return r["method"] if not is_fixed(r) else f"{drafter(r)} b{r.get('budget')}"
+
+
 def drafter(r) -> str:
-    """The method, with its draft policy when the draft selects its cache (StreamingLLM is the default)."""
+    """The label less its draft budget: what the α-vs-budget figure draws one line of (records before labels: the
+    method, with its draft policy when the draft selects its cache)."""
+    b = r.get("budget")
+    if r.get("label"):
+        return r["label"] if b is None else re.sub(rf" b{b}(?= |$)", "", r["label"], count=1)
     policy = r.get("draft_policy") or "streaming"
     return r["method"] if policy == "streaming" else f"{r['method']} {policy}"
 
 
 def setting(r) -> str:
-    return f"{drafter(r)} b{r['budget']} γ{r['gamma']}"
+    return f"{label(r)} γ{r.get('gamma')}"
+
+
+def speedup(r) -> float:
+    s = r["metrics"].get("measured_speedup")
+    return float("-inf") if s is None else s
 
 
 def gammas_used(auto) -> str:
@@ -76,17 +147,21 @@ def gammas_used(auto) -> str:
     return f"b{auto.get('budget')}, γ " + " ".join(f"{g}:{n}" for g, n in used.items()) + off
 
 
+def point_key(r) -> tuple:
+    return r["prefix_len"], r["B"], r["decoding"]
+
+
 def rows(recs) -> list[dict]:
     """One row per (prefix, B, decoding): baseline, best fixed settings, cost-model errors, auto and its checks."""
     out = []
-    for key in sorted({(r["prefix_len"], r["B"], r["decoding"]) for r in recs}):
-        at = [r for r in recs if (r["prefix_len"], r["B"], r["decoding"]) == key]
+    for key in sorted({point_key(r) for r in recs}):
+        at = [r for r in recs if point_key(r) == key]
         base = next((r for r in at if r["method"] == "baseline"), None)
-        fixed = [r for r in at if r["method"] in FIXED and r["metrics"].get("measured_speedup") is not None]
+        fixed = [r for r in at if is_fixed(r) and r["metrics"].get("measured_speedup") is not None]
         best = max(fixed, key=lambda r: r["metrics"]["measured_speedup"], default=None)
         first = max(fixed, key=lambda r: r["metrics"].get("measured_speedup_first_done") or 0, default=None)
         auto = next((r for r in at if r["method"] == "auto"), None)
-        row = dict(P=key[0], B=key[1], mode=key[2], base=base and base["metrics"]["decode_tokens_per_s"],
+        row = dict(P=key[0], B=key[1], mode=key[2], base=base and base["metrics"].get("decode_tokens_per_s"),
                    best=best, first=first, auto=auto)
         if best:
             m, cm = best["metrics"], best["metrics"].get("cost_model") or {}
@@ -106,8 +181,12 @@ def f2(x, fmt="{:.2f}"):
     return "—" if x is None else fmt.format(x)
 
 
+def pct(x):
+    return f2(x, "{:+.1%}")
+
+
 def table(rs) -> str:
-    pct, ok = (lambda x: f2(x, "{:+.1%}")), (lambda x: "—" if x is None else ("PASS" if x else "**FAIL**"))
+    ok = lambda x: "—" if x is None else ("PASS" if x else "**FAIL**")  # noqa: E731
     lines = ["| prefix | B | decoding | baseline tok/s | best fixed | speedup, all reach | speedup, first done | α "
              "| cost model Ω_eff (error vs all reach) | cost model Ω (error vs first done) | auto speedup | auto: budget, γ use "
              f"| auto ≥ {BASE_TOL} × baseline | auto ≥ {BEST_TOL} × best fixed |", "|" + "---|" * 14]
@@ -123,14 +202,64 @@ def table(rs) -> str:
     return "\n".join(lines)
 
 
+def best_per_drafter(recs) -> list[dict]:
+    """Per (prefix, B, decoding), each drafter label's record at its best γ by all-reach speedup (auto: its own
+    record), fastest first: which drafter wins where, each at its own best, not only the overall best."""
+    out = []
+    for key in sorted({point_key(r) for r in recs}):
+        best = {}
+        for r in recs:
+            if point_key(r) == key and r["method"] != "baseline" and (
+                    label(r) not in best or speedup(r) > speedup(best[label(r)])):
+                best[label(r)] = r
+        out += sorted(best.values(), key=lambda r: (-speedup(r), label(r)))
+    return out
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def model_cells(m) -> tuple[str, str]:
+    """The cost model's Ω_eff and Ω predictions with their errors vs all reach and first done, or why it has none."""
+    cm = m.get("cost_model") or {}
+    if "none" in cm:
+        return cell(f"no model: {cm['none']}"), "—"
+    return tuple("—" if p is None else f"{f2(p)} ({pct(rel(p, meas))})" for p, meas in
+                 ((cm.get("speedup_effective"), m.get("measured_speedup")),
+                  (cm.get("speedup"), m.get("measured_speedup_first_done"))))
+
+
+def drafters_table(recs) -> str | None:
+    """Every drafter (and auto) at each point, at its best γ: speedups, acceptance, step-time ratios, draft
+    preparation and the cost model's view, so a drafter that never wins overall still shows how close it came."""
+    best = best_per_drafter(recs)
+    if not best:
+        return None
+    header = ("| prefix | B | decoding | drafter | γ (best, all reach) | speedup, all reach | speedup, first done | α "
+              "| acceptance length | T_D/T_T | T_V/T_T | draft preparation (s) | cost model Ω_eff (error vs all reach) "
+              "| cost model Ω (error vs first done) |")
+    lines = [header, "|" + "---|" * 14]
+    for r in best:
+        m = r["metrics"]
+        gamma = gammas_used(r) if r["method"] == "auto" else f2(r.get("gamma"), "{}")
+        length = m.get("acceptance_length", m.get("omega"))  # records before acceptance_length: Ω, the same count
+        lines.append(f"| {r['prefix_len']} | {r['B']} | {r['decoding']} | {cell(label(r))} | {gamma} "
+                     f"| {f2(m.get('measured_speedup'))} | {f2(m.get('measured_speedup_first_done'))} "
+                     f"| {f2(m.get('alpha'), '{:.3f}')} | {f2(length)} | {f2(m.get('T_D_over_T_T'), '{:.3f}')} "
+                     f"| {f2(m.get('T_V_over_T_T'), '{:.3f}')} | {f2(m.get('draft_prefill_s'), '{:.3g}')} "
+                     f"| {' | '.join(model_cells(m))} |")
+    return "\n".join(lines)
+
+
 def batch_table(recs) -> str | None:
     """Where points were timed on several batches of prompts (a sweep's skip_tokens list): per batch, its best fixed
     setting and auto, each batch's speedup against the baseline runs paired with it. The main table compares totals
     over all batches; this shows how much of one batch's ranking is that batch's luck."""
     lines = []
-    for key in sorted({(r["prefix_len"], r["B"], r["decoding"]) for r in recs if len(r.get("batches") or []) > 1}):
-        at = [r for r in recs if (r["prefix_len"], r["B"], r["decoding"]) == key and r.get("batches")]
-        fixed = [r for r in at if r["method"] in FIXED]
+    for key in sorted({point_key(r) for r in recs if len(r.get("batches") or []) > 1}):
+        at = [r for r in recs if point_key(r) == key and r.get("batches")]
+        fixed = [r for r in at if is_fixed(r)]
         auto = next((r for r in at if r["method"] == "auto"), None)
         if not fixed:  # auto and baseline only: no setting to rank the batches by
             continue
@@ -157,15 +286,15 @@ def comparisons(m) -> list[tuple[str, str, float | None, float | None]]:
 
 
 def fixed_metrics(recs):
-    return [r["metrics"] for r in recs if r["method"] in FIXED and r["metrics"].get("measured_speedup")]
+    return [r["metrics"] for r in recs if is_fixed(r) and r["metrics"].get("measured_speedup")]
 
 
 def model_counts(recs) -> list[tuple[str, int, int]]:
     """(comparison, fixed speculative points within MODEL_TOL, points with both numbers) per comparison."""
     out = []
-    for i, label in enumerate(c[0] for c in comparisons({})):
+    for i, name in enumerate(c[0] for c in comparisons({})):
         errs = [e for e in (rel(*comparisons(m)[i][2:]) for m in fixed_metrics(recs)) if e is not None]
-        out.append((label, sum(abs(e) <= MODEL_TOL for e in errs), len(errs)))
+        out.append((name, sum(abs(e) <= MODEL_TOL for e in errs), len(errs)))
     return out
 
 
@@ -179,7 +308,7 @@ def planner_counts(rs) -> dict[str, tuple[int, int]]:
 
 
 def summary(recs, rs) -> str:
-    parts = [f"{label}: {n}/{total}" for label, n, total in model_counts(recs)]
+    parts = [f"{name}: {n}/{total}" for name, n, total in model_counts(recs)]
     c = {k: f"{n}/{total}" for k, (n, total) in planner_counts(rs).items()}
     return (f"Speculative points within {MODEL_TOL:.0%} of measurement: " + "; ".join(parts) + ". Planner: "
             f"{c['both']} points pass both checks (≥ {BASE_TOL} × baseline: {c['base']}, "
@@ -194,15 +323,15 @@ def overview_row(link: str, recs, skipped) -> str:
     """One sweep in one line: model, weights, device, points, its best fixed speedups (each with its point), how many
     fixed points the cost model predicts within MODEL_TOL and the planner's checks, rounded as the sweep's own table."""
     if not recs:
-        return f"| {link} | no records | | | 0 | — | — | — | — | — |"
+        return f"| {link} | no timed points | | | 0 | — | — | — | — | — |"
     model, devs, note, _ = about(recs, skipped)
-    rs, fixed = rows(recs), [r for r in recs if r["method"] in FIXED and r["metrics"].get("measured_speedup") is not None]
+    rs, fixed = rows(recs), [r for r in recs if is_fixed(r) and r["metrics"].get("measured_speedup") is not None]
     best = max(fixed, key=lambda r: r["metrics"]["measured_speedup"], default=None)
     first = max(fixed, key=lambda r: r["metrics"].get("measured_speedup_first_done") or 0, default=None)
     s_all = best and best["metrics"]["measured_speedup"]
     s_first = first and first["metrics"].get("measured_speedup_first_done")
     # the cost model's own predictions (Ω_eff vs all reach, Ω vs first done), not the measured-ratio check
-    model_fit = "; ".join(f"{label.replace('cost model ', '')}: {n}/{total}" for label, n, total in model_counts(recs)[:2])
+    model_fit = "; ".join(f"{name.replace('cost model ', '')}: {n}/{total}" for name, n, total in model_counts(recs)[:2])
     pc = planner_counts(rs)
     checks = [f"{pc[k][0]}/{pc[k][1]}" if pc[k][1] else "—" for k in ("base", "best")]  # "—": nothing to check
     batches = max(len(r.get("batches") or []) for r in recs)
@@ -213,13 +342,10 @@ def overview_row(link: str, recs, skipped) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def overview(sweeps: list[tuple[str, Path, Path]], rel_to: Path) -> str:
-    """The table RESULTS.md opens with: one row per (name, sweep directory, its markdown file), linked to that file."""
-    lines = ["| sweep | model | weights | device | points (prefix × B × decoding) | best fixed speedup, all reach (point) "
-             f"| best fixed speedup, first done (point) | cost model within {MODEL_TOL:.0%} (fixed points) "
-             f"| auto ≥ {BASE_TOL} × baseline | auto ≥ {BEST_TOL} × best fixed |", "|" + "---|" * 10]
-    lines += [overview_row(f"[{name}]({os.path.relpath(md, rel_to)})", *load(d)) for name, d, md in sweeps]
-    return "\n".join(lines)
+OVERVIEW_HEAD = ("| sweep | model | weights | device | points (prefix × B × decoding) "
+                 "| best fixed speedup, all reach (point) | best fixed speedup, first done (point) "
+                 f"| cost model within {MODEL_TOL:.0%} (fixed points) | auto ≥ {BASE_TOL} × baseline "
+                 f"| auto ≥ {BEST_TOL} × best fixed |\n" + "|" + "---|" * 10)
 
 
 def panels(nrows, ncols, title, w=4.2, h=3.4):
@@ -232,6 +358,22 @@ def line(ax, pts, *style, **kw):
     pts = sorted((x, y) for x, y in pts if y is not None)
     if pts:
         ax.plot(*zip(*pts), *style, **kw)
+
+
+def legend(axes, order: list[str]) -> None:
+    """One legend on the top-right panel naming every line of every panel (a panel may lack some), in `order`."""
+    seen = {}
+    for ax in axes.flat:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(name, handle)
+    names = [n for n in order if n in seen]
+    if names:
+        axes[0][-1].legend([seen[n] for n in names], names, fontsize=7)
+
+
+def natural(name: str) -> list:
+    """A sort key that puts b256 before b1024."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def save(fig, path: Path) -> Path:
@@ -266,6 +408,29 @@ def fig_speedup(rs, path, title):
     return save(fig, path)
 
 
+def fig_drafters(recs, path, title):
+    """Speedup (all reach) vs batch size, a line per drafter label at its best γ and one for auto, a panel per prefix
+    (columns) and decoding mode (rows): where each drafter wins, not only the best setting's envelope."""
+    best = best_per_drafter(recs)
+    if len({r["B"] for r in best}) < 2:
+        return None
+    prefixes, modes = sorted({r["prefix_len"] for r in best}), sorted({r["decoding"] for r in best})
+    names = sorted({label(r) for r in best}, key=lambda n: (n == "auto", natural(n)))
+    fig, axes = panels(len(modes), len(prefixes), title)
+    for i, mode in enumerate(modes):
+        for j, P in enumerate(prefixes):
+            ax = axes[i][j]
+            for k, name in enumerate(names):
+                line(ax, [(r["B"], r["metrics"].get("measured_speedup")) for r in best
+                          if (r["prefix_len"], r["decoding"], label(r)) == (P, mode, name)],
+                     MARKERS[k % len(MARKERS)] + ("--" if name == "auto" else "-"), color=f"C{k % 10}", label=name)
+            ax.axhline(1.0, color="gray", lw=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set(title=f"prefix {P}, {mode}", xlabel="batch size", ylabel="speedup over baseline, all reach")
+    legend(axes, names)
+    return save(fig, path)
+
+
 def fig_predicted(recs, path, title):
     """(b) predicted vs measured speedup of every fixed speculative point, with y = x and a ±10% band."""
     ms = fixed_metrics(recs)
@@ -288,40 +453,43 @@ def fig_predicted(recs, path, title):
 
 
 def reference_setting(recs, rs, B):
-    """The fixed (method, budget, γ) measured at the most prefixes for this B, ties to the most often best."""
-    cover = {}
+    """The fixed (drafter label, γ) measured at the most prefixes for this B, ties to the most often best, then to the
+    smallest budget."""
+    cover, budget = {}, {}
     for r in recs:
-        if r["method"] in FIXED and r["B"] == B:
-            cover.setdefault((drafter(r), r["budget"], r["gamma"]), set()).add(r["prefix_len"])
-    wins = Counter((drafter(r["best"]), r["best"]["budget"], r["best"]["gamma"]) for r in rs if r["best"] and r["B"] == B)
-    return max(cover, key=lambda s: (len(cover[s]), wins[s], -(s[1] or 0)), default=None)
+        if is_fixed(r) and r["B"] == B:
+            s = (label(r), r.get("gamma"))
+            cover.setdefault(s, set()).add(r["prefix_len"])
+            budget[s] = r.get("budget") or 0
+    wins = Counter((label(r["best"]), r["best"].get("gamma")) for r in rs if r["best"] and r["B"] == B)
+    return max(cover, key=lambda s: (len(cover[s]), wins[s], -budget[s]), default=None)
 
 
 def fig_ratios(recs, rs, path, title):
     """(c) T_D/T_T and T_V/T_T, measured and from the cost model, vs prefix: a panel per batch size (up to 4)."""
-    if len({r["prefix_len"] for r in recs if r["method"] in FIXED}) < 2:
+    if len({r["prefix_len"] for r in recs if is_fixed(r)}) < 2:
         return None
-    Bs = sorted({r["B"] for r in recs if r["method"] in FIXED})[-4:]  # the largest four
+    Bs = sorted({r["B"] for r in recs if is_fixed(r)})[-4:]  # the largest four
     fig, axes = panels(1, len(Bs), title)
     for ax, B in zip(axes[0], Bs):
         s = reference_setting(recs, rs, B)
         mode = min({r["decoding"] for r in recs}, key=lambda m: m != "greedy")
-        at = [r for r in recs if r["B"] == B and r["decoding"] == mode and (drafter(r), r["budget"], r["gamma"]) == s]
+        at = [r for r in recs if r["B"] == B and r["decoding"] == mode and (label(r), r.get("gamma")) == s]
         for i, k in enumerate(("T_D_over_T_T", "T_V_over_T_T")):
             name = k.replace("_over_", "/")
             line(ax, [(r["prefix_len"], r["metrics"].get(k)) for r in at], "o-", color=f"C{i}", label=f"{name} measured")
             line(ax, [(r["prefix_len"], (r["metrics"].get("cost_model") or {}).get(k)) for r in at], "o--", color=f"C{i}",
                  mfc="none", label=f"{name} cost model")
         ax.set_xscale("log", base=2)
-        ax.set(title=f"B={B}, {s[0]} b{s[1]} γ{s[2]}, {mode}", xlabel="prefix length", ylabel="ratio to a baseline step")
+        ax.set(title=f"B={B}, {s[0]} γ{s[1]}, {mode}", xlabel="prefix length", ylabel="ratio to a baseline step")
     axes[0][-1].legend(fontsize=7)
     return save(fig, path)
 
 
 def fig_alpha(recs, path, title):
-    """(d) acceptance rate vs draft budget (mean over γ and B), a line per prefix and method (with its draft policy),
-    a panel per mode."""
-    spec = [r for r in recs if r["method"] in FIXED and r["metrics"].get("alpha") is not None]
+    """(d) acceptance rate vs draft budget (mean over γ and B), a line per prefix and drafter (its label less the
+    budget), a panel per mode; drafters without a budget (prompt lookup) have no place on this axis."""
+    spec = [r for r in recs if is_fixed(r) and r.get("budget") is not None and r["metrics"].get("alpha") is not None]
     budgets, modes = sorted({r["budget"] for r in spec}), sorted({r["decoding"] for r in spec})
     if len(budgets) < 2:
         return None
@@ -339,13 +507,20 @@ def fig_alpha(recs, path, title):
     return save(fig, path)
 
 
+def code_of(env: dict) -> str | None:
+    code = env.get("code") or {}
+    if not code.get("commit"):
+        return None
+    return f"code {code['commit'][:12]}" + (" with uncommitted changes" if code.get("dirty") else "")
+
+
 def about(recs, skipped) -> tuple[str, list[str], str, list[str]]:
     """(model, devices, weights note, the records' environments as JSON) of one sweep."""
     r0 = (recs or skipped)[0]
     envs = sorted({json.dumps(r.get("environment") or {}, sort_keys=True) for r in recs + skipped})
     devs = sorted({e.get("gpu") or f"{e.get('device')} {e.get('cpu', '')}".strip() for e in map(json.loads, envs)})
     model = str(r0.get("model")) + (f" + {r0['draft_model']} draft" if r0.get("draft_model") else "")
-    synth = sorted({(r["prefix_len"], r["synthetic_acceptance"]) for r in recs + skipped
+    synth = sorted({(r.get("prefix_len"), r["synthetic_acceptance"]) for r in recs + skipped
                     if r.get("synthetic_acceptance") is not None})
     synth = [f"{synth[0][1]:.2f}"] if len({a for _, a in synth}) == 1 else [f"{a:.2f} at prefix {P}" for P, a in synth]
     note = ("random weights" + (", synthetic α " + ", ".join(synth) if synth else "")
@@ -354,40 +529,49 @@ def about(recs, skipped) -> tuple[str, list[str], str, list[str]]:
 
 
 def describe(d: Path, name: str, recs, skipped) -> tuple[str, str]:
-    """The sweep's title and a paragraph on its device, model and weights."""
+    """The sweep's title and a paragraph on its device, model, weights and code."""
     r0 = (recs or skipped)[0]
     model, devs, note, envs = about(recs, skipped)
     versions = "; ".join(f"{k} {v}" for k, v in json.loads(envs[0]).items() if k in ("torch", "python"))
-    text = [f"- device: {', '.join(devs)}; {versions}"]
+    codes = sorted({c for c in map(code_of, map(json.loads, envs)) if c})
+    text = [f"- device: {', '.join(devs)}; {versions}" + "".join(f"; {c}" for c in codes)]
     dm = next((r["device_model"] for r in recs if r.get("device_model")), None)
     if dm:
         text.append(f"- measured by the sweep: copy bandwidth {dm['bandwidth'] / 1e9:.0f} GB/s, matmul "
                     f"{dm['matmul_flops'] / 1e12:.3g} TFLOP/s, fixed cost {dm.get('layer_overhead_s', 0) * 1e6:.1f} µs per layer"
                     + (f", sampling {dm['sampling_s_per_logit'] * 1e12:.0f} ps per logit" if dm.get("sampling_s_per_logit") else ""))
-    text.append(f"- {model}, {note}; gen_len {r0.get('gen_len')}, {r0.get('sinks')} sink tokens; CUDA graphs "
-                f"{'on' if r0.get('cuda_graphs') else 'off'}; records: `{d}`")
+    sinks = next((r["sinks"] for r in recs + skipped if r.get("sinks") is not None), None)  # None: no drafter has sinks
+    text.append(f"- {model}, {note}; gen_len {r0.get('gen_len')}" + (f", {sinks} sink tokens" if sinks is not None else "")
+                + f"; CUDA graphs {'on' if r0.get('cuda_graphs') else 'off'}; records: `{d}`")
     return f"{name}: {model} on {', '.join(devs)} ({note})", "\n".join(text)
 
 
-def section(d: Path, out: Path, name: str) -> tuple[str, list[Path]]:
+def section(d: Path, out: Path, name: str, recs, skipped) -> tuple[str, list[Path]]:
     """One sweep's markdown (without its figures) and its PNGs, written to `out` as NAME_*.png."""
-    recs, skipped = load(d)
-    if not recs and not skipped:
-        return f"## {name}\n\nNo records in `{d}`.", []
-    title, about = describe(d, name, recs, skipped)
+    title, about_text = describe(d, name, recs, skipped)
     rs = rows(recs)
-    pngs = [fig_speedup(rs, out / f"{name}_speedup.png", title), fig_predicted(recs, out / f"{name}_predicted.png", title),
+    pngs = [fig_speedup(rs, out / f"{name}_speedup.png", title), fig_drafters(recs, out / f"{name}_drafters.png", title),
+            fig_predicted(recs, out / f"{name}_predicted.png", title),
             fig_ratios(recs, rs, out / f"{name}_ratios.png", title), fig_alpha(recs, out / f"{name}_alpha.png", title)]
-    cmds = (d / "commands.txt").read_text().strip() if (d / "commands.txt").exists() else "(no commands.txt)"
-    text = [f"## {title}", about, "Commands (device and date after #):", f"```bash\n{cmds}\n```"]
-    text += [f"Config `{t.name}`:\n```toml\n{t.read_text().strip()}\n```" for t in sorted(d.glob("*.toml"))]
+    cmds = text_of(d / "commands.txt").strip() if (d / "commands.txt").exists() else "(no commands.txt)"
+    text = [f"## {title}", about_text, "Commands (device and date after #):", f"```bash\n{cmds}\n```"]
+    text += [f"Config `{t.name}`:\n```toml\n{text_of(t).strip()}\n```" for t in sorted(d.glob("*.toml"))]
     text += [table(rs), summary(recs, rs)] if recs else []
+    every = drafters_table(recs)
+    if every:
+        text.append("Every drafter at each point, at its best γ (auto: the γ it used):\n\n" + every)
     per_batch = batch_table(recs)
     if per_batch:
         text.append("Each batch on its own (the table above: all batches together):\n\n" + per_batch)
     if skipped:
         text.append("Skipped:\n" + "\n".join(f"- `{r['point']}`: {r['skipped']}" for r in skipped))
     return "\n\n".join(text), [p for p in pngs if p]
+
+
+def text_of(f: Path) -> str:
+    """A text file beside the records (commands, config, an included page), undecodable bytes shown as U+FFFD
+    rather than stopping the report."""
+    return Path(f).read_text(encoding="utf-8", errors="replace")
 
 
 def images(pngs, rel_to: Path) -> str:
@@ -402,36 +586,146 @@ def relinked(md: Path, to: Path) -> str:
         if re.match(r"[a-z][a-z0-9+.-]*:|#|/", target):  # a URL, an anchor or an absolute path: as written
             return m.group(0)
         return f"{m.group(1)}({os.path.relpath(md.parent / target, to)})"
-    return re.sub(r"(\])\(([^)\s]+)\)", fix, md.read_text())
+    return re.sub(r"(\])\(([^)\s]+)\)", fix, text_of(md))
+
+
+# The results page: generated blocks between markers, so that a run replaces only what it made
+def tags(kind: str, name: str = "") -> tuple[str, str]:
+    tag = f"{kind} {name}".strip()
+    return f"<!-- {tag} -->", f"<!-- /{tag} -->"
+
+
+def block_re(kind: str, name: str = "") -> re.Pattern:
+    start, end = tags(kind, name)
+    return re.compile(rf"^{re.escape(start)}\n(.*?)\n?{re.escape(end)}$", re.DOTALL | re.MULTILINE)
+
+
+def names_of(page: str, kind: str) -> list[str]:
+    return re.findall(rf"^<!-- {kind} (.+?) -->$", page, re.MULTILINE)
+
+
+def put(page: str, kind: str, name: str, body: str) -> str:
+    """page with the block (kind, name) holding body: in place where it is, else after the last block of its kind
+    (a new sweep before the included files), else at the end. Text outside the blocks stays as it was."""
+    start, end = tags(kind, name)
+    new = f"{start}\n\n{body.strip()}\n\n{end}"
+    found = block_re(kind, name).search(page)
+    if found:
+        return page[:found.start()] + new + page[found.end():]
+    ours = [block_re(kind, n).search(page) for n in names_of(page, kind)]
+    later = [block_re("include", n).search(page) for n in names_of(page, "include")] if kind == "sweep" else []
+    at = (max(m.end() for m in ours if m) if any(ours) else min(m.start() for m in later if m) if any(later)
+          else len(page))
+    return page[:at].rstrip("\n") + "\n\n" + new + "\n\n" + page[at:].lstrip("\n")
+
+
+def old_page(path: Path, rebuild: bool) -> str:
+    """The page's text to update: empty when it is new or rebuilt. A page without markers (written whole by report
+    runs before sections had them) is refused: updating it would drop the sweeps this run was not given."""
+    if rebuild or not path.exists():
+        return ""
+    try:
+        page = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise MagicDecError(f"--results_md {path}: cannot read it ({one_line(e)}); fix or move it, or pass --rebuild "
+                            "to write it whole") from None
+    if page.strip() and not (block_re("head").search(page) or names_of(page, "sweep")):
+        made = re.search(r"^Made by `([^`]+)`", page, re.MULTILINE)
+        raise MagicDecError(f"--results_md {path} has no `<!-- sweep NAME -->` markers (written before sections were "
+                            "kept apart), so updating it would lose the sweeps not given here: rewrite it whole with "
+                            "--rebuild and every sweep it should show"
+                            + (f" (it was made by: {made.group(1)})" if made else ""))
+    return page
+
+
+def head(page: str, fresh_rows: dict[str, str], command: str) -> str:
+    """The page's opening: the last command, one overview row per sweep section on the page (a new row for the
+    sweeps of this run, the earlier row for the others) and how to read the tables."""
+    old = block_re("head").search(page)
+    kept = {m.group(1): m.group(0) for m in re.finditer(r"^\| \[(.+?)\]\(.*$", old.group(1) if old else "", re.MULTILINE)}
+    listed = [fresh_rows.get(n) or kept.get(n) or f"| {n} | no row: run the report on this sweep again | | | | | | | | |"
+              for n in names_of(page, "sweep")]
+    made = (f"Last updated by `{command}`; a run replaces the sections of the sweeps it names and keeps every other "
+            "section (between `<!-- sweep NAME -->` markers).")
+    overview = "\n".join(["Each sweep in one row (its section below has the commands, the config and every point):\n",
+                          OVERVIEW_HEAD, *listed])
+    return f"{made}\n\n{overview}\n\n{CONVENTIONS}"
+
+
+def write_page(path: Path, page: str, sections: dict[str, str], overview_rows: dict[str, str], includes: list[Path],
+               command: str) -> None:
+    """The page with this run's sweep sections and included files put in place, then its opening remade."""
+    page = page or "# Results\n"
+    for name, text in sections.items():
+        page = put(page, "sweep", name, text)
+    for f in includes:
+        page = put(page, "include", os.path.relpath(f.resolve(), path.parent.resolve()), relinked(f, path.parent))
+    if not block_re("head").search(page):  # a new page: the opening after its title
+        title, _, rest = page.partition("\n")
+        page = f"{title}\n\n{tags('head')[0]}\n\n{tags('head')[1]}\n\n{rest.lstrip()}"
+    page = put(page, "head", "", head(page, overview_rows, command))
+    path.write_text(page.rstrip() + "\n", encoding="utf-8")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="magicdec report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweeps", type=Path, nargs="+", metavar="SWEEP_DIR",
+                   help="sweep output folders (a `magicdec sweep ... --output_dir`), one section each, named after "
+                        "the folder")
+    p.add_argument("--out", type=Path, required=True,
+                   help="folder for each sweep's markdown (NAME.md) and figures (NAME_*.png); made if missing")
+    p.add_argument("--results_md", type=Path, default=None,
+                   help="a results page to update in place, e.g. results/RESULTS.md: the sections of the sweeps given "
+                        "here are replaced or added, every other section is kept (default: none, only --out is "
+                        "written)")
+    p.add_argument("--rebuild", action="store_true",
+                   help="write --results_md whole from the sweeps and --include files given here, dropping every other "
+                        "section (needed once for a page made before sections had markers)")
+    p.add_argument("--include", type=Path, action="append", default=[], metavar="MD",
+                   help="a markdown file to put on --results_md after the sweeps, its relative links made relative to "
+                        "the page (repeatable; replaces that file's earlier copy there)")
+    return p
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("sweeps", type=Path, nargs="+", help="sweep output directories")
-    p.add_argument("--out", type=Path, required=True, help="where the PNGs and one markdown file per sweep go")
-    p.add_argument("--results_md", type=Path, default=Path("results/RESULTS.md"))
-    p.add_argument("--include", type=Path, action="append", default=[], help="markdown appended, its relative links made relative to --results_md (repeatable)")
-    a = p.parse_args(argv)
-    a.out.mkdir(parents=True, exist_ok=True)
-    a.results_md.parent.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python -m magicdec.report"] + (argv if argv is not None else sys.argv[1:]))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = parser().parse_args(argv)
+    for flag, given in (("--include", a.include), ("--rebuild", a.rebuild)):
+        if given and a.results_md is None:
+            raise MagicDecError(f"{flag} applies to the results page: give --results_md too")
+    if a.out.exists() and not a.out.is_dir():
+        raise MagicDecError(f"--out {a.out} is a file: give a folder for the markdown and figures")
+    missing = [f for f in a.include if not f.is_file()]
+    if missing:
+        raise MagicDecError(f"--include {missing[0]}: no such file")
+    loaded = [load(d) for d in a.sweeps]
+    for d, (recs, skipped) in zip(a.sweeps, loaded):
+        if not recs and not skipped:
+            raise MagicDecError(f"{d}: no sweep records in it ({len(list(d.glob('*.json')))} JSON file(s), none a sweep "
+                                "point's record); give a sweep's --output_dir")
+    page = old_page(a.results_md, a.rebuild) if a.results_md else None  # refused before anything is written
+    command = "magicdec report " + shlex.join(argv)
     names = [d.resolve().name for d in a.sweeps]
     if len(set(names)) < len(names):  # two sweeps called out/: prefix their parents' names
         names = ["_".join(d.resolve().parts[-2:]) for d in a.sweeps]
-    parts = ["# Results", f"Made by `{command}` from the sweep records below.",
-             "Each sweep in one row (its section below has the commands, the config and every point):\n\n"
-             + overview([(n, d, a.out / f"{n}.md") for n, d in zip(names, a.sweeps)], a.results_md.parent),
-             CONVENTIONS]
-    for d, name in zip(a.sweeps, names):
-        text, pngs = section(d, a.out, name)
-        (a.out / f"{name}.md").write_text(f"{text}\n\n{images(pngs, a.out)}\n")
-        parts.append(f"{text}\n\n{images(pngs, a.results_md.parent)}\n")
+    a.out.mkdir(parents=True, exist_ok=True)
+    sections, overview = {}, {}
+    for d, name, (recs, skipped) in zip(a.sweeps, names, loaded):
+        text, pngs = section(d, a.out, name, recs, skipped)
+        (a.out / f"{name}.md").write_text(f"{text}\n\n{images(pngs, a.out)}\n", encoding="utf-8")
         print(text)
-    parts += [relinked(f, a.results_md.parent).strip() + "\n" for f in a.include]
-    a.results_md.write_text("\n\n".join(parts))
-    print(f"wrote {a.results_md} and {a.out}/")
+        if a.results_md:
+            sections[name] = f"{text}\n\n{images(pngs, a.results_md.parent)}"
+            overview[name] = overview_row(f"[{name}]({os.path.relpath(a.out / f'{name}.md', a.results_md.parent)})",
+                                          recs, skipped)
+    if a.results_md:
+        a.results_md.parent.mkdir(parents=True, exist_ok=True)
+        write_page(a.results_md, page, sections, overview, a.include, command)
+    print(f"wrote {a.out}/" + (f" and {a.results_md}" if a.results_md else ""))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with one_line_errors():
+        raise SystemExit(main())

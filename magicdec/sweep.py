@@ -1,111 +1,142 @@
-"""Resumable sweeps: a grid (method x prefix x B x decoding x draft policy x budget x gamma) from a small TOML file, one JSON record
-per point. Points already recorded are skipped, so a sweep resumes after a crash, and `--max_minutes` stops it
-cleanly between points: a 10-minute device call runs a slice, the next call goes on.
+"""Resumable sweeps: a grid of runs from a TOML file, one JSON record per point, every registered drafter and every
+run option the command line has.
 
-    python -m magicdec.sweep benchmarks/sweeps/smollm2.toml --output_dir results/issue5/smollm2 --max_minutes 8
+    magicdec sweep experiments/sweeps/smollm2_cpu.toml --output_dir results/sweeps/smollm2_cpu --max_minutes 8
 
-Per (prefix, B) the target is loaded once, its cache prefilled once, each draft budget's cache prefilled once; every
-speculative point is timed in turns with the baseline of the same decoding mode, and its speedup is against those
-interleaved baseline runs (the group's baseline record is timed alone). With `skip_tokens` a list, every point is
-timed on several batches of prompts (each prefilled once, every point run on it) and its record reports all of them
-together (seconds and counts summed; each batch in "batches"): one batch's best setting is partly that batch's luck
-(results/issue5/replay). Methods: `baseline`, `selfspec` (the
-target drafts with a small cache: each of `draft_policies`, StreamingLLM by default), `longspec` (the config's
-`draft` model drafts; budget 0 = its full cache) and `auto` (the planner picks the budget from the cost model and acceptance measured so far, then gamma per
-verification, 0 included: see planner.py).
-Config keys: see DEFAULTS.
+The file's keys are run options (`magicdec run --help`), shared by every point; a list is an axis (one point per
+value), except `skip_tokens`, whose list is several batches of prompts every point is timed on (their totals
+recorded, each batch's own numbers under "batches"). Options of a drafter apply to the drafters that take them;
+a table named after a method holds what applies to it alone:
+
+    model_name = "meta-llama/Meta-Llama-3.1-8B"   # any run option
+    prefix_len = [32768]                          # an axis
+    B = [1, 4, 13]
+    gamma = [2, 3]
+    decoding = ["greedy", "sampled"]              # greedy, or sampled at temperature 0.6, top-p 0.9
+    methods = ["baseline", "selfspec", "lookup", "auto"]   # baseline, any drafter, auto (the planner)
+    synthetic_acceptance = 0.8                    # a number, or {"4096" = 0.84, "100000" = 0.79} (log-interpolated)
+    [selfspec]
+    draft_policy = ["streaming", "snapkv"]
+    [lookup]
+    synthetic_acceptance = 0.5                    # a drafter's own acceptance rate
+    [auto]
+    drafter = "selfspec"                          # what the planner drafts with; budgets: the draft_budget axis
+
+Per (prefix, B) the target is loaded once and each batch of prompts prefilled once; each drafter is prepared once
+per batch and decoding mode; every speculative point is timed in turns with the baseline of the same mode, and its
+speedup is against those interleaved baseline runs. A point is recorded under its run config's hash: a point whose
+config changed is run again, and records of points no longer in the grid are moved to `stale/`. `--max_minutes`
+stops it cleanly between points; run the same command again to resume.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
+import itertools
 import json
 import math
 import sys
 import time
 import tomllib
+from dataclasses import dataclass, replace
 from pathlib import Path
-from dataclasses import asdict, replace
-from types import SimpleNamespace
 
 import torch
 from tqdm import tqdm
 
-from magicdec import benchmark as bench
 from magicdec import cost_model as cm
-from magicdec import draft_cache, fused
-from magicdec import runs
-from magicdec.config import ModelArgs
+from magicdec import device as dev
+from magicdec import drafters
+from magicdec import metrics as met
+from magicdec import options as opt
+from magicdec import timing
+from magicdec.drafters.model_draft import appended_for
+from magicdec.engine import Engine, first_tokens, lookahead, memory_needed
 from magicdec.errors import MagicDecError, one_line_errors
-from magicdec.generate import Decoder, Draft, Sampling, prefill
-from magicdec.kv_cache import KVCache
 from magicdec.planner import AutoGamma, fit_spread, plan
-from magicdec.sampling import next_token
+from magicdec.run_config import SECTIONS, RunConfig, writable_folder
 from magicdec.stats import Stats
 from magicdec.verify import SYNTHETIC_DRAWS
 
+MODES = {"greedy": {"temperature": 0.0, "top_p": 1.0, "top_k": 0},
+         "sampled": {"temperature": 0.6, "top_p": 0.9, "top_k": 0}}  # the sampled mode every real-model α reports
+SWEEP_KEYS = {"methods": ["baseline", "selfspec"], "decoding": ["greedy"], "history": [], "skip_tokens": 8000,
+              "synthetic_acceptance": None}
+# the keys of sweep files written before the run config (results/*/sweep.toml), as they are named now
+RENAMED = {"prefix_lens": "prefix_len", "batch_sizes": "B", "budgets": "draft_budget", "gammas": "gamma",
+           "draft_policies": "draft_policy", "modes": "decoding"}
+AXIS_LISTS = {"gamma"}  # list-valued options whose flat list in a sweep file is an axis (several gammas: one each)
 PROBE = (256, 32)  # prefix and tokens of the B = 1 step the cost model's fixed cost per layer is fitted to
-MODES = {"greedy": Sampling(0.0), "sampled": Sampling(0.6, 0.9)}  # the sampled mode every real-model alpha reports
-DEFAULTS = dict(
-    model=None, model_name=None, random_weights=False, tokenizer=None, dataset="auto",
-    skip_tokens=8000,  # where prompts start in each book; a list: every point is timed on one batch per value
-    draft=None, draft_name=None,  # longspec: a draft model.pth, or its repo id for random weights
-    prefix_lens=[4096], batch_sizes=[1], budgets=[256, 512], gammas=[1, 2, 3, 4], methods=["baseline", "selfspec"],
-    draft_policies=["streaming"],  # selfspec / longspec: how the draft picks its cache (magicdec/draft_cache.py)
-    modes=["greedy", "sampled"], gen_len=64, sinks=16, seed=0,
-    repeats=1,  # timed runs per point, the median kept (small models' runs are short and noisy)
-    min_seconds=0.0,  # ... and more rounds until each decoder was timed this long in all (short runs are noisy)
-    synthetic_acceptance=None,  # a number, or {prefix: alpha}: interpolated in log(prefix) between given points
-    alpha_prior=0.8,  # auto: acceptance assumed for a budget before any point of it was measured
-    history=[],  # auto: directories of earlier sweeps' records the planner also learns acceptance and spread from
-    skip_prefill=False,  # random weights only: caches filled with random KV
-    prefill_backend="sdpa", fuse=True)
+
+
+@dataclass
+class Point:
+    """One run of the grid: its config, the method it belongs to, and for auto the planner's setting."""
+    method: str
+    cfg: RunConfig  # auto: the base drafter's config with its first budget (the planner picks the budget)
+    synthetic: float | dict | None = None
+    planner: dict | None = None
+    name: str = ""
+
+    candidates: dict | None = None  # auto: the budgets and gammas the planner chooses among
+
+    @property
+    def key(self) -> str:
+        """The record's file name: readable, then the hash of everything that changes the point's result."""
+        identity = self.cfg.hash() if self.candidates is None else hashlib.sha256(json.dumps(
+            [self.cfg.identity(), self.candidates], sort_keys=True).encode()).hexdigest()[:12]
+        return f"{self.name}_{identity}"
 
 
 def load_config(path: Path) -> dict:
+    """The sweep file's keys, legacy names renamed, checked against the run options and the drafters."""
     try:
         given = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise MagicDecError(f"cannot read sweep config {path}: {e}") from None
-    unknown = set(given) - set(DEFAULTS)
+    cfg = {RENAMED.get(k, k): v for k, v in given.items()}
+    if "prefill_backend" in cfg:
+        raise MagicDecError(f"{path}: prefill_backend is gone: attn_backend serves prefill and decode alike (auto: "
+                            "triton on a GPU, which prefills through flex attention)")
+    known = set(SWEEP_KEYS) | set().union(*(opt.keys(s) for s in SECTIONS.values())) - opt.keys(SECTIONS["output"])
+    tables = {k for k, v in cfg.items() if isinstance(v, dict) and k != "synthetic_acceptance"}
+    drafter_keys = set().union(*(opt.keys(k.Config) for k in drafters.registry().values()))
+    unknown = sorted(set(cfg) - known - drafter_keys - tables - {"draft"})
     if unknown:
-        raise MagicDecError(f"unknown keys in {path}: {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-    cfg = DEFAULTS | given
-    bad = set(cfg["methods"]) - {"baseline", "selfspec", "longspec", "auto"}
-    if bad:
-        raise MagicDecError(f"unknown methods {sorted(bad)} in {path}: use baseline, selfspec, longspec, auto")
-    if "longspec" in cfg["methods"] and not (cfg["draft"] or cfg["draft_name"]):
-        raise MagicDecError(f"{path}: method longspec needs a draft (draft = 'DIR/model.pth', or draft_name for random weights)")
-    if set(cfg["modes"]) - set(MODES):
-        raise MagicDecError(f"{path}: modes must be among {list(MODES)}")
-    if min(cfg["gammas"]) < 1:
-        raise MagicDecError(f"{path}: gammas must be >= 1")
-    bad = set(cfg["draft_policies"]) - set(draft_cache.POLICIES)
-    if bad or not cfg["draft_policies"]:
-        raise MagicDecError(f"{path}: draft_policies must be among {list(draft_cache.POLICIES)}, got {cfg['draft_policies']}")
-    small = [b for b in cfg["budgets"] if 0 < b <= draft_cache.WINDOW]
-    if small and set(cfg["draft_policies"]) - {"streaming"}:
-        raise MagicDecError(f"{path}: budgets {small} must exceed the {draft_cache.WINDOW}-token window a selection "
-                            "policy keeps")
-    never = [b for b in cfg["budgets"] if b and b >= max(cfg["prefix_lens"])]
-    if never and set(cfg["methods"]) & {"selfspec", "longspec", "auto"}:  # else its points vanish from the grid
-        raise MagicDecError(f"{path}: budgets {never} are >= every prefix_len (largest {max(cfg['prefix_lens'])}): a "
-                            "draft cache that holds the whole prefix saves nothing; use budgets below the prefix")
+        raise MagicDecError(f"{path}: unknown keys {unknown}; a sweep takes run options (magicdec run --help), "
+                            f"{sorted(SWEEP_KEYS)}, and a table per method")
+    cfg = SWEEP_KEYS | cfg
+    for key in ("methods", "decoding", "history"):
+        if not isinstance(cfg[key], list) or not all(isinstance(v, str) for v in cfg[key]):
+            raise MagicDecError(f"{path}: {key} must be a list of names, got {cfg[key]!r}")
+    methods = [m if m in ("baseline", "auto") else drafters.canonical(m) for m in cfg["methods"]]
+    cfg["methods"] = methods
+    for table in tables:
+        if table not in methods:
+            raise MagicDecError(f"{path}: table [{table}] names no method of this sweep (methods: {methods})")
+    bad = set(cfg["decoding"]) - set(MODES)
+    if bad or not cfg["decoding"]:
+        raise MagicDecError(f"{path}: decoding must be among {list(MODES)}, got {cfg['decoding']}")
     missing = [h for h in cfg["history"] if not Path(h).is_dir()]
     if missing:
         raise MagicDecError(f"{path}: history directories {missing} do not exist: give earlier sweeps' output_dirs")
     skips = batch_skips(cfg)
-    if not skips or any(not isinstance(k, int) or k < 0 for k in skips) or len(set(skips)) < len(skips):
+    if not skips or any(not isinstance(k, int) or isinstance(k, bool) or k < 0 for k in skips) or \
+            len(set(skips)) < len(skips):
         raise MagicDecError(f"{path}: skip_tokens must be a non-negative integer or a list of distinct ones (one batch "
                             f"of prompts each), got {cfg['skip_tokens']!r}")
-    if cfg["repeats"] < 1 or cfg["min_seconds"] < 0:
-        raise MagicDecError(f"{path}: repeats must be >= 1 and min_seconds >= 0 (got {cfg['repeats']}, {cfg['min_seconds']})")
     return cfg
 
 
-def synthetic_alpha(cfg: dict, prefix: int) -> float | None:
+def batch_skips(cfg: dict) -> list[int]:
+    """Where each batch's prompts start in the books: `skip_tokens` is one batch, or a list of several."""
+    skip = cfg["skip_tokens"]
+    return list(skip) if isinstance(skip, list) else [skip]
+
+
+def synthetic_alpha(given, prefix: int) -> float | None:
     """The acceptance rate to simulate at this prefix: one number, or a table interpolated in log(prefix)."""
-    given = cfg["synthetic_acceptance"]
     if given is None or isinstance(given, (int, float)):
         return given
     pts = sorted((int(k), float(v)) for k, v in given.items())
@@ -117,348 +148,436 @@ def synthetic_alpha(cfg: dict, prefix: int) -> float | None:
     return pts[-1][1]
 
 
-def point_name(method, P, B, mode, budget=None, gamma=None, policy=None) -> str:
-    return (f"{method}_P{P}_B{B}_{mode}" + ("" if budget is None else f"_b{budget}")
-            + ("" if gamma is None else f"_g{gamma}") + ("" if policy in (None, "streaming") else f"_{policy}"))
+def axes(values: dict) -> list[dict]:
+    """Every combination of the list-valued keys (an axis each), the others as they are. A list-valued option
+    (rank_group) is an axis only as a list of lists; gamma's flat list is an axis."""
+    def as_axis(key, value):
+        if not isinstance(value, list):
+            return [value]
+        if key in LIST_OPTIONS and key not in AXIS_LISTS:
+            return value if value and all(isinstance(v, list) for v in value) else [value]
+        return value
+    keys = sorted(values)
+    grids = [as_axis(k, values[k]) for k in keys]
+    for k, g in zip(keys, grids):
+        if not g:
+            raise MagicDecError(f"sweep key {k} is an empty list: give at least one value")
+    return [dict(zip(keys, combo)) for combo in itertools.product(*grids)]
 
 
-def prefill_chunk(B: int) -> int:
-    """Prefill tokens per sequence and forward: about 16K tokens a chunk across the batch."""
-    return max(16, 16384 // B)
+LIST_OPTIONS = {f.name for s in SECTIONS.values() for f in opt.fields(s) if f.metadata["nargs"]} | \
+    {f.name for k in drafters.registry().values() for f in opt.fields(k.Config) if f.metadata["nargs"]}
 
 
-def spread_of(records) -> float | None:
-    """The spread of acceptance between sequences (planner.fit_spread) that reproduces how far behind its slowest
-    sequence each of these fixed-gamma records' batches fell (every batch of a record timed on several)."""
-    return fit_spread([(r["B"], r["gamma"], r["gen_len"] - 1, b["alpha"], b["iterations"])
-                       for r in records if r.get("gamma") for b in r.get("batches") or [r["metrics"]]])
+def none_words(values: dict) -> dict:
+    """TOML has no null: the word "none" stands for an option left unset (refresh off)."""
+    def fix(v):
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return None if v == "none" else v
+    return {k: fix(v) for k, v in values.items()}
 
 
-def points_of(cfg: dict, P: int, B: int) -> list[tuple]:
-    """(method, mode, budget, gamma, draft policy) of one (prefix, B) group, baselines first: the others are timed
-    against them. A selection policy needs a budget to select within (budget 0, a full draft cache, is streaming's
-    only); auto drafts with StreamingLLM."""
-    out = []
-    for mode in cfg["modes"]:
-        out.append(("baseline", mode, None, None, None))
-        for method in ("selfspec", "longspec"):
-            if method in cfg["methods"]:
-                out += [(method, mode, b, g, d) for d in cfg["draft_policies"] for b in cfg["budgets"] if b < P
-                        if b or d == "streaming" for g in cfg["gammas"]]
-        if "auto" in cfg["methods"] and any(b < P for b in cfg["budgets"]):
-            out.append(("auto", mode, None, None, "streaming"))
-    return out
+def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[str, int]]]:
+    """Every point of the grid (baselines first in each group), and why points were left out (per method: reason ->
+    count)."""
+    run_keys = set().union(*(opt.keys(s) for s in SECTIONS.values()))
+    shared = {k: v for k, v in cfg.items() if k not in SWEEP_KEYS and not isinstance(v, dict)}
+    out, dropped = [], {}
+    for method in cfg["methods"]:
+        table = dict(cfg.get(method) or {})
+        base = drafters.canonical(table.pop("drafter", "selfspec")) if method == "auto" else method
+        kind = drafters.get(base) if base != "baseline" else None
+        own = run_keys | (opt.keys(kind.Config) if kind else set())
+        if kind is None:  # the baseline takes no speculation option
+            own -= opt.keys(SECTIONS["speculation"])
+        values = {k: v for k, v in (shared | table).items() if k in own}
+        synthetic = table.get("synthetic_acceptance", cfg.get("synthetic_acceptance")) if kind else None
+        values.pop("synthetic_acceptance", None)
+        candidates = None
+        if method == "auto":  # one point: the planner picks the budget, AutoGamma the gamma per verification
+            budgets = values.pop("draft_budget", [256])
+            gammas = values.pop("gamma", [1, 2, 3, 4])
+            budgets, gammas = (budgets if isinstance(budgets, list) else [budgets],
+                               gammas if isinstance(gammas, list) else [gammas])
+            values |= {"gamma": ["auto"], "max_gamma": max(gammas), "draft_budget": min(budgets),
+                       "draft_policy": "streaming"}
+            candidates = {"budgets": sorted(budgets), "gammas": sorted(set(gammas))}
+        for mode in cfg["decoding"]:
+            for point_values in axes(none_words(values)):
+                point_values |= MODES[mode] | {"skip_tokens": batch_skips(cfg)[0], "progress": False} | (
+                    {"drafter": base} if kind else {})
+                alpha = synthetic_alpha(synthetic, point_values.get("prefix_len", 4000))
+                if alpha is not None:
+                    point_values["synthetic_acceptance"] = alpha
+                if candidates:
+                    prefix = point_values.get("prefix_len", 4000)
+                    fitting = [b for b in candidates["budgets"] if b < prefix]
+                    point_values["draft_budget"] = min(fitting or candidates["budgets"])
+                point_cfg = RunConfig.from_options(point_values, strict=False, where=f"{path}: ")  # bad values: raise
+                try:
+                    point_cfg.check()
+                except MagicDecError as e:  # a combination the run refuses (a budget beyond a prefix): left out
+                    dropped.setdefault(method, {})
+                    dropped[method][str(e)] = dropped[method].get(str(e), 0) + 1
+                    continue
+                point = Point(method, point_cfg, synthetic, candidates=candidates)
+                point.name = point_name(point, mode)
+                out.append(point)
+    order = {"baseline": 0}
+    out.sort(key=lambda p: (p.cfg.workload.prefix_len, p.cfg.workload.B, order.get(p.method, 1)))
+    return out, dropped
 
 
-def batch_skips(cfg: dict) -> list[int]:
-    """Where each batch's prompts start in the books: `skip_tokens` is one batch, or a list of several."""
-    skip = cfg["skip_tokens"]
-    return list(skip) if isinstance(skip, list) else [skip]
+def point_name(point: Point, mode: str) -> str:
+    c = point.cfg
+    label = "auto" if point.method == "auto" else c.describe().replace(" ", "-").replace(">", "-")
+    gamma = "" if point.method in ("baseline", "auto") else "_g" + "-".join(map(str, c.speculation.gamma))
+    return f"{label}_P{c.workload.prefix_len}_B{c.workload.B}_{mode}{gamma}"
 
 
-def timing(skip: int, result, decoder) -> dict:
-    """One decoder's timed generation on one batch, as a point keeps it until its last batch: its median run's
-    counts, seconds and stats, and every round's seconds."""
-    _, counts, seconds = result
-    return {"skip_tokens": skip, "counts": counts.tolist(), "seconds": seconds, "stats": asdict(decoder.stats),
+def group_key(point: Point) -> tuple:
+    """Points that share a target cache and prefilled prompts: same target, batch, prompts and runtime."""
+    w, r, m = point.cfg.workload, point.cfg.runtime, point.cfg.models
+    return (w.prefix_len, w.B, w.dataset, w.seed, m.model, m.model_name, m.random_weights, m.tokenizer,
+            r.step_mode, r.offload, r.on_chip, r.skip_prefill, r.prefill_chunk)
+
+
+def timing_entry(skip: int, seconds: float, decoder, counts) -> dict:
+    """One decoder's timed generation on one batch, as a point keeps it until its last batch."""
+    return {"skip_tokens": skip, "counts": counts.tolist(), "seconds": seconds, "stats": stats_dict(decoder.stats),
             "round_s": decoder.round_seconds}
+
+
+def stats_dict(stats: Stats) -> dict:
+    from dataclasses import asdict
+
+    return asdict(stats)
 
 
 def combined(timings: list[dict]):
     """(counts, seconds, stats, round seconds) over several batches' timings: each batch's sequences side by side,
-    seconds summed, stats combined (generate.Stats.combine), the rounds one batch after another."""
+    seconds summed, stats combined (Stats.combine), the rounds one batch after another."""
     counts = torch.tensor([c for t in timings for c in t["counts"]])
     stats = Stats.combine([Stats(**t["stats"]) for t in timings])
     return counts, sum(t["seconds"] for t in timings), stats, [r for t in timings for r in t["round_s"]]
 
 
+def spread_of(records) -> float | None:
+    """The spread of acceptance between sequences (planner.fit_spread) that reproduces how far behind its slowest
+    sequence each of these fixed-gamma records' batches fell."""
+    return fit_spread([(r["B"], r["gamma"], r["gen_len"] - 1, b["alpha"], b["iterations"])
+                       for r in records if r.get("gamma") for b in r.get("batches") or [r["metrics"]]])
+
+
 class Sweep:
-    def __init__(self, cfg: dict, out_dir: Path, device: torch.device, progress: bool = True):
-        self.cfg, self.out, self.device, self.progress = cfg, out_dir, device, progress
-        self.cuda, self.command, self.config_text = device.type == "cuda", "python -m magicdec.sweep", ""
-        self.verify_overhead: dict[str, float] = {}  # method -> the cost model's T_O, probed at load
-        self.backend = "triton" if self.cuda else "sdpa"  # decode attention (prefill: cfg["prefill_backend"])
-        self.dtype = torch.bfloat16 if self.cuda else torch.float32
-        self.args = SimpleNamespace(
-            model=cfg["model"] and Path(cfg["model"]), model_name=cfg["model_name"], random_weights=cfg["random_weights"],
-            tokenizer=cfg["tokenizer"] and Path(cfg["tokenizer"]), dataset=cfg["dataset"], skip_tokens=batch_skips(cfg)[0],
-            seed=cfg["seed"], gen_len=cfg["gen_len"], repeats=cfg["repeats"], min_seconds=cfg["min_seconds"], compile=False, cuda_graphs=self.cuda, device=device,
-            dtype="bfloat16" if self.cuda else "float32")
-        self.config, self.checkpoint = bench.model_source(self.args)
-        self.draft_config = self.draft_checkpoint = None
-        if "longspec" in cfg["methods"]:
-            if cfg["random_weights"]:
-                self.draft_config = ModelArgs.from_name(cfg["draft_name"])
-            else:
-                d = SimpleNamespace(**{**vars(self.args), "model": Path(cfg["draft"])})
-                self.draft_config, self.draft_checkpoint = bench.model_source(d)
-        if cfg["skip_prefill"] and not cfg["random_weights"]:
-            raise MagicDecError("skip_prefill fills the caches with random values: only for random_weights sweeps")
-        for P in cfg["prefix_lens"]:  # every point's context, before anything is loaded
-            bench.check_context(self.config, P, cfg["gen_len"] + max(cfg["gammas"]) + 1, "gen_len + gamma + 1")
-            if self.draft_config is not None and not cfg["random_weights"]:  # the draft keeps absolute positions
-                bench.check_context(self.draft_config, P, cfg["gen_len"] + max(cfg["gammas"]) + 1, "gen_len + gamma + 1 (draft)")
-        self.draft_method = "longspec" if self.draft_config is not None else "selfspec"  # what auto drafts with
-        out_dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, cfg: dict, out_dir: Path, device: str | None = None, progress: bool = True,
+                 path: str = "sweep"):
+        self.cfg, self.out, self.progress = cfg, Path(out_dir), progress
+        if device is not None:
+            cfg = cfg | {"device": device}
+            self.cfg = cfg
+        self.points, self.dropped = points_of(cfg, path)
+        for method in cfg["methods"]:
+            if not any(p.method == method for p in self.points):
+                why = next(iter(self.dropped.get(method, {})), "")
+                raise MagicDecError(f"{path}: method {method} has no valid point ({why})")
+        self.path = path
+        self.command, self.config_text = "magicdec sweep", ""
+        self.engine: Engine | None = None
+        self.cost_device = None
+        self.verify_overhead: dict[str, float] = {}
 
-    def recorded(self, P, B, point) -> bool:
-        return (self.out / f"{point_name(point[0], P, B, *point[1:])}.json").exists()
-
-    def done(self, name: str) -> dict | None:
-        f = self.out / f"{name}.json"
-        return json.loads(f.read_text()) if f.exists() else None
+    # ------------------------------------------------------------------ records on disk
+    def recorded(self, point: Point) -> bool:
+        return (self.out / f"{point.key}.json").exists()
 
     def write(self, name: str, rec: dict) -> None:
         tmp = self.out / f".{name}.tmp"
         tmp.write_text(json.dumps(rec | {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1, default=str))
         tmp.replace(self.out / f"{name}.json")  # a crash never leaves half a record
 
-    def slots(self, P):
-        return P + self.append()
+    def retire_stale(self) -> int:
+        """Records of points that are not in this grid (another config wrote them) move to stale/."""
+        keep = {p.key for p in self.points}
+        stale = [f for f in self.out.glob("*.json") if f.stem not in keep and is_point_record(f)]
+        if stale:
+            (self.out / "stale").mkdir(exist_ok=True)
+            for f in stale:
+                f.replace(self.out / "stale" / f.name)
+            print(f"{len(stale)} records of points not in this grid (another config made them) moved to "
+                  f"{self.out / 'stale'}", flush=True)
+        return len(stale)
 
-    def ring_extra(self):
-        return runs.ring_extra_for(self.cfg["gen_len"], max(self.cfg["gammas"]))
+    def partial(self, point: Point) -> dict:
+        """A point's timings on the batches done so far (kept across slices until its record is written)."""
+        f = self.out / ".batches" / f"{point.key}.json"
+        return json.loads(f.read_text()) if f.exists() else {"batches": []}
 
-    def append(self):
-        """What a selected draft cache appends after the prompt: every position generation reaches."""
-        return runs.appended_for(self.cfg["gen_len"], max(self.cfg["gammas"]))
-
-    def fits(self, B: int, P: int) -> bool:
-        bench.release_memory(self.device)  # before measuring free memory
-        parts = [(self.config, False, self.slots(P))]
-        selected = [d for d in self.cfg["draft_policies"] if d != "streaming"]
-        if "selfspec" in self.cfg["methods"] or ("auto" in self.cfg["methods"] and self.draft_config is None):
-            parts += [(self.config, False, b + self.ring_extra()) for b in self.cfg["budgets"] if b < P]
-            parts += [(self.config, False, b + self.append()) for b in self.cfg["budgets"] if b < P for _ in selected]
-        if self.draft_config is not None:
-            parts += [(self.draft_config, False, b + self.ring_extra() if b else self.slots(P))
-                      for b in self.cfg["budgets"] if b < P]
-            parts += [(self.draft_config, False, b + self.append()) for b in self.cfg["budgets"] if 0 < b < P
-                      for _ in selected]
-            if selected:  # a standalone draft's own full prefill, selected from, then freed
-                parts.append((self.draft_config, False, P))
-        need = bench.memory_needed(B, max(16, 16384 // B), self.dtype, parts)  # weights: loaded already, so free
-        return need["total"] - need["weights"] + bench.headroom(self.device) <= bench.available_memory(self.device)
-
+    # ------------------------------------------------------------------ the run
     def run(self, max_minutes: float | None) -> int:
         """Run every missing point (or until the time limit); returns how many are still missing."""
-        cfg, start = self.cfg, time.monotonic()
-        groups = [(P, B) for P in cfg["prefix_lens"] for B in cfg["batch_sizes"]]
-        todo = {(P, B): [p for p in points_of(cfg, P, B) if not self.recorded(P, B, p)] for P, B in groups}
-        total = sum(map(len, todo.values()))
-        print(f"{total} of {sum(len(points_of(cfg, P, B)) for P, B in groups)} points to run", flush=True)
-        if not total:
+        start = time.monotonic()
+        writable_folder(self.out, "--output_dir")
+        self.retire_stale()
+        for method, reasons in self.dropped.items():
+            for why, n in reasons.items():
+                print(f"{method}: {n} point(s) left out: {why}", flush=True)
+        todo = [p for p in self.points if not self.recorded(p)]
+        print(f"{len(todo)} of {len(self.points)} points to run", flush=True)
+        if not todo:
             return 0
-        self.load()
+        self.check(todo)
+        self.load(todo[0].cfg)
         (self.out / "sweep.toml").write_text(self.config_text)  # the grid itself, beside its records
         with open(self.out / "commands.txt", "a") as f:  # what made these records, for the report
             f.write(f"{self.command}  # {self.env.get('gpu', self.env['device'])}, {time.strftime('%Y-%m-%d %H:%M')}\n")
-        bar = tqdm(total=total, desc="sweep", disable=not self.progress)
-        for (P, B), pts in todo.items():
-            if not pts:
-                continue
+        bar = tqdm(total=len(todo), desc="sweep", disable=not self.progress)
+        groups: dict[tuple, list[Point]] = {}
+        for p in todo:
+            groups.setdefault(group_key(p), []).append(p)
+        for pts in groups.values():
             if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
                 break
-            if not self.fits(B, P):
+            reason = self.fits(pts)
+            if reason:
                 for p in pts:
-                    self.write(point_name(p[0], P, B, *p[1:]), {"point": point_name(p[0], P, B, *p[1:]), "method": p[0],
-                               "decoding": p[1], "budget": p[2], "gamma": p[3], "draft_policy": p[4],
-                               "skipped": f"B={B} x prefix {P} does not fit in memory", **self.meta(P, B)})
+                    self.write(p.key, self.meta(p) | {"skipped": reason})
                 bar.update(len(pts))
                 continue
-            self.group(P, B, pts, bar, start, max_minutes)
+            if not self.group(pts, bar, start, max_minutes):
+                break
         bar.close()
-        left = sum(1 for P, B in groups for p in points_of(cfg, P, B) if not self.recorded(P, B, p))
+        left = sum(1 for p in self.points if not self.recorded(p))
         print(f"{left} points left" + ("; run the same command again to resume" if left else ""), flush=True)
         return left
 
-    def load(self):
-        self.target = bench.load_weights(self.args, self.config, self.checkpoint)
-        self.draft_model = None
-        if self.draft_config is not None:
-            self.draft_model = bench.load_weights(self.args, self.draft_config, self.draft_checkpoint)
-        if self.cuda and self.cfg["fuse"]:
-            fused.fuse()
-        self.cost_device = cm.measure_device(self.device, self.dtype)
+    def check(self, todo: list[Point]) -> None:
+        """Every point against the models' configs (contexts, vocabularies, drafts' models), before anything loads:
+        a mistake in the grid costs seconds, not the points before it."""
+        self.engine = self.engine or Engine(todo[0].cfg)
+        for p in todo:
+            try:
+                self.engine.plan(p.cfg)
+            except MagicDecError as e:
+                raise MagicDecError(f"{self.path}: point {p.name}: {e}") from None
+
+    def load(self, cfg: RunConfig) -> None:
+        """The target (once), the device's measured costs and each drafter's fixed cost per verification."""
+        self.engine = self.engine or Engine(cfg)
+        self.engine.check(cfg)
+        self.engine.load_target()
+        device, dtype = self.engine.device, self.engine.dtype
+        self.env = dev.environment(device)
+        self.cost_device = cm.measure_device(device, dtype)
         prefix, n = PROBE
-        overhead = cm.fit_layer_overhead(self.config, self.cost_device, 1, prefix + n // 2, self.probe_step(prefix, n))
+        step = self.probe(replace_options(cfg, B=1, prefix_len=prefix, gen_len=n, drafter="baseline"))
+        overhead = cm.fit_layer_overhead(self.engine.target_config, self.cost_device, 1, prefix + n // 2, step)
         self.cost_device = replace(self.cost_device, layer_overhead_s=overhead)
-        if "sampled" in self.cfg["modes"]:
+        if "sampled" in self.cfg["decoding"]:
             s = MODES["sampled"]
             self.cost_device = replace(self.cost_device, sampling_s_per_logit=cm.measure_sampling(
-                self.device, self.config.vocab_size, s.temperature, s.top_p, s.top_k, self.dtype))
-        methods = {m for m in self.cfg["methods"] if m in ("selfspec", "longspec")}
-        methods |= {self.draft_method} if "auto" in self.cfg["methods"] else set()
-        self.verify_overhead = {m: self.probe_verification(m, n) for m in sorted(methods)}
-        self.env = bench.environment(self.device)
+                device, self.engine.target_config.vocab_size, s["temperature"], s["top_p"], s["top_k"], dtype))
+        for p in self.points:
+            if p.cfg.drafter and p.cfg.drafter.name not in self.verify_overhead:
+                self.verify_overhead[p.cfg.drafter.name] = self.probe_verification(p.cfg)
 
-    def probe_step(self, prefix: int, n: int) -> float:
-        """Seconds of one plain decode step at B = 1 over `prefix` random cached tokens, timed like a baseline: the
-        cost model's fixed cost per layer is fitted to it."""
-        c = self.config
-        args = SimpleNamespace(**{**vars(self.args), "B": 1, "prefix_len": prefix, "gen_len": n, "repeats": 3})
+    def probe(self, cfg: RunConfig) -> float:
+        """Seconds per verification (a decode step for the baseline) of `cfg` at its B and prefix over random KV
+        where the sweep's KV is random, timed like a point (3 rounds, median)."""
+        engine = self.engine
+        models = engine.plan(cfg)[0]
+        batch = engine.prefill(cfg, cfg.drafter.prefill_queries(cfg) if cfg.drafter else 0)
         with torch.inference_mode():
-            cache = KVCache(c.n_layers, 1, c.n_kv_heads, prefix + n + 2, c.head_dim, self.dtype, self.device,
-                            self.backend)
-            cache.fill_random(prefix, self.cfg["seed"])
-            dec = Decoder(self.target, MODES["greedy"], cuda_graphs=self.cuda)
-            _, _, secs = runs.timed_generation(dec, cache, torch.zeros(1, dtype=torch.long, device=self.device), None,
-                                               args, [], False)
-            steps = dec.stats.iterations
-            del dec, cache
-        bench.release_memory(self.device)
-        return secs / steps
+            drafter = engine.prepare(cfg, batch, models)[0] if cfg.drafter else None
+            decoder = engine.decoder(cfg, drafter, cfg.speculation.largest)
+            first, prev = first_tokens(cfg, batch)
+            timing.timed_generations([decoder], batch.cache, first, prev, cfg.workload.gen_len, [], cfg.workload.seed,
+                                     cfg.runtime.graphed, repeats=3)
+            seconds = sorted(decoder.round_seconds)[1] / max(decoder.stats.iterations, 1)
+        del decoder, drafter, batch
+        dev.release_memory(engine.device)
+        return seconds
 
-    def probe_verification(self, method: str, n: int) -> float:
-        """The cost model's fixed seconds per verification (T_O) for `method`, fitted to gamma-1 verifications at
-        B = 1 over random cached tokens, the draft reading the sweep's smallest budget, timed like a point."""
-        c, budget, backend = self.config, min(self.cfg["budgets"]), self.backend
-        prefix = max(PROBE[0], 2 * budget)
-        model = self.target if method == "selfspec" else self.draft_model
-        args = SimpleNamespace(**{**vars(self.args), "B": 1, "prefix_len": prefix, "gen_len": n, "repeats": 3})
-        with torch.inference_mode():
-            cache = KVCache(c.n_layers, 1, c.n_kv_heads, prefix + n + 4, c.head_dim, self.dtype, self.device, backend)
-            cache.fill_random(prefix, self.cfg["seed"])
-            dc = runs.new_draft_cache(model.args, 1, model.args.n_kv_heads, budget, self.cfg["sinks"], self.ring_extra(),
-                                      prefix + n + 4, self.dtype, self.device, backend)
-            dc.fill_random(prefix, self.cfg["seed"] + 1)
-            dec = Decoder(self.target, MODES["greedy"], draft=Draft(model, dc), gamma=1, cuda_graphs=self.cuda,
-                          synthetic_acceptance=synthetic_alpha(self.cfg, prefix))
-            ids = torch.zeros(1, dtype=torch.long, device=self.device)
-            _, _, secs = runs.timed_generation(dec, cache, ids, ids, args, [], False)
-            verification_s = secs / dec.stats.iterations
-            del dec, cache, dc
-        bench.release_memory(self.device)
-        draft = self.draft_config if method == "longspec" else None
-        return cm.fit_verify_overhead(c, self.cost_device, 1, prefix + n // 2, 1, budget or prefix, draft,
-                                      verification_s, self.ring_extra() if budget else 0)
+    def probe_verification(self, cfg: RunConfig) -> float:
+        """The cost model's fixed seconds per verification (T_O) for this drafter, fitted to gamma-1 verifications
+        at B = 1 over a short prompt, its draft at the config's own options."""
+        prefix, n = max(PROBE[0], 2 * getattr(cfg.draft, "draft_budget", 0) + 64), PROBE[1]
+        probe = replace_options(cfg, B=1, prefix_len=prefix, gen_len=n, gamma=[1], temperature=0.0, top_p=1.0,
+                                synthetic_acceptance=cfg.speculation.synthetic_acceptance)
+        try:
+            probe.check()
+        except MagicDecError:
+            return 0.0
+        seconds = self.probe(probe)
+        models = self.engine.plan(probe)[0]
+        p = probe.drafter.predict(probe, self.engine.target_config, models, replace(self.cost_device,
+                                                                                    verify_overhead_s=0.0),
+                                  0.5, 1, lookahead(probe), {"alpha_bottom_to_middle": 0.5})
+        if p is None:
+            return 0.0
+        return max(seconds - p["T_D_over_T_T"] * p["T_T"] - p["T_V"], 0.0)
 
-    def device_for(self, method: str) -> cm.Device:
-        """The measured device with `method`'s fixed seconds per verification."""
-        return replace(self.cost_device, verify_overhead_s=self.verify_overhead.get(method, 0.0))
+    def fits(self, pts: list[Point]) -> str | None:
+        """Why this group does not fit in memory (every draft cache of a batch is alive at once), or None."""
+        dev.release_memory(self.engine.device)
+        seen, parts = set(), []
+        for p in pts:
+            _, point_parts = self.engine.plan(p.cfg)
+            for part in point_parts:
+                key = (part.config.name, part.weights, part.slots)
+                if key not in seen:
+                    seen.add(key)
+                    parts.append(replace(part, weights=False))  # loaded already
+        w = pts[0].cfg.workload
+        need = memory_needed(w.B, pts[0].cfg.runtime.prefill_chunk, self.engine.dtype, parts)
+        free = dev.memory(self.engine.device)[0] - dev.headroom(self.engine.device)
+        if need["total"] > free:
+            return f"B={w.B} x prefix {w.prefix_len} does not fit in memory ({need['total'] / 2**30:.1f} GiB needed)"
+        return None
 
-    def meta(self, P, B) -> dict:
-        return {"prefix_len": P, "B": B, "sampling": {m: vars(s) for m, s in MODES.items() if m in self.cfg["modes"]},
-                "model": self.config.name, "draft_model": self.draft_config and self.draft_config.name,
-                "model_config": self.config.to_dict(), "draft_config": self.draft_config and self.draft_config.to_dict(),
-                "random_weights": self.cfg["random_weights"], "synthetic_acceptance": synthetic_alpha(self.cfg, P),
-                "synthetic_draws": SYNTHETIC_DRAWS if synthetic_alpha(self.cfg, P) is not None else None,
-                "skip_tokens": batch_skips(self.cfg), "gen_len": self.cfg["gen_len"], "repeats": self.cfg["repeats"], "min_seconds": self.cfg["min_seconds"], "sinks": self.cfg["sinks"], "skip_prefill": self.cfg["skip_prefill"],
-                "cuda_graphs": self.cuda, "prompt_source": getattr(self, "prompt_source", None),
-                "environment": getattr(self, "env", None)}
-
-    def group(self, P, B, pts, bar, start, max_minutes):
-        """Every point of one (prefix, B) group, batch by batch: each batch of prompts is prefilled once and every
-        point still missing it is timed on it; a point's record is written after its last batch."""
+    def group(self, pts: list[Point], bar, start, max_minutes) -> bool:
+        """Every point of one (prefix, B) group, batch by batch; False if the time ran out."""
         for k, skip in enumerate(batch_skips(self.cfg)):
-            todo = [p for p in pts if len(self.partial(point_name(p[0], P, B, *p[1:]))["batches"]) <= k]
-            if todo and not self.batch(P, B, k, skip, todo, bar, start, max_minutes):
-                return
-            bench.release_memory(self.device)  # this batch's caches and graphs, before the next batch allocates
-
-    def batch(self, P, B, k, skip, pts, bar, start, max_minutes) -> bool:
-        """Time these points on batch k (prompts from `skip` tokens into each book); False if the time ran out."""
-        cfg, dev, c = self.cfg, self.device, self.config
-        args = SimpleNamespace(**{**vars(self.args), "B": B, "prefix_len": P, "skip_tokens": skip})
-        synthetic, last = synthetic_alpha(cfg, P), k == len(batch_skips(cfg)) - 1
-        with torch.inference_mode():
-            prompts, _ = bench.load_prompts_for(args, c, self.checkpoint)
-            prompts, self.prompt_source = prompts.to(dev), args.prompt_source
-            drafts = {}  # (method, budget, policy) -> Draft, made on first use
-
-            def draft_for(method, budget, policy):
-                if (method, budget, policy) not in drafts:
-                    drafts[method, budget, policy] = self.new_draft(method, budget, P, prompts, policy, cache, queries)
-                return drafts[method, budget, policy]
-
-            cache, logits, queries = self.new_target_cache(P, prompts)
-            base_dec = {}  # per mode: the baseline decoder, kept for pairing
-            for point in pts:
-                method, mode, budget, gamma, draft_policy = point
-                if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
-                    return False
-                name = point_name(method, P, B, *point[1:])
-                sampling, partial = MODES[mode], self.partial(name)
-                torch.manual_seed(cfg["seed"])
-                first = next_token(logits, sampling.temperature, sampling.top_p, sampling.top_k)
-                cache.rollback(torch.full_like(cache.lengths, P))
-                if mode not in base_dec:
-                    base_dec[mode] = Decoder(self.target, sampling, cuda_graphs=self.cuda)
-                if method == "baseline":  # timed alone
-                    result = runs.timed_generation(base_dec[mode], cache, first, prompts[:, -1], args, [], False)
-                    partial["batches"].append(timing(skip, result, base_dec[mode]))
-                    self.finish(P, B, point, partial, last, bar)
-                    continue
-                if method == "auto":  # planned and profiled on the first batch, as a server does once per shape
-                    if "planner" not in partial:
-                        _, partial["planner"] = self.plan_budget(P, B, mode, synthetic)
-                    policy = self.auto_policy(partial["planner"])
-                    draft = draft_for(self.draft_method, partial["planner"]["budget"], "streaming")
-                else:
-                    policy, draft = None, draft_for(method, budget, draft_policy)
-                dec = Decoder(self.target, sampling, draft=draft, gamma=gamma or 0,
-                              cuda_graphs=self.cuda, synthetic_acceptance=synthetic, policy=policy)
-                if policy and "profiled_costs" not in partial:
-                    partial["auto_gamma_profile_s"] = runs.profile_gammas(dec, cache, first, prompts[:, -1], args, [])
-                    partial["profiled_costs"] = policy.costs
-                elif policy:
-                    policy.costs = {int(g): s for g, s in partial["profiled_costs"].items()}  # JSON keys
-                # Timed in turns with the baseline: the speedup compares runs made under the same conditions.
-                result, b_result = runs.timed_generations([dec, base_dec[mode]], cache, first, prompts[:, -1], args, [])
-                partial["batches"].append(timing(skip, result, dec) | {"baseline": timing(skip, b_result, base_dec[mode])})
-                self.finish(P, B, point, partial, last, bar)
-                del dec
-                gc.collect()  # its CUDA graphs and their memory go now, not at some later capture
-            base_dec.clear()
-            drafts.clear()  # free the draft caches before the next batch allocates its own
-            queries = None  # the recorded queries go with the batch
+            todo = [p for p in pts if len(self.partial(p)["batches"]) <= k]
+            if todo and not self.batch(todo, k, skip, bar, start, max_minutes):
+                return False
+            dev.release_memory(self.engine.device)  # this batch's caches and graphs, before the next allocates
         return True
 
-    def partial(self, name: str) -> dict:
-        """A point's timings on the batches done so far (kept across slices until its record is written)."""
-        f = self.out / ".batches" / f"{name}.json"
-        return json.loads(f.read_text()) if f.exists() else {"batches": []}
+    def batch(self, pts: list[Point], k: int, skip: int, bar, start, max_minutes) -> bool:
+        """Time these points on batch k (prompts from `skip` tokens into each book); False if the time ran out."""
+        engine, last = self.engine, k == len(batch_skips(self.cfg)) - 1
+        base = pts[0].cfg
+        cfg0 = replace_options(base, skip_tokens=skip)
+        queries = max((p.cfg.drafter.prefill_queries(p.cfg) for p in pts if p.cfg.drafter), default=0)
+        ahead = max(lookahead(p.cfg) for p in pts)
+        slots = cfg0.workload.prefix_len + appended_for(cfg0.workload.gen_len, ahead)
+        batch = engine.prefill(cfg0, queries, slots)
+        self.prompt_source = batch.prompt_source
+        drafters_made, base_decoders = {}, {}
+        try:
+            for point in pts:
+                if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
+                    return False
+                cfg = point.cfg
+                mode = cfg.decoding.name
+                partial = self.partial(point)
+                batch.cache.rollback(torch.full_like(batch.cache.lengths, cfg.workload.prefix_len))
+                first, prev = first_tokens(cfg, batch)
+                if mode not in base_decoders:
+                    base_cfg = replace_options(cfg, drafter="baseline")
+                    base_decoders[mode] = engine.decoder(base_cfg)
+                with torch.inference_mode():
+                    if point.method == "baseline":  # timed alone
+                        (out, counts, seconds), = self.timed([base_decoders[mode]], cfg, batch, first, prev)
+                        partial["batches"].append(timing_entry(skip, seconds, base_decoders[mode], counts))
+                        self.finish(point, partial, last, bar)
+                        continue
+                    if point.method == "auto":  # planned and profiled on the first batch, as a server does
+                        if "planner" not in partial:
+                            partial["planner"] = self.plan_budget(point)
+                        cfg = replace_options(cfg, draft_budget=partial["planner"]["budget"])
+                        policy = AutoGamma(self.gammas(point), partial["planner"]["alpha"],
+                                           spread=partial["planner"]["spread"])
+                    else:
+                        policy = None
+                    key = (cfg.drafter.name, json.dumps(opt.as_options(cfg.draft), sort_keys=True), mode)
+                    if key not in drafters_made:
+                        models = engine.plan(cfg)[0]
+                        drafters_made[key] = engine.prepare(cfg, batch, models, ahead)[:2]
+                    drafter, draft_s = drafters_made[key]
+                    decoder = engine.decoder(cfg, drafter, cfg.speculation.largest, policy)
+                    if policy and "profiled_costs" not in partial:
+                        partial["auto_gamma_profile_s"] = timing.profile_gammas(decoder, batch.cache, first, prev,
+                                                                                cfg.workload.gen_len, [])
+                        partial["profiled_costs"] = policy.costs
+                    elif policy:
+                        policy.costs = {int(g): s for g, s in partial["profiled_costs"].items()}  # JSON keys
+                    (out, counts, s), (_, b_counts, b_s) = self.timed([decoder, base_decoders[mode]], cfg, batch,
+                                                                      first, prev)
+                    entry = timing_entry(skip, s, decoder, counts)
+                    entry["baseline"] = timing_entry(skip, b_s, base_decoders[mode], b_counts)
+                    entry["draft_prefill_s"] = draft_s
+                    partial["batches"].append(entry)
+                    del decoder
+                    gc.collect()  # its CUDA graphs and their memory go now, not at some later capture
+                self.finish(point, partial, last, bar)
+        finally:
+            base_decoders.clear()
+            drafters_made.clear()  # free the draft caches before the next batch allocates its own
+            del batch
+        return True
 
-    def finish(self, P, B, point, partial: dict, last: bool, bar) -> None:
+    def timed(self, decoders, cfg: RunConfig, batch, first, prev):
+        w, t = cfg.workload, cfg.timing
+        return timing.timed_generations(decoders, batch.cache, first, prev, w.gen_len, [], w.seed, cfg.runtime.graphed,
+                                        t.repeats, t.min_seconds)
+
+    @staticmethod
+    def gammas(point: Point) -> list[int]:
+        """An auto point's candidates: the sweep's gamma axis."""
+        return point.candidates["gammas"]
+
+    def finish(self, point: Point, partial: dict, last: bool, bar) -> None:
         """Keep this point's timings so far; after its last batch, write its record."""
-        name = point_name(point[0], P, B, *point[1:])
         partial = json.loads(json.dumps(partial, default=str))  # one form (JSON's), whether stored or just timed
         if not last:
             (self.out / ".batches").mkdir(exist_ok=True)
-            tmp = self.out / ".batches" / f".{name}.tmp"
+            tmp = self.out / ".batches" / f".{point.key}.tmp"
             tmp.write_text(json.dumps(partial))
-            tmp.replace(self.out / ".batches" / f"{name}.json")
+            tmp.replace(self.out / ".batches" / f"{point.key}.json")
             return
-        rec = self.record(P, B, point, partial)
-        self.write(name, rec)
+        rec = self.record(point, partial)
+        self.write(point.key, rec)
         self.log(rec)
-        (self.out / ".batches" / f"{name}.json").unlink(missing_ok=True)
+        (self.out / ".batches" / f"{point.key}.json").unlink(missing_ok=True)
         bar.update(1)
 
-    def record(self, P, B, point, partial: dict) -> dict:
-        """A point's record from its timings on every batch: throughput and acceptance over all of them (seconds and
-        counts summed), each batch's own in "batches"."""
-        (method, mode, budget, gamma, draft_policy), planner = point, partial.get("planner")
-        budget = planner["budget"] if planner else budget  # auto: the planner's
-        args = SimpleNamespace(**{**vars(self.args), "B": B, "prefix_len": P})
+    def meta(self, point: Point) -> dict:
+        """What the report reads of every point besides its metrics."""
+        c, w = point.cfg, point.cfg.workload
+        draft = c.draft
+        return {"point": point.key, "method": point.method, "label": "auto" if point.method == "auto" else c.describe(),
+                "decoding": c.decoding.name, "prefix_len": w.prefix_len, "B": w.B, "gen_len": w.gen_len,
+                "gamma": c.speculation.gamma[0] if c.speculation.speculative and not c.speculation.auto else None,
+                "budget": getattr(draft, "draft_budget", None), "draft_policy": getattr(draft, "draft_policy", None),
+                "config": c.options(), "config_hash": c.hash(), "model": self.engine.target_config.name,
+                "model_config": self.engine.target_config.to_dict(), "random_weights": c.models.random_weights,
+                "synthetic_acceptance": c.speculation.synthetic_acceptance,
+                "synthetic_draws": SYNTHETIC_DRAWS if c.speculation.synthetic_acceptance is not None else None,
+                "sampling": {c.decoding.name: MODES[c.decoding.name]}, "skip_tokens": batch_skips(self.cfg),
+                "repeats": c.timing.repeats, "min_seconds": c.timing.min_seconds,
+                "sinks": getattr(draft, "sinks", None), "skip_prefill": c.runtime.skip_prefill,
+                "step_mode": c.runtime.step_mode, "cuda_graphs": c.runtime.graphed,
+                "prompt_source": getattr(self, "prompt_source", None), "environment": self.env}
+
+    def record(self, point: Point, partial: dict) -> dict:
+        """A point's record from its timings on every batch: throughput and acceptance over all of them (seconds
+        and counts summed), each batch's own in "batches"."""
+        cfg, w = point.cfg, point.cfg.workload
+        if point.method == "auto":
+            cfg = replace_options(cfg, draft_budget=partial["planner"]["budget"])
+            point = Point(point.method, cfg, point.synthetic, partial["planner"], point.name)
         timings = partial["batches"]
         counts, secs, stats, round_s = combined(timings)
-        m = runs.generation_metrics(counts, secs, args, stats, round_s)
-        rec = {"point": point_name(method, P, B, *point[1:]), "method": method, "decoding": mode, "budget": budget,
-               "gamma": gamma, "draft_policy": draft_policy, **self.meta(P, B)}
-        if method == "baseline":
-            m.update(runs.bandwidth_metrics(self.target, self.config, args, self.dtype, secs / len(timings),
-                                            self.cost_device.bandwidth))
-            ctx = P + args.gen_len // 2  # mid-generation context
-            m["cost_model"] = {"T_T_s": cm.step_time(self.config, self.cost_device, B, ctx, 1, mode == "sampled")}
+        m = met.generation_metrics(counts, secs, w.B, stats, round_s)
+        rec = self.meta(point)
+        if point.method == "baseline":
+            m.update(met.bandwidth_metrics(self.engine.target, self.engine.target_config, w.B, w.prefix_len, w.gen_len,
+                                           self.engine.dtype, secs / len(timings), self.cost_device.bandwidth))
+            ctx = w.prefix_len + w.gen_len // 2
+            m["cost_model"] = {"T_T_s": cm.step_time(self.engine.target_config, self.cost_device, w.B, ctx, 1,
+                                                     not cfg.decoding.greedy)}
             return rec | {"device_model": vars(self.cost_device), "metrics": m, "batches": [
                 {"skip_tokens": t["skip_tokens"], "decode_s": t["seconds"], "iterations": t["stats"]["iterations"]}
                 for t in timings]}
         b_counts, b_secs, b_stats, b_round_s = combined([t["baseline"] for t in timings])
-        paired = runs.generation_metrics(b_counts, b_secs, args, b_stats, b_round_s)
-        m.update(runs.speculation_metrics(m, stats, paired, gamma or 0))
-        m["cost_model"] = self.predicted(P, B, budget, gamma, m, method, mode, draft_policy)
-        group_baseline = self.done(point_name("baseline", P, B, mode))
+        paired = met.generation_metrics(b_counts, b_secs, w.B, b_stats, b_round_s)
+        gamma = rec["gamma"] or 0
+        m.update(met.speculation_metrics(m, stats, paired, gamma))
+        m["draft_prefill_s"] = timings[0].get("draft_prefill_s")
+        m["cost_model"] = self.predicted(cfg, gamma, m)
         per_batch = []
         for t in timings:
             s = Stats(**t["stats"])
@@ -466,110 +585,74 @@ class Sweep:
                               "baseline_decode_s": t["baseline"]["seconds"],
                               "measured_speedup": t["baseline"]["seconds"] / t["seconds"], "iterations": s.iterations,
                               "alpha": s.alpha, "gamma_use": s.policy and s.policy["iterations_per_gamma"]})
-        return rec | {"baseline_metrics": paired, "group_baseline_metrics": group_baseline and group_baseline["metrics"],
-                      "planner": planner, "auto_gamma_profile_s": partial.get("auto_gamma_profile_s"), "metrics": m,
-                      "batches": per_batch}
+        return rec | {"baseline_metrics": paired, "planner": partial.get("planner"),
+                      "auto_gamma_profile_s": partial.get("auto_gamma_profile_s"), "metrics": m, "batches": per_batch}
 
-    def predicted(self, P, B, budget, gamma, m, method, mode, draft_policy="streaming") -> dict | None:
-        """The cost model's T_T, T_D, T_V and speedup at this point, from the measured device and the measured
-        alpha (and, as `speedup_effective`, from the measured Omega_eff: tokens per verification of the whole batch,
-        stragglers included, which is what the every-sequence-reaches-gen_len throughput follows)."""
+    def predicted(self, cfg: RunConfig, gamma: int, m: dict) -> dict:
+        """The cost model's T_T, T_D, T_V and speedup at this point from the measured device and alpha (and, as
+        `speedup_effective`, from the measured Omega_eff: tokens per verification of the whole batch, stragglers
+        included, which the every-sequence-reaches-gen_len throughput follows); or why there is none."""
         if m["alpha"] is None or not gamma:
-            return None
-        draft = self.draft_config if method == "longspec" else None
-        device = self.device_for(method)
-        # the draft reads every slot of its cache: a ring's spare ones, or a selected cache's appended positions
-        extra = runs.slots_beyond_budget(draft_policy, self.cfg["gen_len"], max(self.cfg["gammas"])) if budget else 0
-        pred = cm.predict(self.config, device, B, P + self.cfg["gen_len"] // 2, gamma, m["alpha"],
-                          budget if budget else P, draft, extra, mode == "sampled")
-        return pred | {"speedup_effective": m["omega_effective"] / cm.verification_cost(pred, gamma),
-                       "device_model": vars(device)}
+            return {"none": "no fixed gamma or no acceptance measured (--gamma auto predicts per verification)"}
+        device = replace(self.cost_device, verify_overhead_s=self.verify_overhead.get(cfg.drafter.name, 0.0))
+        models = self.engine.plan(cfg)[0]
+        pred = cfg.drafter.predict(cfg, self.engine.target_config, models, device, m["alpha"], gamma,
+                                   lookahead(cfg), (m.get("speculation") or {}).get("drafter"))
+        if pred is None:
+            return {"none": f"the cost model has no model of drafter {cfg.drafter.name} here"}
+        steps = m["speculation"]["draft_steps"] / m["speculation"]["iterations"] if m["speculation"]["iterations"] else gamma
+        cost = steps * pred["T_D_over_T_T"] + pred["T_V_over_T_T"] + pred["T_O_over_T_T"]
+        return pred | {"speedup_effective": m["omega_effective"] / cost, "device_model": vars(device)}
 
-    def new_target_cache(self, P: int, prompts: torch.Tensor):
-        """The target's cache for these prompts (prefix P), prefilled (random KV for skip_prefill sweeps), the last
-        position's logits, and, when a selection policy is swept, the queries of the prompt's last tokens per layer
-        (self-speculation selects its draft cache from them and the target's KV)."""
-        cfg, c, B = self.cfg, self.config, prompts.shape[0]
-        cache = KVCache(c.n_layers, B, c.n_kv_heads, self.slots(P), c.head_dim, self.dtype, self.device,
-                        cfg["prefill_backend"])
-        random_kv = cfg["seed"] if cfg["skip_prefill"] else None
-        queries = None
-        if set(cfg["draft_policies"]) - {"streaming"} and "selfspec" in cfg["methods"]:
-            logits, queries = draft_cache.prefill_recording(self.target, cache, prompts, draft_cache.WINDOW,
-                                                            prefill_chunk(B), random_seed=random_kv)
-        elif cfg["skip_prefill"]:
-            cache.fill_random(P, cfg["seed"])
-            logits = self.target(prompts[:, -1:], cache, logits="last")[:, -1]
-        else:
-            logits = prefill(self.target, cache, prompts, prefill_chunk(B))
-        cache.backend = self.backend
-        return cache, logits, queries
-
-    def new_draft(self, method: str, budget: int, P: int, prompts: torch.Tensor, policy: str = "streaming",
-                  target_cache: KVCache | None = None, queries=None) -> Draft:
-        """`method`'s draft (the target itself, or the draft model) with a `budget` cache over these prompts:
-        StreamingLLM's prefilled (random KV for skip_prefill sweeps), or a selection policy's, selected from the
-        target's prefill (`target_cache`, holding the prompt, and its `queries`) or from the draft's own."""
-        cfg, B = self.cfg, prompts.shape[0]
-        model = self.target if method == "selfspec" else self.draft_model
-        a = model.args
-        if policy != "streaming":
-            chosen = draft_cache.policy_for(policy, budget)
-            if method == "selfspec":
-                dc = draft_cache.build(chosen, target_cache, queries, self.append())
-            else:
-                dc = draft_cache.select_by_own_prefill(chosen, model, prompts, prefill_chunk(B), self.append(),
-                                                       self.dtype, cfg["prefill_backend"], False,
-                                                       cfg["seed"] + 1 if cfg["skip_prefill"] else None)
-            dc.backend = self.backend
-            return Draft(model, dc)
-        dc = runs.new_draft_cache(a, B, a.n_kv_heads, budget, cfg["sinks"], self.ring_extra(), self.slots(P),
-                                  self.dtype, self.device, cfg["prefill_backend"])
-        draft = Draft(model, dc)
-        if cfg["skip_prefill"]:
-            draft.fill_random(P, cfg["seed"] + 1)
-        else:
-            draft.prefill(prompts, runs.draft_prefill_chunk(prefill_chunk(B), budget))
-        dc.backend = self.backend
-        return draft
-
-    def plan_budget(self, P, B, mode, synthetic) -> tuple[int, dict]:
+    def plan_budget(self, point: Point) -> dict:
         """The planner's budget for an auto point: acceptance per budget as measured by earlier points of this sweep
-        and its `history` sweeps (any batch size: what a server has seen so far), else the prior; then the cost
-        model's best option."""
-        method, alpha, spread, records = self.draft_method, {}, {}, list(self.records())  # read once, not per budget
-        for b in self.cfg["budgets"]:
-            seen = [r for r in records
-                    if r.get("method") == method and r.get("budget") == b and r.get("prefix_len") == P
-                    and r.get("draft_policy", "streaming") == "streaming"
-                    and r.get("decoding") == mode and r.get("metrics", {}).get("alpha") is not None]
-            alpha[b] = synthetic if synthetic is not None else (sum(r["metrics"]["alpha"] for r in seen) / len(seen) if seen else self.cfg["alpha_prior"])
+        and its `history` sweeps, else the prior; then the cost model's best option."""
+        cfg, method = point.cfg, point.cfg.drafter.name
+        w = cfg.workload
+        budgets = self.budgets(point)
+        records = list(self.records())
+        alpha, spread = {}, {}
+        for b in budgets:
+            seen = [r for r in records if r.get("method") in (method, "longspec" if method == "standalone" else method)
+                    and r.get("budget") == b and r.get("prefix_len") == w.prefix_len
+                    and (r.get("draft_policy") or "streaming") == "streaming" and r.get("decoding") == cfg.decoding.name
+                    and r.get("metrics", {}).get("alpha") is not None]
+            synthetic = cfg.speculation.synthetic_acceptance
+            alpha[b] = synthetic if synthetic is not None else (
+                sum(r["metrics"]["alpha"] for r in seen) / len(seen) if seen else cfg.speculation.alpha_prior)
             spread[b] = spread_of(seen)
-        draft = self.draft_config if method == "longspec" else None
-        best, options = plan(self.config, self.device_for(method), B, P + self.cfg["gen_len"] // 2,
-                             [b for b in self.cfg["budgets"] if b < P], self.cfg["gammas"], alpha, draft,
-                             tokens=self.cfg["gen_len"] - 1, spread=spread, ring_extra=self.ring_extra(),
-                             sampled=mode == "sampled")
-        budget = best.budget if best.budget is not None else min(b for b in self.cfg["budgets"] if b < P)
-        return budget, {"predicted_best": vars(best), "budget": budget, "alpha": alpha[budget], "alpha_by_budget": alpha,
-                        "spread": spread[budget], "spread_by_budget": spread, "options": [vars(o) for o in options]}
+        device = replace(self.cost_device, verify_overhead_s=self.verify_overhead.get(method, 0.0))
+        models = self.engine.plan(cfg)[0]
 
-    def auto_policy(self, chosen: dict) -> AutoGamma:
-        """The runtime policy of an auto point, drafting with the planner's budget: gamma per verification."""
-        return AutoGamma(self.cfg["gammas"], chosen["alpha"], spread=chosen["spread"])
+        def predict(budget, gamma):
+            c = replace_options(cfg, draft_budget=budget, gamma=[gamma])
+            return cfg.drafter.predict(c, self.engine.target_config, models, device, alpha[budget], gamma,
+                                       lookahead(c))
+        best, options = plan(budgets, self.gammas(point), alpha, predict, w.B, w.gen_len - 1, spread, method)
+        budget = best.budget if best.budget is not None else min(budgets)
+        return {"predicted_best": vars(best), "budget": budget, "alpha": alpha[budget], "alpha_by_budget": alpha,
+                "spread": spread[budget], "spread_by_budget": spread, "options": [vars(o) for o in options]}
+
+    @staticmethod
+    def budgets(point: Point) -> list[int]:
+        """An auto point's budgets: the sweep's draft_budget axis, those below the prefix."""
+        return [b for b in point.candidates["budgets"] if b < point.cfg.workload.prefix_len]
 
     def records(self):
         """This sweep's records, then those of the `history` sweeps (of this model)."""
         for d in [self.out] + [Path(h) for h in self.cfg["history"]]:
             for f in sorted(d.glob("*.json")):
-                r = json.loads(f.read_text())
-                if d == self.out or r.get("model") == self.config.name:
+                try:
+                    r = json.loads(f.read_text())
+                except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                    continue
+                if isinstance(r, dict) and (d == self.out or r.get("model") == self.engine.target_config.name):
                     yield r
 
     @staticmethod
     def log(rec):
         m = rec["metrics"]
-        line = f"{rec['point']:40s} {m['decode_tokens_per_s'] or 0:10.0f} tok/s"
+        line = f"{rec['point']:50s} {m['decode_tokens_per_s'] or 0:10.0f} tok/s"
         if rec["method"] != "baseline":
             line += f"  alpha={m['alpha'] or 0:.3f} speedup={m.get('measured_speedup', 0):.3f}"
             if (m.get("cost_model") or {}).get("speedup"):
@@ -577,19 +660,37 @@ class Sweep:
         tqdm.write(line)
 
 
+def is_point_record(f: Path) -> bool:
+    try:
+        r = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(r, dict) and "point" in r
+
+
+def replace_options(cfg: RunConfig, **changes) -> RunConfig:
+    """The config with some options changed (a new frozen config: nothing is mutated)."""
+    given = cfg.options() | changes
+    if changes.get("drafter") == "baseline":
+        given = {k: v for k, v in given.items() if k in set().union(*(opt.keys(s) for s in SECTIONS.values()))}
+        given = {k: v for k, v in given.items() if k not in opt.keys(SECTIONS["speculation"]) or k == "drafter"}
+    return RunConfig.from_options(given, strict=False)
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("config", type=Path)
-    p.add_argument("--output_dir", type=Path, required=True)
+    p = argparse.ArgumentParser(prog="magicdec sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", type=Path, help="the sweep's TOML file")
+    p.add_argument("--output_dir", type=Path, required=True, help="where its records go (one JSON per point)")
     p.add_argument("--max_minutes", type=float, default=None, help="stop between points after this long (resume later)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--no_progress", action="store_true")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when a GPU is visible)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
-    with one_line_errors():
-        sweep = Sweep(load_config(a.config), a.output_dir, torch.device(a.device), not a.no_progress)
+    with one_line_errors(interrupted=f"interrupted; run the same command again to resume (records in {a.output_dir})"):
+        sweep = Sweep(load_config(a.config), a.output_dir, a.device, not a.no_progress, str(a.config))
         sweep.config_text = a.config.read_text()
-        sweep.command = " ".join(["python -m magicdec.sweep"] + (argv if argv is not None else sys.argv[1:]))
-        return 1 if sweep.run(a.max_minutes) and a.max_minutes is None else 0
+        sweep.command = " ".join(["magicdec sweep"] + (argv if argv is not None else sys.argv[1:]))
+        left = sweep.run(a.max_minutes)
+        return 1 if left and a.max_minutes is None else 0
 
 
 if __name__ == "__main__":

@@ -36,6 +36,20 @@ def even_split(n: int, parts: int, index: int) -> tuple[int, int]:
     return start, start + base + (index < extra)
 
 
+def local_config(config: ModelArgs, ranks: list[int], rank: int) -> ModelArgs:
+    """The config of `rank`'s slice of a model split over `ranks` (its KV heads, their query heads and its MLP units),
+    for the memory estimate before anything is loaded."""
+    from dataclasses import replace
+
+    if len(ranks) < 2 or rank not in ranks:
+        return config
+    index = sorted(ranks).index(rank)
+    kv0, kv1 = even_split(config.n_kv_heads, len(ranks), index)
+    f0, f1 = even_split(config.intermediate_size, len(ranks), index)
+    return replace(config, n_kv_heads=kv1 - kv0, n_heads=(kv1 - kv0) * (config.n_heads // config.n_kv_heads),
+                   intermediate_size=f1 - f0, head_dim=config.head_dim)
+
+
 def make_shard(args: ModelArgs, ranks: list[int], group) -> Shard:
     size, index = len(ranks), ranks.index(dist.get_rank())
     if args.n_kv_heads < size:

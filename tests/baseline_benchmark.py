@@ -1,18 +1,17 @@
-"""baseline benchmark, launched as in the MagicDec seed (see README.md for the flags):
+"""baseline benchmark, launched as in the MagicDec seed (see README.md for the flags); the same as
+`magicdec run --drafter baseline`:
 
     torchrun --standalone --nproc_per_node=1 tests/baseline_benchmark.py [flags]   # or plain python
 """
-import sys
-from pathlib import Path
+from magicdec.cli import run_main, run_record
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from magicdec import runs  # noqa: E402
+DESCRIPTION = "Autoregressive baseline: prefill, then one target step per token."
+DEFAULTS = {"drafter": "baseline"}
 
 
 def run(argv=None) -> dict:
-    return runs.run("baseline", argv)
+    return run_record(argv, DESCRIPTION, DEFAULTS)
 
 
 if __name__ == "__main__":
-    runs.main("baseline")
+    run_main(None, DESCRIPTION, DEFAULTS)

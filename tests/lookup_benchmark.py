@@ -1,18 +1,17 @@
-"""prompt-lookup benchmark (no draft model), launched as the MagicDec seed launches its others (see README.md for the flags):
+"""lookup benchmark, launched as in the MagicDec seed (see README.md for the flags); the same as
+`magicdec run --drafter lookup`:
 
     torchrun --standalone --nproc_per_node=1 tests/lookup_benchmark.py [flags]   # or plain python
 """
-import sys
-from pathlib import Path
+from magicdec.cli import run_main, run_record
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from magicdec import runs  # noqa: E402
+DESCRIPTION = "Prompt lookup: no draft model; the tokens that followed the latest earlier occurrence of the last n tokens (n = --ngram_max..1) in the prompt and output are proposed."
+DEFAULTS = {"drafter": "lookup"}
 
 
 def run(argv=None) -> dict:
-    return runs.run("lookup", argv)
+    return run_record(argv, DESCRIPTION, DEFAULTS)
 
 
 if __name__ == "__main__":
-    runs.main("lookup")
+    run_main(None, DESCRIPTION, DEFAULTS)

@@ -1,18 +1,17 @@
-"""selfspec benchmark, launched as in the MagicDec seed (see README.md for the flags):
+"""selfspec benchmark, launched as in the MagicDec seed (see README.md for the flags); the same as
+`magicdec run --drafter selfspec`:
 
     torchrun --standalone --nproc_per_node=1 tests/selfspec_benchmark.py [flags]   # or plain python
 """
-import sys
-from pathlib import Path
+from magicdec.cli import run_main, run_record
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from magicdec import runs  # noqa: E402
+DESCRIPTION = "Self-speculation: the target drafts with a small KV cache (--draft_policy) and verifies with its full cache (--hierarchy: TriForce's two levels)."
+DEFAULTS = {"drafter": "selfspec"}
 
 
 def run(argv=None) -> dict:
-    return runs.run("selfspec", argv)
+    return run_record(argv, DESCRIPTION, DEFAULTS)
 
 
 if __name__ == "__main__":
-    runs.main("selfspec")
+    run_main(None, DESCRIPTION, DEFAULTS)

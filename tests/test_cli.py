@@ -3,19 +3,22 @@ table (prompts, baseline beside speculation, why speculation was off, no speed c
 name), and one-line errors that name the bad flag, its value and the fix, before anything big is loaded."""
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import DATA, needs_smollm2, one_line_error, run_cli
-from magicdec import benchmark as bench
-from magicdec import runs
+from magicdec import drafters
 from magicdec.checkpoint import SMOLLM2_NAME
+from magicdec.cli import run_parser, run_record
 from magicdec.config import ModelArgs
+from magicdec.engine import ModelRef, resolve_model
+from magicdec.run import print_summary
+from magicdec.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = {m: REPO / "tests" / f"{m}_benchmark.py" for m in ("baseline", "selfspec", "longspec")}
@@ -27,27 +30,48 @@ TEXT = ("--tokenizer", str(LLAMA2_TOK), "--dataset", str(DATA / "gutenberg"), "-
 
 # ------------------------------------------------------------------ --help
 
-@pytest.mark.parametrize("method", ["baseline", "selfspec", "longspec"])
-def test_help_shows_defaults_and_what_each_flag_does(method):
-    p = runs.parser(method)
+@pytest.mark.parametrize("script", ["baseline", "selfspec", "longspec"])
+def test_help_shows_defaults_and_what_each_flag_does(script):
+    p = run_parser("x")
     text = " ".join(p.format_help().split())  # unwrapped
     for action in p._actions:
         assert action.help, f"{action.option_strings} has no help text"
     for flag, default in (("--B", "1"), ("--prefix_len", "4000"), ("--gen_len", "64"), ("--skip_tokens", "8000"),
-                          ("--top_p", "1.0"), ("--top_k", "0"), ("--seed", "0"), ("--rank_group", "0")):
+                          ("--top_p", "1.0"), ("--top_k", "0"), ("--seed", "0"), ("--rank_group", "0"),
+                          ("--gamma", "3"), ("--draft_budget", "256")):
         help_of = next(a.help for a in p._actions if flag in a.option_strings)
-        assert f"{help_of} (default: {default})" in text, flag
+        assert f"(default: {default})" in help_of, flag
     assert "triton" in next(a.help for a in p._actions if "--attn_backend" in a.option_strings)
     assert ".txt file" in next(a.help for a in p._actions if "--dataset" in a.option_strings)
     assert "issue #" not in text and "seed's" not in text
     assert "(default: None)" not in text and "(default: False)" not in text
-    if method != "baseline":
-        assert "(default: 3)" in text  # --gamma, as typed
+    for name in drafters.names():  # every drafter has a group of its own flags
+        assert f"drafter {name}" in text
+    p = run_cli(SCRIPTS[script], "--help")
+    assert p.returncode == 0 and "(default: 4000)" in p.stdout, p.stderr
 
 
-def test_help_runs_as_a_script():
-    p = run_cli(SCRIPTS["selfspec"], "--help")
-    assert p.returncode == 0 and "(default: 4000)" in p.stdout and "triton" in p.stdout, p.stderr
+def test_a_script_shows_the_defaults_it_applies():
+    """TriForce's script applies TriForce's defaults: its --help says so, not self-speculation's."""
+    p = run_cli(REPO / "tests" / "triforce_benchmark.py", "--help")
+    assert p.returncode == 0, p.stderr
+    text = " ".join(p.stdout.split())
+    assert "--prefill N --prefix_len N" in text and "(default: hierarchy)" in text and "(default: retrieval)" in text
+
+
+def test_lookup_help_offers_no_auto():
+    """--gamma auto is refused by prompt lookup: its script's run says so in one line naming the fix."""
+    one_line_error(run_cli(REPO / "tests" / "lookup_benchmark.py", *LLAMA68M, "--gamma", "auto"), "--gamma auto",
+                   "--gamma N")
+
+
+def test_magicdec_command_lists_its_commands():
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-m", "magicdec", "--help"], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0 and all(c in p.stdout for c in ("run", "compare", "sweep", "report", "reproduce"))
+    p = subprocess.run([sys.executable, "-m", "magicdec", "nonsense"], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "unknown command 'nonsense'" in p.stderr
 
 
 # ------------------------------------------------------------------ one-line errors naming the flag
@@ -70,20 +94,16 @@ def test_model_dir_without_model_pth(tmp_path):
     one_line_error(run_cli(SCRIPTS["baseline"], "--model", str(tmp_path)),
                    f"--model {tmp_path} is a directory without model.pth", "convert_hf_checkpoint.py --checkpoint_dir")
     one_line_error(run_cli(SCRIPTS["longspec"], "--target", str(tmp_path), "--model", str(tmp_path / "x.pth")),
-                   f"--target {tmp_path} is a directory without model.pth")
+                   f"--target {tmp_path} is a directory without model.pth")  # the seed's flag, as the user typed it
 
 
 def test_model_dir_holding_model_pth(tiny_hf, tmp_path):
     """--model DIR and --target DIR: the dir convert_hf_checkpoint.py --checkpoint_dir wrote model.pth into."""
     _, path = tiny_hf("llama", vocab_size=32000)
-    config, ckpt = bench.model_source(argparse.Namespace(random_weights=False, model=path.parent))
+    config, ckpt = resolve_model(ModelRef(path.parent, None, "--model"), False)
     assert ckpt == path and config.dim == 64
-    draft = argparse.Namespace(random_weights=False, model=path.parent, target=path.parent, model_name=None,
-                               tokenizer=None, prefix_len=32, gen_len=4)
-    tc, tk, dc, dk = runs.sources(draft, "longspec")
-    assert tk == dk == path
-    record = runs.run("baseline", ["--model", str(path.parent), *TEXT, "--device", "cpu", "--no_progress"])
-    assert record["args"]["model"] == str(path) and record["metrics"]["generated_tokens"] == 4
+    record = run_record(["--model", str(path.parent), *TEXT, "--device", "cpu", "--no_progress"])
+    assert record["config"]["model"] == str(path.parent) and record["metrics"]["generated_tokens"] == 4
 
 
 def damaged_copy(tiny_hf, d: Path, how: str) -> Path:
@@ -117,12 +137,11 @@ def summary(capsys, method="selfspec", device="cpu", **metrics) -> dict[str, str
     """print_summary's rows of a made-up record, as {key: value}."""
     m = {"prefill_s": 1.0, "decode_tokens_per_s": 90.0, "ms_per_token": 11.1, "alpha": 0.8, "omega": 3.0,
          "measured_speedup": 1.5} | metrics
-    record = {"metrics": m, "decoding": "greedy", "environment": {"device": device},
+    record = {"metrics": m, "decoding": "greedy", "environment": {"device": device}, "label": method,
+              "model_config": {"name": SMOLLM2_NAME},
               "prompt_source": "Python stdlib pydoc_data.topics documentation text (not PG-19)",
               "baseline_metrics": {"decode_tokens_per_s": 60.0, "ms_per_token": 16.7} if method != "baseline" else None}
-    args = argparse.Namespace(random_weights=False, device=torch.device(device), B=1, prefix_len=4000, gamma=3,
-                              streamingllm_budget=256, synthetic_acceptance=None)
-    runs.print_summary(method, record, argparse.Namespace(name=SMOLLM2_NAME), args)
+    print_summary(RunConfig.from_options({"drafter": method, "device": "cpu"}), record)
     return rows_of(capsys.readouterr().out)
 
 
@@ -137,6 +156,8 @@ def test_summary_rows(capsys):
     assert rows["baseline tokens/s"] == "60" and rows["baseline ms / token"] == "16.7" and rows["ms / token"] == "11.1"
     assert "no speed claim" in rows["note"] and "compute-bound" in rows["note"] and "GPU" in rows["note"]
     assert "speculation" not in rows
+    assert rows["B x prefix, gen_len"] == "1 x 4000, 64" and rows["timed rounds"].startswith("0")
+    assert rows["acceptance length (Omega)"] == "3" and rows["measured_speedup (every sequence reaches gen_len)"] == "1.5"
     assert "no speed claim" in summary(capsys, method="baseline")["note"]
     assert "baseline ms / token" not in summary(capsys, method="baseline")
     assert "note" not in summary(capsys, device="cuda")  # a GPU's numbers are what the harness is for
@@ -158,9 +179,9 @@ def test_summary_says_why_speculation_was_off(capsys):
 
 def test_summary_of_a_real_run(capsys):
     """A speculative run with --baseline prints the new rows from its own record."""
-    record = runs.run("selfspec", [*LLAMA68M[:3], "--device", "cpu", "--no_progress", "--B", "1", "--prefix_len", "48",
-                                   "--gen_len", "8", "--streamingllm_budget", "24", "--sinks", "4", "--gamma", "2",
-                                   "--baseline"])
+    record = run_record([*LLAMA68M[:3], "--drafter", "selfspec", "--device", "cpu", "--no_progress", "--B", "1",
+                         "--prefix_len", "48", "--gen_len", "8", "--draft_budget", "24", "--sinks", "4", "--gamma", "2",
+                         "--baseline"])
     rows = rows_of(capsys.readouterr().out)
     assert rows["baseline ms / token"] == f"{record['baseline_metrics']['ms_per_token']:.4g}"
     assert rows["baseline tokens/s"] == f"{record['baseline_metrics']['decode_tokens_per_s']:.4g}"

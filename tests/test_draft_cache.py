@@ -10,7 +10,8 @@ import torch
 
 from conftest import REPO, chi_square, fixed_first_token, run_cli
 from magicdec import draft_cache
-from magicdec.generate import Decoder, Draft, Sampling, decode
+from magicdec.drafters.model_draft import ModelDraft
+from magicdec.generate import Decoder, Sampling, decode
 from magicdec.kv_cache import KVCache
 from test_generate_speculative import assert_ragged, plain_greedy
 
@@ -111,7 +112,7 @@ def selected_speculation(model, policy, prompts, n_new, gamma, sampling=Sampling
     logits, queries = draft_cache.prefill_recording(model, cache, prompts, policy.queries, 64)
     dc = draft_cache.build(policy, cache, queries, append=n_new + gamma + 2)
     again = refresh and draft_cache.Refresh(policy, refresh, cache, dc, a.n_heads)
-    decoder = Decoder(model, sampling, draft=Draft(model, dc, refresh=again), gamma=gamma, trace=sampling.greedy)
+    decoder = Decoder(model, sampling, drafter=ModelDraft(model, dc, refresh=again), gamma=gamma, trace=sampling.greedy)
     first = logits.argmax(-1) if first is None else first
     out, counts = decode(decoder, cache, first, n_new, prev=prompts[:, -1])
     return out, counts, decoder
@@ -181,7 +182,7 @@ TINY_RUN = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_
     (("--draft_policy", "retrieval", "--draft_budget", "64", "--chunk_size", "0"), "--chunk_size 0: must be 1..32"),
     (("--draft_policy", "retrieval", "--draft_budget", "64", "--chunk_size", "33"), "--chunk_size 33: must be 1..32"),
     (("--draft_budget", "64", "--chunk_size", "4"), "--chunk_size applies to --draft_policy retrieval only"),
-    (("--draft_policy", "snapkv", "--draft_budget", "200"), "--streamingllm_budget 200 >= --prefix_len 200"),
+    (("--draft_policy", "snapkv", "--draft_budget", "200"), "--draft_budget 200 >= --prefix_len 200"),
     (("--draft_budget", "64", "--refresh", "4"), "--refresh re-selects a selected cache"),
     (("--draft_policy", "snapkv", "--draft_budget", "64", "--refresh", "0"), "--refresh 0: must be at least 1"),
 ])
@@ -253,7 +254,7 @@ def test_refreshed_draft_equals_plain_greedy(tiny, policy):
     dc = draft_cache.build(policy, cache, queries, append=n_new + gamma + 2)
     refresh = draft_cache.Refresh(policy, 2, cache, dc, a.n_heads)
     initial = dc.k[0][:, :, :dc.kept].clone()
-    decoder = Decoder(tiny, Sampling(), draft=Draft(tiny, dc, refresh=refresh), gamma=gamma, trace=True)
+    decoder = Decoder(tiny, Sampling(), drafter=ModelDraft(tiny, dc, refresh=refresh), gamma=gamma, trace=True)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
     assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
     assert_ragged(decoder)

@@ -2,13 +2,13 @@
 same book tokens (a draft that is the target over a full cache agrees everywhere, sum min(p, q) = 1), generation
 alpha is the decoder's, and a run writes its JSON, table and plot, which --report remakes from the JSON."""
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from conftest import DATA, benchmark_script
-from magicdec.generate import Draft, Sampling, prefill
+from magicdec.drafters.model_draft import ModelDraft
+from magicdec.generate import Decoder, Sampling, prefill
 from magicdec.kv_cache import KVCache
 
 draft_policies = benchmark_script("draft_policies")
@@ -23,12 +23,12 @@ def test_a_draft_that_is_the_target_agrees_everywhere(tiny):
         full = KVCache(a.n_layers, 2, a.n_kv_heads, 90, a.head_dim, torch.float32, "cpu")
         logits = prefill(tiny, cache, prompts, 64)
         prefill(tiny, full, prompts, 64)
-        out = draft_policies.teacher_forced(tiny, cache, Draft(tiny, full), prompts, book, logits)
+        out = draft_policies.teacher_forced(tiny, cache, ModelDraft(tiny, full), prompts, book, logits)
         assert out["positions"] == 20 and out["teacher_top1"] == 20
         assert out["teacher_min_pq"] == pytest.approx(20, abs=1e-4)
         assert cache.lengths.tolist() == [60, 60]  # rolled back to the prompt
-        run = draft_policies.generated_alpha(tiny, cache, Draft(tiny, full), prompts, logits, Sampling(),
-                                             SimpleNamespace(gamma=3, gen_len=12, seed=0))
+        decoder = Decoder(tiny, Sampling(), drafter=ModelDraft(tiny, full), gamma=3)
+        run = draft_policies.generated_alpha(decoder, cache, prompts, logits, gen_len=12, seed=0)
         assert run["examined"] > 0 and run["kept"] == run["examined"]
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from conftest import DATA
-from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
+from magicdec.drafters.model_draft import ModelDraft
+from magicdec.generate import Decoder, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.model import Transformer, load_model
 
@@ -58,7 +59,7 @@ def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(
                               backend)
     logits = prefill(target, cache, prompts, 64)
     prefill(draft_model, draft_cache, prompts, 64)
-    decoder = Decoder(target, Sampling(), draft=Draft(draft_model, draft_cache), gamma=gamma, trace=True,
+    decoder = Decoder(target, Sampling(), drafter=ModelDraft(draft_model, draft_cache), gamma=gamma, trace=True,
                       synthetic_acceptance=synthetic)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, eos, prev=prompts[:, -1])
     return out, counts, decoder

@@ -9,10 +9,11 @@ import torch
 
 from conftest import chi_square, fixed_first_token
 from magicdec import draft_cache
-from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
-from magicdec.hierarchy import Hierarchy
+from magicdec.drafters.model_draft import ModelDraft
+from magicdec.generate import Decoder, Sampling, decode, prefill
+from magicdec.drafters.hierarchy import Hierarchy, WholeContext
 from magicdec.kv_cache import KVCache, StreamingCache
-from magicdec.lookup import PromptLookup
+from magicdec.drafters.lookup import PromptLookup
 from test_generate_speculative import assert_ragged, first_layers, plain_greedy
 from test_lookup import repetitive_prompts
 
@@ -32,16 +33,16 @@ def hierarchical(target, prompts, n_new, gamma, gamma_bottom, bottom_kind, botto
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
     policy = draft_cache.Retrieval(budget, 4, window=32)
     logits, queries = draft_cache.prefill_recording(target, cache, prompts, policy.queries, 64)
-    middle = Draft(target, draft_cache.build(policy, cache, queries, append=n_new + gamma + gamma_bottom + 4))
+    middle = ModelDraft(target, draft_cache.build(policy, cache, queries, append=n_new + gamma + gamma_bottom + 4))
     if bottom_kind == "model":
         d = bottom_model.args
         bc = StreamingCache(d.n_layers, B, d.n_kv_heads, 20, 4, 64, d.head_dim, torch.float32, "cpu")
         prefill(bottom_model, bc, prompts, 16)
-        bottom = Draft(bottom_model, bc)
+        bottom = ModelDraft(bottom_model, bc)
     else:
-        bottom = PromptLookup(prompts, 3, None if sampling.greedy else a.vocab_size)
+        bottom = WholeContext(PromptLookup(prompts, 3, None if sampling.greedy else a.vocab_size))
     draft = Hierarchy(middle, bottom, gamma_bottom, sampling, cache)
-    decoder = Decoder(target, sampling, draft=draft, gamma=gamma, trace=sampling.greedy)
+    decoder = Decoder(target, sampling, drafter=draft, gamma=gamma, trace=sampling.greedy)
     first = logits.argmax(-1) if first is None else first
     out, counts = decode(decoder, cache, first, n_new, prev=prompts[:, -1])
     return out, counts, decoder, draft

@@ -10,7 +10,7 @@ import torch
 from conftest import chi_square
 from magicdec.generate import Decoder, Sampling, decode
 from magicdec.kv_cache import KVCache
-from magicdec.lookup import PromptLookup, propose_ngram
+from magicdec.drafters.lookup import PromptLookup, propose_ngram
 from magicdec.sampling import probabilities
 from test_generate_speculative import assert_ragged, plain_greedy
 
@@ -81,7 +81,7 @@ def test_lookup_speculation_equals_plain_greedy(tiny, gamma):
     cache = KVCache(a.n_layers, B, a.n_kv_heads, 96 + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
     logits = tiny(prompts, cache, logits="last")[:, -1]
     cache.advance(96)
-    decoder = Decoder(tiny, Sampling(), draft=PromptLookup(prompts, 3), gamma=gamma, trace=True)
+    decoder = Decoder(tiny, Sampling(), drafter=PromptLookup(prompts, 3), gamma=gamma, trace=True)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
     assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
     assert_ragged(decoder)
@@ -105,7 +105,7 @@ def test_sampled_lookup_keeps_the_targets_distribution(tiny, monkeypatch):
         tiny(prompt.expand(N, -1), cache, logits="none")
         cache.advance(96)
         draft = PromptLookup(prompt.expand(N, -1), 3, a.vocab_size)
-        out, _ = decode(Decoder(tiny, sampling, draft=draft, gamma=1), cache, first, 2, prev=prompt[:, -1].expand(N))
+        out, _ = decode(Decoder(tiny, sampling, drafter=draft, gamma=1), cache, first, 2, prev=prompt[:, -1].expand(N))
         assert bool((draft.proposed == 1).all())
         return out[:, 1]
 
@@ -153,7 +153,7 @@ def test_nothing_proposed_costs_one_plain_step(tiny, monkeypatch):
     from magicdec import generate
     steps = iter(range(1, 100))
     monkeypatch.setattr(generate.tp, "vocab_argmax", lambda logits, shard: fresh(next(steps)).argmax(-1))
-    decoder = Decoder(tiny, Sampling(), draft=PromptLookup(prompts, 3), gamma=3)
+    decoder = Decoder(tiny, Sampling(), drafter=PromptLookup(prompts, 3), gamma=3)
     out, _ = decode(decoder, cache, torch.full((3,), 100), n_new, prev=prompts[:, -1])
     assert out[0].tolist() == list(range(100, 100 + n_new)) and fed == [1] * (n_new - 1)
     assert decoder.stats.drafted == 0 and decoder.stats.iterations == n_new - 1
@@ -177,8 +177,14 @@ def test_lookup_teacher_forced_counts(tiny):
     lookup_alpha = benchmark_script("lookup_alpha")
     prompts = repetitive_prompts(2, 64, seed=7)
     book = plain_greedy(tiny, prompts, 12)
-    got = lookup_alpha.teacher_forced(tiny, prompts, book, 3)
-    text = torch.cat([prompts, book], 1).tolist()
+    text = torch.cat([prompts, book], 1)
+    a = tiny.args
+    cache = KVCache(a.n_layers, 2, a.n_kv_heads, 76, a.head_dim, torch.float32, "cpu")
+    tiny(text, cache, logits="none")  # the script's prefill: the prompt with the book, which it rolls back
+    cache.advance(76)
+    got = lookup_alpha.teacher_forced(tiny, cache, text, 64, 3)
+    assert cache.lengths.tolist() == [64, 64]  # left at the prompt's end
+    text = text.tolist()
     proposals = [first_proposal(row[:64 + t], 3) for row in text for t in range(12)]
     nexts = [row[64 + t] for row in text for t in range(12)]
     assert got["positions"] == 24 and got["proposed"] == sum(x is not None for x in proposals)

@@ -1,6 +1,7 @@
 """The sweep report: hand-written records with chosen numbers (so every expected value is known without the report's
-code) through `python -m magicdec.report`: best fixed setting, cost-model errors, planner PASS/FAIL, figures,
-RESULTS.md with commands and links, skipped points; then one real tiny sweep, to prove its record format is read."""
+code) through `magicdec report`: best fixed setting, cost-model errors, planner PASS/FAIL, every drafter at its best
+γ, figures, RESULTS.md with commands and links, updated in place, skipped points; bad records and folders; then one
+real tiny sweep, to prove its record format is read."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ import pytest
 
 from conftest import TINY_SWEEP
 from magicdec import report
+from magicdec.errors import MagicDecError
 
 ENV = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.13.0", "python": "3.11.7", "device": "cuda"}
 COMMAND = "python -m magicdec.sweep benchmarks/sweeps/llama.toml --output_dir results/issue5/llama  # NVIDIA H100 80GB HBM3, 2026-01-02 03:04"
@@ -76,6 +78,12 @@ def row_of(md: str, P: int, B: int) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")]
 
 
+def every_drafter(md: str, P: int, B: int) -> list[list[str]]:
+    """The cells after (prefix, B, decoding) of the every-drafter table's rows at one greedy point."""
+    part = md.split("Every drafter at each point")[1].split("\n\n")[1]
+    return [x.split(" | ")[3:] for x in part.splitlines() if x.startswith(f"| {P} | {B} | greedy | ")]
+
+
 def test_report_from_hand_written_records(tmp_path, capsys):
     sweep = write_sweep(tmp_path / "sweeps" / "llama")
     extra = tmp_path / "side_by_side.md"
@@ -106,6 +114,13 @@ def test_report_from_hand_written_records(tmp_path, capsys):
         assert cells[10] == f"{AUTO[key]:.2f}" and cells[11] == "b256, γ 2:5 3:11"
         assert cells[12:] == ["PASS" if ok_base else "**FAIL**", "PASS" if ok_best else "**FAIL**"]
 
+    # every drafter at its best γ, fastest first (auto among them); records before labels: method and budget
+    assert every_drafter(md, 4096, 8) == [["selfspec b256", "3", "1.50", "1.60", "0.750", "—", "0.069", "1.100", "—", "1.68 (+12.0%)",
+                      "2.00 (+25.0%) |"],
+                     ["auto", "b256, γ 2:5 3:11", "1.48", "1.48", "0.800", "—", "—", "—", "—", "—", "— |"],
+                     ["selfspec b512", "3", "1.30", "1.50", "0.800", "—", "0.138", "1.100", "—", "1.37 (+5.0%)",
+                      "1.42 (-5.0%) |"]]  # 0.95 x 1.50, rounded
+
     # summary: 15 of 16 points within 10% (Omega_eff), 7 of 16 (Omega: B=8 points but the +25% one), 16 of 16 (ratios)
     assert "cost model Ω_eff vs all reach: 15/16; cost model Ω vs first done: 7/16;" in md
     assert "measured T_D/T_T, T_V/T_T, Ω_eff vs all reach: 16/16" in md
@@ -113,7 +128,8 @@ def test_report_from_hand_written_records(tmp_path, capsys):
 
     # figures: valid PNGs, embedded in RESULTS.md with links relative to it; the commands; skipped points; includes
     links = re.findall(r"!\[[^]]*\]\(([^)]+\.png)\)", md)
-    assert sorted(Path(x).name for x in links) == sorted(f"llama_{k}.png" for k in ("speedup", "predicted", "ratios", "alpha"))
+    assert sorted(Path(x).name for x in links) == sorted(f"llama_{k}.png" for k in
+                                                         ("speedup", "drafters", "predicted", "ratios", "alpha"))
     for link in links:
         assert not Path(link).is_absolute()
         assert (results_md.parent / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -122,8 +138,8 @@ def test_report_from_hand_written_records(tmp_path, capsys):
     assert "NVIDIA H100 80GB HBM3" in md and "random weights, synthetic α 0.80" in md
     # an included file's relative links still lead to the files beside it; URLs and anchors stay as written
     assert md.rstrip().endswith("| 1 | 2 |\n\n[log](../sbs/log.txt), [docs](https://example.org/a_b), [top](#results), "
-                                "![plot](../sbs/p.svg)")
-    assert (out / "llama.md").read_text().count("](llama_") == 4  # the per-sweep file links beside its PNGs
+                                "![plot](../sbs/p.svg)\n\n<!-- /include ../side_by_side.md -->")
+    assert (out / "llama.md").read_text().count("](llama_") == 5  # the per-sweep file links beside its PNGs
     assert "selfspec b256 γ3" in capsys.readouterr().out
 
 
@@ -142,27 +158,39 @@ def test_report_skips_missing_dimensions(tmp_path):
 
 TINY = TINY_SWEEP + """
 gammas = [1]
-methods = ["baseline", "selfspec"]
+methods = ["baseline", "selfspec", "lookup"]
 synthetic_acceptance = 0.8
 """
 
 
-def test_report_reads_a_real_sweep(tmp_path):
+def test_report_reads_a_real_sweep(tmp_path, monkeypatch):
+    """A real sweep's records (a drafter with a budget, one without) through the report. The sweep's probes of
+    this device's step times only calibrate its cost model; stubbed, they keep this test fast on a CPU."""
     import torch
 
     from magicdec import sweep
 
+    monkeypatch.setattr(sweep.Sweep, "probe", lambda self, cfg: 0.02)
     (tmp_path / "t.toml").write_text(TINY)
     out = tmp_path / "tiny"
     assert sweep.Sweep(sweep.load_config(tmp_path / "t.toml"), out, torch.device("cpu"), False).run(None) == 0
-    (out / "commands.txt").write_text("python -m magicdec.sweep t.toml --output_dir tiny  # cpu, today\n")
+    (out / "commands.txt").write_text("magicdec sweep t.toml --output_dir tiny  # cpu, today\n")
     results_md = tmp_path / "RESULTS.md"
     report.main([str(out), "--out", str(tmp_path / "png"), "--results_md", str(results_md)])
-    spec = json.loads((out / "selfspec_P48_B2_greedy_b24_g1.json").read_text())["metrics"]
-    cells = row_of(results_md.read_text(), 48, 2)
-    assert cells[4:6] == ["selfspec b24 γ1", f"{spec['measured_speedup']:.2f}"]
-    assert cells[8].startswith(f"{spec['cost_model']['speedup_effective']:.2f} (")
-    assert "synthetic α 0.80" in results_md.read_text() and "# cpu, today" in results_md.read_text()
+    md = results_md.read_text()
+    recs = {r["method"]: r for r in map(json.loads, map(Path.read_text, out.glob("*.json")))}
+    assert recs["lookup"]["budget"] is None  # the point of having it here: a drafter without a draft budget
+    best = max((recs["selfspec"], recs["lookup"]), key=lambda r: r["metrics"]["measured_speedup"])
+    cells = row_of(md, 48, 2)
+    assert cells[4:6] == [f"{best['label']} γ1", f"{best['metrics']['measured_speedup']:.2f}"]
+    every = {row[0]: row[1:] for row in every_drafter(md, 48, 2)}
+    for r in (recs["selfspec"], recs["lookup"]):  # every drafter's row: its γ, speedup, the cost model's view
+        m, cm = r["metrics"], r["metrics"]["cost_model"]
+        assert every[r["label"]][:2] == ["1", f"{m['measured_speedup']:.2f}"]
+        error = "none" not in cm and cm["speedup_effective"] / m["measured_speedup"] - 1
+        assert every[r["label"]][8] == (f"no model: {cm['none']}" if "none" in cm else
+                                        f"{cm['speedup_effective']:.2f} ({error:+.1%})")
+    assert "synthetic α 0.80" in md and "# cpu, today" in md
 
 
 def test_points_timed_on_several_batches_get_a_row_per_batch():
@@ -205,7 +233,10 @@ def test_results_md_opens_with_one_row_per_sweep(tmp_path):
     md = results_md.read_text()
     lines = md.splitlines()
     head = next(i for i, x in enumerate(lines) if x.startswith("| sweep | model |"))
-    assert lines[0] == "# Results" and lines[2].startswith("Made by `python -m magicdec.report ")
+    assert lines[0] == "# Results" and lines[2:5] == ["<!-- head -->", "", f"Last updated by `magicdec report {full} "
+                                                      f"{auto_only} --out {out} --results_md {results_md}`; a run "
+                                                      "replaces the sections of the sweeps it names and keeps every "
+                                                      "other section (between `<!-- sweep NAME -->` markers)."]
     assert head < next(i for i, x in enumerate(lines) if x.startswith("How to read these tables"))
     cells = [[c.strip() for c in x.strip("|").split("|")] for x in lines[head + 2:head + 4]]
     # best all reach: 16384 x 8, b256 γ3 (2.00); best first done: the same setting (2.40); cost model as in the
@@ -240,3 +271,230 @@ def test_draft_policies_are_named_in_tables_and_the_alpha_plot(tmp_path, monkeyp
     report.fig_alpha(list(recs.values()), tmp_path / "a.png", "t")
     assert drawn["prefix 4096, selfspec"] == [(0, pytest.approx(0.75)), (1, pytest.approx(0.8))]
     assert drawn["prefix 4096, selfspec snapkv"] == [(0, pytest.approx(0.70)), (1, pytest.approx(0.75))]
+
+
+# Records as sweeps write them now: every drafter with its label, budget None where it has none, the cost model's
+# prediction or why there is none. (label, method, budget, policy) -> {gamma: speedup all reach at B=1, at B=8}
+DRAFTERS = {
+    ("selfspec snapkv b512 refresh 4", "selfspec", 512, "snapkv"): {2: (0.90, 1.30), 3: (0.80, 1.50)},
+    ("lookup n3", "lookup", None, None): {2: (1.05, 1.10), 4: (0.95, 1.20)},
+    ("hierarchy lookup>selfspec retrieval b1024", "hierarchy", 1024, "retrieval"): {2: (0.70, 1.60)},
+    ("standalone llama-68m b512", "standalone", 512, "streaming"): {2: (0.85, 1.00)},
+}
+NO_MODEL = "the cost model has no model of drafter hierarchy here"
+
+
+def labeled(tag: str, method: str, B: int, **fields) -> dict:
+    return {"point": f"{tag.replace(' ', '-')}_P4096_B{B}_greedy", "method": method, "label": tag, "decoding": "greedy",
+            "prefix_len": 4096, "B": B, "gen_len": 64, "config": {"drafter": method}, "config_hash": "0123abcd",
+            "model": "meta-llama/Meta-Llama-3.1-8B", "random_weights": True, "synthetic_acceptance": 0.8,
+            "environment": ENV | {"code": {"commit": "28fc535856177ff1167dca157b1e80fb44dcc30e", "dirty": True}},
+            **fields}
+
+
+def labeled_records() -> list[dict]:
+    """Per drafter and gamma: α 0.6 + budget/4096 (lookup 0.5), prefill 0.25 s, the cost model 10% above all reach
+    and first done (first done = all reach + 0.1); auto at 1.0 and 1.55."""
+    out = []
+    for B, i in ((1, 0), (8, 1)):
+        out.append(labeled("baseline", "baseline", B, gamma=None, budget=None, draft_policy=None,
+                           metrics={"decode_tokens_per_s": 100.0 * B, "cost_model": {"T_T_s": 0.01}}))
+        for (tag, method, budget, policy), by_gamma in DRAFTERS.items():
+            for gamma, s in by_gamma.items():
+                cm = {"none": NO_MODEL} if method == "hierarchy" else {
+                    "speedup_effective": 1.1 * s[i], "speedup": 1.1 * (s[i] + 0.1), "T_D_over_T_T": 0.1, "T_V_over_T_T": 1.0}
+                out.append(labeled(f"{tag}_g{gamma}", method, B, label=tag, gamma=gamma, budget=budget,
+                                   draft_policy=policy, metrics={
+                                       "measured_speedup": s[i], "measured_speedup_first_done": s[i] + 0.1,
+                                       "alpha": 0.6 + budget / 4096 if budget else 0.5, "acceptance_length": 1 + gamma / 2,
+                                       "T_D_over_T_T": 0.2, "T_V_over_T_T": 1.05, "draft_prefill_s": 0.25,
+                                       "cost_model": cm}))
+        out.append(labeled("auto", "auto", B, gamma=None, budget=512, draft_policy="streaming", metrics={
+            "measured_speedup": (1.0, 1.55)[i], "measured_speedup_first_done": (1.0, 1.55)[i], "alpha": None,
+            "cost_model": {"none": "no fixed gamma or no acceptance measured (--gamma auto predicts per verification)"},
+            "speculation": {"auto_gamma": {"iterations_per_gamma": {"0": 63}, "switched_off": True}}}))
+    return out
+
+
+def write_records(d: Path, recs: list[dict]) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for r in recs:
+        (d / f"{r['point']}.json").write_text(json.dumps(r))
+    return d
+
+
+def test_every_drafter_at_its_best_gamma(tmp_path, monkeypatch):
+    """Every drafter of a sweep, whatever its name, in the table at its best γ; auto beside them; `no model` with the
+    record's reason; the best fixed setting over all of them; a drafter without a budget draws no α-vs-budget line."""
+    sweep = write_records(tmp_path / "all", labeled_records())
+    assert report.main([str(sweep), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "all.md").read_text()
+    assert [r[:5] for r in every_drafter(md, 4096, 8)] == [
+        ["hierarchy lookup>selfspec retrieval b1024", "2", "1.60", "1.70", "0.850"],
+        ["auto", "b512, γ 0:63 (off)", "1.55", "1.55", "—"],
+        ["selfspec snapkv b512 refresh 4", "3", "1.50", "1.60", "0.725"],
+        ["lookup n3", "4", "1.20", "1.30", "0.500"],
+        ["standalone llama-68m b512", "2", "1.00", "1.10", "0.725"]]
+    rows = {r[0]: r[5:] for r in every_drafter(md, 4096, 1)}
+    assert rows["lookup n3"] == ["2.00", "0.200", "1.050", "0.25", "1.16 (+10.0%)", "1.27 (+10.0%) |"]
+    assert rows["hierarchy lookup>selfspec retrieval b1024"][4:] == [f"no model: {NO_MODEL}", "— |"]
+    assert rows["auto"][4:] == ["no model: no fixed gamma or no acceptance measured (--gamma auto predicts per "
+                                "verification)", "— |"]
+    # the best fixed setting is over every drafter; auto is checked against it (1.55 >= 0.95 x 1.60, 1.0 >= 0.95 x 1.05)
+    assert row_of(md, 4096, 8)[4:6] == ["hierarchy lookup>selfspec retrieval b1024 γ2", "1.60"]
+    assert row_of(md, 4096, 1)[4:6] == ["lookup n3 γ2", "1.05"]
+    assert row_of(md, 4096, 8)[12:] == ["PASS", "PASS"] and row_of(md, 4096, 1)[12:] == ["PASS", "PASS"]
+    assert "code 28fc53585617 with uncommitted changes" in md and "sink tokens" not in md  # no record has sinks
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == ["all_alpha.png", "all_drafters.png",
+                                                                        "all_predicted.png", "all_speedup.png"]
+
+    drawn = {}
+    monkeypatch.setattr(report, "line", lambda ax, pts, *a, **kw: drawn.setdefault(kw.get("label"), list(pts)))
+    recs = report.load(sweep)[0]
+    report.fig_drafters(recs, tmp_path / "d.png", "t")  # a line per drafter at its best γ, auto's too
+    assert drawn.pop("lookup n3") == [(1, 1.05), (8, 1.20)] and drawn.pop("auto") == [(1, 1.0), (8, 1.55)]
+    assert sorted(drawn) == ["hierarchy lookup>selfspec retrieval b1024", "selfspec snapkv b512 refresh 4",
+                             "standalone llama-68m b512"]
+    drawn.clear()
+    report.fig_alpha(recs, tmp_path / "a.png", "t")  # the label less its budget; lookup has no budget to sit at
+    assert drawn == {"prefix 4096, hierarchy lookup>selfspec retrieval": [(1, pytest.approx(0.85))],
+                     "prefix 4096, selfspec snapkv refresh 4": [(0, pytest.approx(0.725))],
+                     "prefix 4096, standalone llama-68m": [(0, pytest.approx(0.725))]}
+
+
+def test_labels_and_the_names_of_records_before_labels():
+    """A record's own label; before labels, method, draft policy (when it selects its cache) and budget."""
+    old = {"method": "longspec", "budget": 512, "gamma": 4, "draft_policy": None}
+    assert (report.label(old), report.setting(old), report.drafter(old)) == ("longspec b512", "longspec b512 γ4", "longspec")
+    old_snapkv = old | {"method": "selfspec", "draft_policy": "snapkv"}
+    assert (report.label(old_snapkv), report.drafter(old_snapkv)) == ("selfspec snapkv b512", "selfspec snapkv")
+    assert report.label({"method": "auto", "budget": 512}) == "auto"
+    new = {"method": "selfspec", "label": "selfspec snapkv b512 refresh 4", "budget": 512, "gamma": 2}
+    assert (report.label(new), report.setting(new), report.drafter(new)) == (
+        "selfspec snapkv b512 refresh 4", "selfspec snapkv b512 refresh 4 γ2", "selfspec snapkv refresh 4")
+    assert report.drafter({"method": "standalone", "label": "standalone llama-68m b24", "budget": 2}) == \
+        "standalone llama-68m b24"  # budget 2: " b2" is not cut out of " b24"
+    assert report.drafter({"method": "lookup", "label": "lookup n3", "budget": None}) == "lookup n3"
+
+
+def test_bad_records_are_skipped_with_a_warning(tmp_path, capsys):
+    """Bad JSON, Latin-1 bytes, a JSON list, a record without its point's keys: one line on stderr each, naming the
+    file; the report goes on without them. Another tool's JSON object (no `point`) is not a record, skipped quietly."""
+    sweep = write_records(tmp_path / "s", labeled_records())
+    (sweep / "cut.json").write_text('{"point": "x", "method": ')
+    (sweep / "latin1.json").write_bytes('{"point": "café"}'.encode("latin-1"))
+    (sweep / "list.json").write_text("[1, 2]")
+    (sweep / "keys.json").write_text('{"point": "p", "metrics": {}}')
+    (sweep / "summary.json").write_text('{"rows": []}')
+    assert report.main([str(sweep), "--out", str(tmp_path / "out")]) == 0
+    warnings = capsys.readouterr().err.splitlines()
+    assert [w.split(":")[:2] for w in warnings] == [["warning", f" {sweep / f}.json"]
+                                                   for f in ("cut", "keys", "latin1", "list")]
+    assert "without method, prefix_len, B, decoding" in warnings[1] and "a JSON list" in warnings[3]
+    assert "| 4096 | 8 | greedy |" in (tmp_path / "out" / "s.md").read_text()
+
+
+def test_missing_or_empty_folders_are_errors(tmp_path, capsys):
+    """No such folder, a folder without records, a folder of other JSON: `error: ...` naming it, exit status 2, and
+    nothing written."""
+    from magicdec import cli
+
+    empty, other = tmp_path / "empty", tmp_path / "other"
+    empty.mkdir()
+    write_records(other, [])
+    (other / "speed.json").write_text('{"policies": []}')
+    for folder, words in ((tmp_path / "nope", "no such folder"), (empty, "no sweep records"),
+                          (other, "no sweep records in it (1 JSON file(s)")):
+        with pytest.raises(MagicDecError, match=re.escape(f"{folder}: {words}")):
+            report.main([str(folder), "--out", str(tmp_path / "out")])
+        with pytest.raises(SystemExit) as e:
+            cli.main(["report", str(folder), "--out", str(tmp_path / "out")])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {folder}: {words}") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def page_sweeps(tmp_path, monkeypatch) -> tuple[Path, Path, Path]:
+    """Two sweeps of hand-written records (old style and labeled) and a third, to add later; no figures drawn (the
+    tests above check them), which keeps these tests fast."""
+    for fig in ("fig_speedup", "fig_drafters", "fig_predicted", "fig_ratios", "fig_alpha"):
+        monkeypatch.setattr(report, fig, lambda *a: None)
+    old = write_sweep(tmp_path / "sweeps" / "llama")
+    new = write_records(tmp_path / "sweeps" / "drafters", labeled_records())
+    third = write_records(tmp_path / "sweeps" / "third", [r for r in labeled_records() if r["B"] == 8])
+    return old, new, third
+
+
+def sections(md: str) -> dict[str, str]:
+    return dict(re.findall(r"^<!-- sweep (.+?) -->\n(.*?)<!-- /sweep \1 -->$", md, re.DOTALL | re.MULTILINE))
+
+
+def test_results_page_is_updated_in_place(tmp_path, monkeypatch):
+    """A report over one sweep replaces that sweep's section and its row at the top, and keeps every other section,
+    the included files and text written by hand outside the markers; a new sweep's section goes after the others,
+    before the included files."""
+    old, new, third = page_sweeps(tmp_path, monkeypatch)
+    extra = tmp_path / "notes.md"
+    extra.write_text("## Notes\n\n[log](sbs/log.txt)\n")
+    results_md, out = tmp_path / "results" / "RESULTS.md", tmp_path / "results" / "png"
+    report.main([str(old), str(new), "--out", str(out), "--results_md", str(results_md), "--include", str(extra)])
+    first = results_md.read_text()
+    results_md.write_text(first + "\nA note by hand.\n")
+    changed = labeled_records()
+    for r in changed:
+        if (r["label"], r["B"], r["gamma"]) == ("lookup n3", 8, 4):
+            r["metrics"]["measured_speedup"] = 3.0  # now the best fixed setting there
+    write_records(new, changed)
+    report.main([str(new), "--out", str(out), "--results_md", str(results_md)])
+    md = results_md.read_text()
+    assert sections(md)["llama"] == sections(first)["llama"]
+    assert "| 4096 | 8 | greedy | lookup n3 | 4 | 3.00 |" in sections(md)["drafters"]
+    assert "<!-- include ../notes.md -->\n\n## Notes\n\n[log](../sbs/log.txt)\n\n<!-- /include ../notes.md -->" in md
+    assert md.endswith("A note by hand.\n")
+    overview = [x for x in md.splitlines() if x.startswith("| [")]
+    assert [x.split("]")[0] for x in overview] == ["| [llama", "| [drafters"]
+    assert overview[0] in first and "3.00 (4096 × 8 greedy, lookup n3 γ4)" in overview[1]
+    assert f"Last updated by `magicdec report {new} --out" in md
+
+    report.main([str(third), "--out", str(out), "--results_md", str(results_md)])
+    md = results_md.read_text()
+    assert list(sections(md)) == ["llama", "drafters", "third"]
+    assert md.index("<!-- /sweep third -->") < md.index("<!-- include ../notes.md -->")
+    assert [x.split("]")[0] for x in md.splitlines() if x.startswith("| [")] == ["| [llama", "| [drafters", "| [third"]
+
+
+def test_a_page_without_markers_is_refused_until_rebuilt(tmp_path, monkeypatch):
+    """A page written whole before sections had markers would lose every sweep not named: refused, naming --rebuild
+    and the command that made it, before anything is written; --rebuild writes it whole from the sweeps named."""
+    old, new, _ = page_sweeps(tmp_path, monkeypatch)
+    results_md, out = tmp_path / "RESULTS.md", tmp_path / "png"
+    legacy = "# Results\n\nMade by `python -m magicdec.report a b --out c`.\n\n## a: ...\n\n## b: ...\n"
+    results_md.write_text(legacy)
+    with pytest.raises(MagicDecError, match=r"no `<!-- sweep NAME -->` markers.*--rebuild.*made by: python -m "
+                                            r"magicdec.report a b --out c\)$"):
+        report.main([str(old), "--out", str(out), "--results_md", str(results_md)])
+    assert results_md.read_text() == legacy and not out.exists()
+    report.main([str(old), str(new), "--out", str(out), "--results_md", str(results_md), "--rebuild"])
+    md = results_md.read_text()
+    assert list(sections(md)) == ["llama", "drafters"] and "## a: ..." not in md
+
+
+def test_results_md_only_when_asked(tmp_path, monkeypatch):
+    """A plain report writes OUT/NAME.md and its PNGs and no results page; --include and --rebuild need the page."""
+    old, _, _ = page_sweeps(tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    report.main([str(old), "--out", "out"])
+    assert not (tmp_path / "results" / "RESULTS.md").exists() and (tmp_path / "out" / "llama.md").exists()
+    assert sorted(p.name for p in tmp_path.glob("*")) == ["out", "sweeps"]
+    for flag in (["--include", str(old / "commands.txt")], ["--rebuild"]):
+        with pytest.raises(MagicDecError, match=f"{flag[0]} applies to the results page: give --results_md too"):
+            report.main([str(old), "--out", "out", *flag])
+
+
+def test_help_describes_the_command_and_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        report.main(["--help"])
+    text = capsys.readouterr().out
+    assert "keeps every other" in text and "skipped with a warning naming its file" in text  # not cut at line one
+    assert all(a.help for a in report.parser()._actions)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,17 +13,18 @@ import pytest
 import torch
 
 from conftest import DATA, needs_smollm2, one_line_error, run_cli
+from magicdec import drafters, options
+from magicdec.cli import run_record
 
 REPO = Path(__file__).resolve().parents[1]
 GUTENBERG = DATA / "gutenberg"
 SCRIPTS = {m: REPO / "tests" / f"{m}_benchmark.py" for m in ("baseline", "selfspec", "longspec", "lookup")}
 
-sys.path.insert(0, str(REPO / "tests"))
-import baseline_benchmark  # noqa: E402
-import longspec_benchmark  # noqa: E402
-import lookup_benchmark  # noqa: E402
-import selfspec_benchmark  # noqa: E402
-import triforce_benchmark  # noqa: E402
+import baseline_benchmark
+import longspec_benchmark
+import lookup_benchmark
+import selfspec_benchmark
+import triforce_benchmark
 
 GAMMA = 3
 B, PREFIX, GEN = 3, 64, 40
@@ -169,11 +169,47 @@ def test_selfspec_tiny_end_to_end(tiny, jsonl, tiny_baseline, tmp_path):
     check_spec_record(record, "selfspec", B, GEN, GAMMA, with_baseline=True)
     check_saved(record, out)
     assert record["decoding"] == "greedy" and record["random_weights"] is False
-    assert record["synthetic_acceptance"] is None and record["draft_config"] is None
+    assert record["synthetic_acceptance"] is None and record["draft_models"] is None
+    assert record["config"]["drafter"] == "selfspec" and len(record["config_hash"]) == 12
+    assert set(record["environment"]["code"]) == {"commit", "dirty"}
     assert "tiny.jsonl" in record["prompt_source"]
     assert torch.tensor(record["prompt_ids"]).shape == (B, PREFIX)
     assert_lossless(record, tiny_baseline)
     assert 0.1 < record["metrics"]["alpha"] < 1  # some tokens accepted, some rejected
+
+
+def example_args(name: str, tiny) -> list[str]:
+    """A registered drafter's example options as flags, with the tiny 1-layer draft where it takes a draft model."""
+    kind = drafters.get(name)
+    given = dict(kind.example) | ({"draft": str(tiny["draft"])} if "draft" in options.keys(kind.Config) else {})
+    return ["--drafter", name] + [x for k, v in given.items() for x in (f"--{k}", str(v))]
+
+
+@pytest.mark.parametrize("name", drafters.names())
+def test_every_registered_drafter_is_lossless(tiny, jsonl, tiny_baseline, name):
+    """Every drafter the registry finds, with its own example options, through `magicdec run`: greedy speculation
+    gives exactly the baseline script's ids, some drafted tokens kept and some not, its record names it; sampled,
+    the same command gives the same tokens (seeded) and only tokens of the vocabulary."""
+    argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", str(GAMMA), *example_args(name, tiny))
+    record = run_record(argv)
+    check_spec_record(record, name, B, GEN, GAMMA, with_baseline=False)
+    assert_lossless(record, tiny_baseline)
+    assert 0 < record["metrics"]["alpha"] < 1 and record["label"].startswith(name)
+    sampled = run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])
+    assert sampled["decoding"].startswith("sampled") and all(0 <= t < 256 for r in sampled["generated_ids"] for t in r)
+    assert run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])["generated_ids"] == sampled["generated_ids"]
+
+
+def test_first_done_and_all_reach_agree_at_batch_one(tiny, jsonl):
+    """One clock: a speedup's seconds, all-reach and first-done alike, are spans of the loop's own wall clock from
+    the same start as its baseline's. With one sequence the first to finish is the last, so the two speedups are
+    the same number (they differed by a median 2.2% when first-done summed GPU-event spans)."""
+    argv = tiny_args(jsonl, "--model", str(tiny["target"]), *SPEC_ARGS, "--baseline", "--ignore_eos", "--repeats", "3")
+    argv[argv.index("--B") + 1] = "1"
+    m = selfspec_benchmark.run(argv)["metrics"]
+    assert m["measured_speedup_first_done"] == pytest.approx(m["measured_speedup"], rel=1e-9)
+    assert m["speculation"]["first_done"]["iterations"] == m["iterations"]
+    assert m["speculation"]["first_done"]["seconds"] == pytest.approx(m["decode_s"], rel=1e-9)
 
 
 @pytest.mark.parametrize("draft,budget", [("draft", "24"), ("draft", "0"), ("twin", "0")])  # 0: full draft cache
@@ -182,11 +218,11 @@ def test_longspec_tiny_end_to_end(tiny, jsonl, tiny_baseline, tmp_path, draft, b
     record = longspec_benchmark.run(tiny_args(jsonl, "--target", str(tiny["target"]), "--model", str(tiny[draft]),
                                               "--streamingllm_budget", budget, "--sinks", "4", "--gamma", str(GAMMA),
                                               "--baseline", "--output", str(out)))
-    m = check_spec_record(record, "longspec", B, GEN, GAMMA, with_baseline=True)
+    m = check_spec_record(record, "standalone", B, GEN, GAMMA, with_baseline=True)
     check_saved(record, out)
     assert record["model_config"]["n_layers"] == 2
-    assert record["draft_config"]["n_layers"] == (1 if draft == "draft" else 2)
-    assert record["args"]["streamingllm_budget"] == int(budget)
+    assert record["draft_models"]["draft"]["n_layers"] == (1 if draft == "draft" else 2)
+    assert record["config"]["draft_budget"] == int(budget) and record["config"]["model"] == str(tiny["target"])
     assert_lossless(record, tiny_baseline)
     if draft == "twin":  # the target itself with a full cache drafts exactly what the target would say
         assert m["alpha"] == 1.0 and m["speculation"]["per_position_acceptance"] == [1.0] * GAMMA
@@ -203,10 +239,11 @@ def test_hierarchy_end_to_end(tiny, jsonl, tiny_baseline, bottom):
         jsonl, "--model", str(tiny["target"]), "--draft_policy", "retrieval", "--draft_budget", "48", "--gamma", "4",
         "--hierarchy", "--draft", drafted, "--gamma_bottom", "2", "--bottom_budget", "24", "--sinks", "4",
         "--refresh", "3"))
-    check_spec_record(record, "selfspec", B, GEN, 4, with_baseline=False)
+    check_spec_record(record, "hierarchy", B, GEN, 4, with_baseline=False)
     assert_lossless(record, tiny_baseline)
-    levels = record["metrics"]["speculation"]["hierarchy"]
-    assert levels["middle_verifications"] > 0 and record["hierarchy"].startswith("bottom: ")
+    levels = record["metrics"]["speculation"]["drafter"]
+    assert levels["middle_verifications"] > 0 and record["draft_cache"].startswith("bottom: ")
+    assert levels["refreshes"] > 0
     if bottom == "draft":
         assert 0 < levels["alpha_bottom_to_middle"] < 1
 
@@ -216,17 +253,19 @@ def test_triforce_command_line(tiny, jsonl, tiny_baseline):
     hierarchy: greedy here (--temp 0), lossless; TriForce's defaults fill what is not given."""
     argv = ["--prefill", str(PREFIX), "--budget", "48", "--chunk_size", "4", "--gamma", "4", "--temp", "0",
             "--draft_cache_budget", "24", "--sinks", "4", "--gen_len", str(GEN)]
-    assert triforce_benchmark.translate(["--prefill=9", "--temp", "0.3"])[:4] == ["--hierarchy", "--prefix_len=9",
-                                                                                   "--temperature", "0.3"]
-    assert triforce_benchmark.translate(["--on_chip", "2"])[-1] == "--offload"
-    defaults = triforce_benchmark.translate([])
-    assert " ".join(defaults).endswith("--gamma_bottom 1 --draft_policy retrieval --draft ngram")
-    assert "--prefix_len 32768 --draft_budget 4096 --chunk_size 8 --gamma 6 --temperature 0.6 --top_p 0.9" in " ".join(defaults)
+    args, _ = triforce_benchmark.translate(["--prefill=9", "--temp", "0.3"])
+    assert args == ["--prefix_len=9", "--temperature", "0.3"]
+    assert triforce_benchmark.translate(["--on_chip", "2"])[0][-1] == "--offload"
+    _, named = triforce_benchmark.translate(["--model", "m.pth"])
+    assert named["drafter"] == "hierarchy" and named["draft"] == "ngram" and named["draft_policy"] == "retrieval"
+    assert (named["prefix_len"], named["draft_budget"], named["gamma"], named["temperature"]) == (32768, 4096, [6], 0.6)
+    _, default_model = triforce_benchmark.translate([])  # SmolLM2's 8K context: a prefill that fits
+    assert default_model["prefix_len"] == 4000 and default_model["draft_budget"] == 512
     record = triforce_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), "--draft", str(tiny["draft"]))
                                     + argv)
-    assert record["args"]["prefix_len"] == PREFIX and record["args"]["streamingllm_budget"] == 48
-    assert record["args"]["draft_policy"] == "retrieval" and record["args"]["gamma"] == 4
-    assert record["hierarchy"].startswith("bottom: ") and record["decoding"] == "greedy"
+    assert record["config"]["prefix_len"] == PREFIX and record["config"]["draft_budget"] == 48
+    assert record["config"]["draft_policy"] == "retrieval" and record["config"]["gamma"] == [4]
+    assert record["draft_cache"].startswith("bottom: ") and record["decoding"] == "greedy"
     assert_lossless(record, tiny_baseline)
 
 
@@ -244,7 +283,7 @@ def test_offload_bad_input():
     base = (*SMALL, "--prefix_len", "64")
     one_line_error(cli("baseline", *base, "--offload", "--on_chip", "3"), "--on_chip 3: must be 0..2")
     one_line_error(cli("baseline", *base, "--on_chip", "1"), "add --offload")
-    one_line_error(cli("baseline", *base, "--offload", "--compile"), "drop --compile")
+    one_line_error(cli("baseline", *base, "--offload", "--compile"), "--offload")
     p = cli("baseline", "--random_weights", "--model_name", "meta-llama/Meta-Llama-3.1-8B", "--B", "64",
             "--prefix_len", "131000", "--gen_len", "4", "--offload", peak=True)
     one_line_error(p, "GiB of host memory", "raise --on_chip")
@@ -253,8 +292,9 @@ def test_offload_bad_input():
 
 def test_hierarchy_bad_input(tiny, jsonl):
     base = (*SMALL, "--prefix_len", "64", "--streamingllm_budget", "32")
-    one_line_error(cli("selfspec", *base, "--hierarchy"), "--hierarchy needs a bottom draft", "--draft ngram")
-    one_line_error(cli("selfspec", *base, "--draft", "ngram"), "add --hierarchy")
+    one_line_error(cli("selfspec", *base, "--hierarchy"), "the hierarchy needs a bottom draft", "--draft ngram")
+    one_line_error(cli("selfspec", *base, "--draft", "ngram"), "--draft is an option of hierarchy, standalone",
+                   "--drafter hierarchy")
     one_line_error(cli("selfspec", *base, "--hierarchy", "--draft", "ngram", "--gamma_bottom", "0"),
                    "--gamma_bottom 0")
     one_line_error(cli("selfspec", *base, "--hierarchy", "--draft_name", "JackFram/llama-68m",
@@ -298,7 +338,7 @@ def test_selected_draft_end_to_end(tiny, jsonl, tiny_baseline, method, policy):
     record = (selfspec_benchmark if method == "selfspec" else longspec_benchmark).run(tiny_args(
         jsonl, *models, "--draft_policy", policy, "--draft_budget", "48", "--gamma", str(GAMMA), *refresh))
     assert ("--refresh" in record["draft_cache"]) == bool(refresh)
-    check_spec_record(record, method, B, GEN, GAMMA, with_baseline=False)
+    check_spec_record(record, "standalone" if method == "longspec" else method, B, GEN, GAMMA, with_baseline=False)
     assert_lossless(record, tiny_baseline)
     assert 0.1 < record["metrics"]["alpha"] < 1
     assert record["draft_cache"].startswith(f"{policy}: selected per KV head from the "
@@ -310,7 +350,7 @@ def test_reindexed_draft_runs_beyond_its_context(tiny, jsonl, tiny_baseline):
     """A draft trained on 40 positions under a 64-token prompt: refused with absolute positions (one line naming
     --reindex), lossless with --reindex, which keeps every query-key distance within the 24-token budget."""
     argv = tiny_args(jsonl, "--target", str(tiny["target"]), "--model", str(tiny["short"]), *SPEC_ARGS)
-    one_line_error(cli("longspec", *argv), "exceeds the model's context of 40", "--reindex keeps a draft within")
+    one_line_error(cli("longspec", *argv), "exceeds the draft's context of 40", "--reindex keeps a draft within")
     one_line_error(cli("longspec", *argv, "--reindex"), "the draft would see 260 positions back",
                    "beyond its context of 40", "--prefill_chunk")
     record = longspec_benchmark.run([*argv, "--reindex", "--prefill_chunk", "16"])
@@ -331,7 +371,7 @@ def test_reindex_bad_input(tiny, jsonl):
     one_line_error(cli("longspec", *SMALL, "--draft_name", "JackFram/llama-68m", "--prefix_len", "64",
                        "--streamingllm_budget", "0", "--reindex"), "--reindex needs a StreamingLLM budget")
     one_line_error(cli("longspec", *SMALL, "--draft_name", "JackFram/llama-68m", "--prefix_len", "64",
-                       "--streamingllm_budget", "0", "--draft_policy", "snapkv"), "--streamingllm_budget 0 (the full")
+                       "--streamingllm_budget", "0", "--draft_policy", "snapkv"), "--draft_budget 0 (the full")
 
 
 @pytest.mark.parametrize("draft", [("--streamingllm_budget", "24", "--sinks", "4"),
@@ -357,7 +397,7 @@ def test_several_gammas_in_one_run(tiny, jsonl, tiny_baseline):
     record = selfspec_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), "--streamingllm_budget", "24",
                                               "--sinks", "4", "--gamma", "4", "1", "2", "--baseline"))
     sweep, m = record["gamma_sweep"], record["metrics"]
-    assert sorted(sweep) == ["1", "2", "4"] and record["args"]["gamma"] == [1, 2, 4]
+    assert sorted(sweep) == ["1", "2", "4"] and record["config"]["gamma"] == [4, 1, 2]
     for g, gm in sweep.items():
         assert 1 <= gm["omega"] <= int(g) + 1 and gm["speculation"]["draft_steps"] == int(g) * gm["iterations"]
         paired = gm["paired_baseline"]
@@ -396,7 +436,7 @@ def test_selfspec_smollm2_end_to_end(smol_dir, tmp_path, monkeypatch):
                                               "--output", str(out)])
     check_spec_record(record, "selfspec", 2, 24, GAMMA, with_baseline=True)
     check_saved(record, out)
-    assert record["args"]["model"] == str(smol_dir / "model.pth") and "gutenberg" in record["prompt_source"]
+    assert record["checkpoint"] == str(smol_dir / "model.pth") and "gutenberg" in record["prompt_source"]
     assert record["model_config"]["vocab_size"] == 49152
     base = baseline_benchmark.run(common)
     assert_lossless(record, base)
@@ -412,7 +452,7 @@ def test_sampled_decoding(tiny, jsonl, method):
     argv = tiny_args(jsonl, *models, *SPEC_ARGS, "--temperature", "0.6", "--top_p", "0.9")
     run = selfspec_benchmark.run if method == "selfspec" else longspec_benchmark.run
     record = run(argv)
-    check_spec_record(record, method, B, GEN, GAMMA, with_baseline=False)
+    check_spec_record(record, "standalone" if method == "longspec" else method, B, GEN, GAMMA, with_baseline=False)
     assert record["decoding"].startswith("sampled") and "0.6" in record["decoding"] and "0.9" in record["decoding"]
     assert record["baseline_metrics"] is None
     assert all(0 <= t < 256 for row in record["generated_ids"] for t in row)
@@ -450,13 +490,13 @@ SMALL = (*LLAMA68M, "--B", "1", "--gen_len", "4")
 def test_budget_not_below_prefix(method, budget):
     models = SMALL if method == "selfspec" else (*SMALL, "--draft_name", "JackFram/llama-68m")
     one_line_error(cli(method, *models, "--prefix_len", "64", "--streamingllm_budget", budget, "--sinks", "4"),
-                   f"--streamingllm_budget {budget} >= --prefix_len 64", "use a budget below the prefix length")
+                   f"--draft_budget {budget} >= --prefix_len 64", "use a budget below the prefix length")
 
 
 @pytest.mark.parametrize("budget", ["8", "4"])
 def test_budget_not_above_sinks(budget):
     one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", "--streamingllm_budget", budget, "--sinks", "8"),
-                   f"--streamingllm_budget {budget} must exceed --sinks 8", "recent window")
+                   f"--draft_budget {budget} must exceed --sinks 8", "recent window")
 
 
 def test_gamma_zero():
@@ -500,7 +540,7 @@ def test_baseline_json_with_other_batch(tmp_path):
 
 
 def test_baseline_json_checked_before_loading(tmp_path, monkeypatch):
-    from magicdec import runs
+    from magicdec.engine import Engine
     from magicdec.errors import MagicDecError
 
     base = tmp_path / "base.json"
@@ -509,7 +549,7 @@ def test_baseline_json_checked_before_loading(tmp_path, monkeypatch):
     def no_weights(*a, **k):
         raise AssertionError("weights loaded before --baseline_json was checked")
 
-    monkeypatch.setattr(runs.bench, "load_weights", no_weights)
+    monkeypatch.setattr(Engine, "load", no_weights)
     with pytest.raises(MagicDecError, match="was run with B=1"):
         selfspec_benchmark.run([*LLAMA68M, "--B", "2", "--gen_len", "4", "--prefix_len", "32", "--streamingllm_budget",
                                 "16", "--sinks", "4", "--baseline_json", str(base), "--device", "cpu", "--no_progress"])
@@ -527,10 +567,10 @@ def test_baseline_json_from_other_device_or_model(tiny, jsonl, tiny_baseline, tm
 
     record = json.loads(json.dumps(tiny_baseline))
     if change == "device":
-        record["args"]["device"] = "cuda:0"
+        record["config"]["device"] = "cuda:0"
         record["environment"] |= {"device": "cuda:0", "gpu": "NVIDIA H100 80GB HBM3"}
     else:
-        record["args"]["model"] = str(tiny["draft"])
+        record["config"]["model"] = str(tiny["draft"])
         record["model_config"]["n_layers"] = 1
     base = tmp_path / "base.json"
     base.write_text(json.dumps(record))
@@ -598,98 +638,3 @@ def test_skip_prefill_is_for_random_weights_only(tmp_path):
     assert record["metrics"]["measured_speedup"] > 0
     one_line_error(cli("baseline", "--B", "1", "--prefix_len", "64", "--skip_prefill"), "--skip_prefill",
                    "only for --random_weights")
-
-
-# ------------------------------------------------------------------ timing rounds
-
-@pytest.mark.parametrize("repeats,min_seconds,run_s,rounds", [
-    (3, 0.0, 0.13, 3),  # repeats alone
-    (3, 1.0, 0.13, 8),  # 8 x 0.13 s is the first sum >= 1 s
-    (3, 0.2, 0.13, 3),  # already long enough after the repeats
-    (3, 100.0, 0.13, 50),  # capped at MAX_ROUNDS
-])
-def test_timing_rounds_until_min_seconds(monkeypatch, repeats, min_seconds, run_s, rounds):
-    """Rounds go on past `repeats` until each decoder was timed `min_seconds` in all; the slower decoder does not
-    decide alone (the faster one must reach it too), the median run is kept, every run is listed, and the order
-    alternates from round to round."""
-    from types import SimpleNamespace
-
-    from magicdec import runs
-
-    calls = []
-
-    def fake_decode(decoder, cache, first, n, eos, progress=False, prev=None):
-        calls.append(decoder.name)
-        return "tokens", "counts"
-
-    def fake_timed(fn, device):
-        out = fn()
-        return out, run_s * (1.0 if calls[-1] == "fast" else 2.0) * (1 + 0.01 * len(calls))
-
-    monkeypatch.setattr(runs, "decode", fake_decode)
-    monkeypatch.setattr(runs.bench, "timed", fake_timed)
-    decoders = [SimpleNamespace(name="fast", gamma=0, stats=None), SimpleNamespace(name="slow", gamma=0, stats=None)]
-    cache = SimpleNamespace(lengths=torch.zeros(1), rollback=lambda lengths: None)
-    args = SimpleNamespace(seed=0, compile=False, cuda_graphs=False, gen_len=8, repeats=repeats,
-                           min_seconds=min_seconds, device="cpu")
-    (_, _, fast_s), (_, _, slow_s) = runs.timed_generations(decoders, cache, None, None, args, [])
-    assert calls[:2] == ["fast", "slow"]  # the warm-up runs
-    assert calls[2:] == (["fast", "slow", "slow", "fast"] * rounds)[:2 * rounds]
-    fast_runs = [run_s * (1 + 0.01 * (i + 1)) for i, name in enumerate(calls) if name == "fast"][1:]
-    assert decoders[0].round_seconds == pytest.approx(fast_runs)
-    assert fast_s == pytest.approx(sorted(fast_runs)[rounds // 2])
-    assert slow_s == pytest.approx(sorted(decoders[1].round_seconds)[rounds // 2])
-
-
-@pytest.mark.parametrize("varying, graphs, warm", [(True, True, 20), (False, True, 12), (True, False, 2)])
-def test_warm_up_meets_every_shape_of_a_varying_draft(monkeypatch, varying, graphs, warm):
-    """A draft whose verification length varies (prompt lookup, a hierarchy over it) is warmed up by the whole run,
-    so every length's CUDA graph is captured before timing; other drafts by 4 (gamma + 1) tokens; eager runs by 2."""
-    from types import SimpleNamespace
-
-    from magicdec import runs
-
-    lengths = []
-    monkeypatch.setattr(runs, "decode", lambda decoder, cache, first, n, *a, **k: (lengths.append(n), "counts"))
-    monkeypatch.setattr(runs.bench, "timed", lambda fn, device: (fn(), 1.0))
-    decoder = SimpleNamespace(gamma=2, stats=None, draft=SimpleNamespace(varying_lengths=varying))
-    cache = SimpleNamespace(lengths=torch.zeros(1), rollback=lambda lengths: None)
-    args = SimpleNamespace(seed=0, compile=False, cuda_graphs=graphs, gen_len=20, repeats=1, min_seconds=0.0,
-                           device="cpu")
-    runs.timed_generations([decoder], cache, None, None, args, [])
-    assert lengths == [warm, 20]
-
-
-def test_profile_keeps_each_length_fastest_try(monkeypatch):
-    """Profiling times each run length three times and keeps the fastest: a host pause (here 50 ms on the first try of the
-    long gamma-1 run) only adds time, and does not reach the cost. Per gamma: short and long runs of 4 and 12
-    iterations at 10 ms per iteration (20 ms per verification at gamma 1) plus 5 ms of fixed cost."""
-    import gc
-    from types import SimpleNamespace
-
-    from magicdec import runs
-    from magicdec.planner import AutoGamma
-
-    per_iteration = {0: 0.010, 1: 0.020}
-    policy = AutoGamma([1], 0.8)
-    decoder = SimpleNamespace(policy=policy, stats=SimpleNamespace(iterations=0))
-    calls, collecting = [], []
-
-    def decode(dec, cache, first, n, eos, prev=None):
-        dec.stats.iterations = n // (policy.forced + 1)
-        calls.append((policy.forced, n))
-        collecting.append(gc.isenabled())
-
-    def timed(fn, device):
-        fn()
-        g, n = calls[-1]
-        pause = 0.05 if (g, n, sum(c == (g, n) for c in calls)) == (1, 24, 1) else 0.0  # the first long try
-        return None, 0.005 + decoder.stats.iterations * per_iteration[g] + pause
-
-    monkeypatch.setattr(runs, "decode", decode)
-    monkeypatch.setattr(runs.bench, "timed", timed)
-    cache = SimpleNamespace(lengths=torch.tensor([8]), rollback=lambda lengths: None)
-    runs.profile_gammas(decoder, cache, None, None, SimpleNamespace(gen_len=64, device="cpu"), [])
-    assert policy.costs == pytest.approx(per_iteration) and policy.forced is None
-    assert sorted(set(calls)) == [(0, 4), (0, 12), (1, 8), (1, 24)] and len(calls) == 2 * (1 + 2 * 3)
-    assert not any(collecting) and gc.isenabled()  # no collection while timing; back on after

@@ -17,12 +17,13 @@ def test_counts_of_ragged_verifications_by_hand():
     timer = PhaseTimer(torch.device("cpu"))
     for phase in ("draft", "verify", "other") * 2:
         timer.add(phase, 0.0, 0.5)
-    s = counts.stats(3, timer, n_new=6, policy=None)
+    s = counts.stats(3, timer, n_new=6, policy=None, stamps=[10.0, 11.0, 13.0])  # the loop's syncs: start, then 2
     assert (s.reached, s.kept) == ([5, 3, 2], [3, 2, 1]) and s.accepted == 6 and s.alpha == 6 / 10
     assert (s.sequence_reached, s.sequence_kept) == ([6, 3, 1], [5, 1, 0])
     assert (s.verifications, s.iterations, s.drafted) == (5, 2, 6)
     assert s.omega == (6 + 5) / 5
-    # sequence 0 reached 6 tokens in the second iteration: tokens min(8, 6) + 4 + 2, seconds of 2 x 3 phases
+    # sequence 0 reached 6 tokens in the second iteration: tokens min(8, 6) + 4 + 2, wall seconds from the start to
+    # the sync after that iteration
     assert s.first_done == {"iterations": 2, "tokens": 12, "seconds": 3.0}
     assert s.time == {"draft": 1.0, "verify": 1.0, "other": 1.0}
 

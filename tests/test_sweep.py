@@ -1,9 +1,11 @@
-"""Sweeps: the grid a config file names, one record per point, resumed after a crash without redoing finished
-points, stopped cleanly by a time limit, bad configs refused in one line."""
+"""Sweeps: the grid a config file names — every registered drafter, any run option — one record per point under the
+hash of its run config, resumed after a crash without redoing finished points, run again where the config changed,
+stopped cleanly by a time limit, bad configs refused in one line before any work."""
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -11,46 +13,59 @@ import torch
 
 from conftest import DATA, TINY_SWEEP, one_line_error, run_cli
 from magicdec import cost_model as cm
-from magicdec import sweep
-from magicdec.planner import plan
-from magicdec.runs import ring_extra_for
+from magicdec import device as dev
+from magicdec import drafters, sweep
 
 CONFIG = """
 model_name = "JackFram/llama-68m"
 random_weights = true
-prefix_lens = [48, 96]
-batch_sizes = [2]
-budgets = [24, 64]
-gammas = [1, 2]
-methods = ["baseline", "selfspec", "longspec", "auto"]
+prefix_len = [48, 96]
+B = [2]
+draft_budget = [24, 64]
+gamma = [1, 2]
+methods = ["baseline", "selfspec", "standalone", "auto"]
 draft_name = "JackFram/llama-68m"
-modes = ["greedy"]
+decoding = ["greedy"]
 gen_len = 8
 sinks = 4
 synthetic_acceptance = {"48" = 0.9, "96" = 0.7}
 """
 
 
-def expected_names():
-    names = set()
-    for P in (48, 96):
-        names.add(f"baseline_P{P}_B2_greedy")
-        names.add(f"auto_P{P}_B2_greedy")
-        for method in ("selfspec", "longspec"):
-            for b in (24, 64):
-                if b < P:
-                    names |= {f"{method}_P{P}_B2_greedy_b{b}_g{g}" for g in (1, 2)}
-    return names
-
-
 def records(d: Path) -> dict[str, dict]:
     return {f.stem: json.loads(f.read_text()) for f in d.glob("*.json")}
 
 
+def by_point(d: Path) -> dict[tuple, dict]:
+    """Records by (method, label, prefix, B, decoding, gamma): what a point is, without the hash."""
+    return {(r["method"], r["label"], r["prefix_len"], r["B"], r["decoding"], r["gamma"]): r
+            for r in records(d).values()}
+
+
+def expected_points() -> set[tuple]:
+    out = set()
+    for P in (48, 96):
+        out |= {("baseline", "baseline", P, 2, "greedy", None), ("auto", "auto", P, 2, "greedy", None)}
+        for b in (24, 64):
+            if b < P:
+                out |= {("selfspec", f"selfspec b{b}", P, 2, "greedy", g) for g in (1, 2)}
+                out |= {("standalone", f"standalone llama-68m b{b}", P, 2, "greedy", g) for g in (1, 2)}
+    return out
+
+
+def _write(tmp_path, text, name="sweep.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def make(tmp_path, text, out="out", name="sweep.toml"):
+    return sweep.Sweep(sweep.load_config(_write(tmp_path, text, name)), tmp_path / out, "cpu", False)
+
+
 def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
-    cfg = sweep.load_config(_write(tmp_path, CONFIG))
     out = tmp_path / "out"
-    assert sweep.Sweep(cfg, out, torch.device("cpu"), False).run(max_minutes=0) == len(expected_names())
+    assert make(tmp_path, CONFIG).run(max_minutes=0) == len(expected_points())
     assert not records(out)  # a time limit already spent: nothing started
 
     real_write, written = sweep.Sweep.write, []
@@ -63,20 +78,21 @@ def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweep.Sweep, "write", crashing_write)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        sweep.Sweep(cfg, out, torch.device("cpu"), False).run(max_minutes=None)
+        make(tmp_path, CONFIG).run(max_minutes=None)
     monkeypatch.setattr(sweep.Sweep, "write", real_write)
     before = {f.name: f.stat().st_mtime_ns for f in out.glob("*.json")}
     assert len(before) == 4 and not list(out.glob(".*.tmp"))
 
-    assert sweep.Sweep(cfg, out, torch.device("cpu"), False).run(max_minutes=None) == 0
-    recs = records(out)
-    assert set(recs) == expected_names()
+    assert make(tmp_path, CONFIG).run(max_minutes=None) == 0
+    recs = by_point(out)
+    assert set(recs) == expected_points()
     assert {f.name: f.stat().st_mtime_ns for f in out.glob("*.json") if f.name in before} == before  # not redone
-    for name, r in recs.items():
+    for r in recs.values():
         m = r["metrics"]
-        assert r["point"] == name and r["B"] == 2 and m["decode_tokens_per_s"] > 0
-        assert r["synthetic_acceptance"] == {48: 0.9, 96: 0.7}[r["prefix_len"]]
-        if r["method"] in ("selfspec", "longspec"):
+        assert r["B"] == 2 and m["decode_tokens_per_s"] > 0 and len(r["config_hash"]) == 12
+        assert r["point"].endswith(r["config_hash"]) or r["method"] == "auto"
+        if r["method"] in ("selfspec", "standalone"):
+            assert r["synthetic_acceptance"] == {48: 0.9, 96: 0.7}[r["prefix_len"]]
             assert m["measured_speedup"] > 0 and m["cost_model"]["speedup"] > 0
             assert m["speculation"]["gamma"] == r["gamma"]
             pred = m["cost_model"]  # T_O (the probed fixed cost per verification) counts in the denominator
@@ -86,121 +102,154 @@ def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
                 r["gamma"] * pred["T_D_over_T_T"] + pred["T_V_over_T_T"] + pred["T_O_over_T_T"]))
         if r["method"] == "auto":
             assert r["planner"]["budget"] in (24, 64) and r["budget"] == r["planner"]["budget"]
-            assert r["planner"]["spread"] >= 0 and set(r["planner"]["spread_by_budget"]) == {"24", "64"}
+            assert r["planner"]["spread"] >= 0 and set(r["planner"]["spread_by_budget"]) == {"24", "64"} & {
+                str(b) for b in (24, 64) if b < r["prefix_len"]}
             used = m["speculation"]["auto_gamma"]["iterations_per_gamma"]
             assert sum(used.values()) == m["iterations"] and set(map(int, used)) <= {0, 1, 2}
-    assert (out / "commands.txt").read_text().count("python -m magicdec.sweep") == 3  # every run with points to do
+    assert (out / "commands.txt").read_text().count("magicdec sweep") == 3  # every run with points to do
+
+
+def test_a_changed_config_runs_again_and_old_records_move_aside(tmp_path, capsys):
+    """A point's identity is its config's hash: changing gen_len or sinks reruns the points it changes (the
+    baseline's too, for gen_len) instead of keeping records made under the old values, which move to stale/."""
+    base = TINY_SWEEP + 'gamma = [2]\nmethods = ["baseline", "selfspec"]\n'
+    out = tmp_path / "out"
+    assert make(tmp_path, base).run(None) == 0
+    first = records(out)
+    assert len(first) == 2
+    changed = make(tmp_path, base.replace("sinks = 4", "sinks = 8"))
+    assert len([p for p in changed.points if not changed.recorded(p)]) == 1  # the baseline has no sinks
+    assert changed.run(None) == 0
+    assert "1 records of points not in this grid" in capsys.readouterr().out
+    now = records(out)
+    assert len(now) == 2 and set(now) != set(first) and len(list((out / "stale").glob("*.json"))) == 1
+    assert next(r for r in now.values() if r["method"] == "selfspec")["sinks"] == 8
+    longer = make(tmp_path, base.replace("gen_len = 8", "gen_len = 12"))
+    assert not any(longer.recorded(p) for p in longer.points)
 
 
 def test_verification_probe_fits_the_fixed_cost_per_verification(tmp_path, monkeypatch):
-    """The probe times gamma-1 verifications at B = 1 (draft at the smallest budget, 256 cached tokens) and fits
-    T_O to them: a verification timed 0.3 ms slower than the model's draft step plus target step gives 0.3 ms, for
-    the self-draft and for the standalone draft, each against its own draft's step."""
-    cfg = sweep.load_config(_write(tmp_path, CONFIG))
-    sw = sweep.Sweep(cfg, tmp_path / "out", torch.device("cpu"), False)
-    sw.load()
-    assert set(sw.verify_overhead) == {"selfspec", "longspec"}
+    """The probe times gamma-1 verifications at B = 1 over a short prompt and fits T_O to them: a verification timed
+    0.3 ms slower than the model's draft step plus target step gives 0.3 ms, for each drafter against its own
+    prediction (the standalone draft's step is its own model's, prompt lookup runs none)."""
+    text = CONFIG.replace('"auto"]', '"lookup"]')
+    sw = make(tmp_path, text)
+    seen = {}
+    real_probe = sweep.Sweep.probe
 
-    def timed(dec, cache, first, prev, args, eos, progress):
-        assert dec.gamma == 1 and first.shape == (1,) and args.prefix_len == 256
-        dec.stats.iterations = 10
-        draft = sw.draft_config if dec.draft.model is not sw.target else None
-        p = cm.predict(sw.config, sw.cost_device, 1, 256 + args.gen_len // 2, 1, 0.5, 24, draft, sw.ring_extra())
-        return None, None, 10 * (p["T_D"] + p["T_V"] + 0.3e-3)
+    def probe(self, cfg):
+        if not cfg.drafter:
+            return real_probe(self, cfg)
+        models = self.engine.plan(cfg)[0]
+        device = cm.Device(**(vars(self.cost_device) | {"verify_overhead_s": 0.0}))
+        p = cfg.drafter.predict(cfg, self.engine.target_config, models, device, 0.5, 1, sweep.lookahead(cfg))
+        seen[cfg.drafter.name] = cfg.speculation.gamma
+        return p["T_D"] + p["T_V"] + 0.3e-3
 
-    monkeypatch.setattr(sweep.runs, "timed_generation", timed)
-    for method in ("selfspec", "longspec"):
-        assert sw.probe_verification(method, 32) == pytest.approx(0.3e-3)
-        sw.verify_overhead[method] = 0.3e-3
-        assert sw.device_for(method).verify_overhead_s == 0.3e-3
+    monkeypatch.setattr(sweep.Sweep, "probe", probe)
+    sw.load(sw.points[0].cfg)
+    assert set(sw.verify_overhead) == {"selfspec", "standalone", "lookup"} and set(seen.values()) == {(1,)}
+    for name, t_o in sw.verify_overhead.items():
+        assert t_o == pytest.approx(0.3e-3), name
 
 
 def test_synthetic_alpha_interpolates_in_log_prefix():
-    cfg = sweep.DEFAULTS | {"synthetic_acceptance": {"4096": 0.84, "100000": 0.79}}
-    assert sweep.synthetic_alpha(cfg, 1000) == 0.84 and sweep.synthetic_alpha(cfg, 200_000) == 0.79
+    table = {"4096": 0.84, "100000": 0.79}
+    assert sweep.synthetic_alpha(table, 1000) == 0.84 and sweep.synthetic_alpha(table, 200_000) == 0.79
     mid = round(math.exp((math.log(4096) + math.log(100_000)) / 2))
-    assert sweep.synthetic_alpha(cfg, mid) == pytest.approx(0.815, abs=1e-4)
-    assert sweep.synthetic_alpha(sweep.DEFAULTS | {"synthetic_acceptance": 0.8}, 123) == 0.8
+    assert sweep.synthetic_alpha(table, mid) == pytest.approx(0.815, abs=1e-4)
+    assert sweep.synthetic_alpha(0.8, 123) == 0.8 and sweep.synthetic_alpha(None, 123) is None
 
 
-def _write(tmp_path, text, name="sweep.toml"):
-    path = tmp_path / name
-    path.write_text(text)
-    return path
+def sweep_cli(tmp_path, text, *extra):
+    return run_cli(_write(tmp_path, text), "--output_dir", str(tmp_path / "o"), *extra, launcher=("-m", "magicdec.cli",
+                                                                                                   "sweep"))
 
 
 @pytest.mark.parametrize("old,new,needle", [
-    ("sinks = 4", "colour = 'blue'", "unknown keys"),
-    ('"longspec", "auto"]', '"medusa"]', "unknown methods ['medusa']"),
-    ("gammas = [1, 2]", "gammas = [0, 1]", "gammas must be >= 1"),
+    ("sinks = 4", "colour = 'blue'", "unknown keys ['colour']"),
+    ('"standalone", "auto"]', '"medusa"]', "unknown drafter 'medusa'"),
+    ("gamma = [1, 2]", "gamma = [0]", "--gamma must be at least 1"),
     ("gen_len = 8", "gen_len = 8 8", "cannot read sweep config"),
-    ("sinks = 4", "sinks = 4\nmin_seconds = -1", "min_seconds >= 0"),
-    ("budgets = [24, 64]", "budgets = [24, 96]", "budgets [96] are >= every prefix_len (largest 96)"),
+    ("B = [2]", "B = [0]", "B = 0: must be a positive integer"),
+    ("B = [2]", "B = 'two'", "B = 'two': must be a number"),
+    ('methods = ["baseline", "selfspec", "standalone", "auto"]', 'methods = "selfspec"', "methods must be a list"),
+    ("sinks = 4", "sinks = 4\nmin_seconds = -1", "--min_seconds must be >= 0"),
+    ("draft_budget = [24, 64]", "draft_budget = [96]", "method selfspec has no valid point"),
     ("sinks = 4", "sinks = 4\nskip_tokens = [0, 0]", "skip_tokens must be a non-negative integer or a list of distinct"),
     ("sinks = 4", "sinks = 4\nhistory = ['/no/such']", "history directories ['/no/such'] do not exist"),
-    ("sinks = 4", 'sinks = 4\ndraft_policies = ["h2o"]', "draft_policies must be among"),
-    ("sinks = 4", 'sinks = 4\ndraft_policies = ["snapkv"]', "budgets [24] must exceed the 32-token window"),
+    ("sinks = 4", 'sinks = 4\ndraft_policy = ["h2o"]', "must be one of streaming, snapkv, retrieval"),
+    ("sinks = 4", "sinks = 4\n[lookup]\nngram_max = 2", "table [lookup] names no method of this sweep"),
 ])
 def test_bad_config_is_one_line(tmp_path, old, new, needle):
-    p = run_cli(_write(tmp_path, CONFIG.replace(old, new)), "--output_dir", str(tmp_path / "o"),
-                launcher=("-m", "magicdec.sweep"))
-    one_line_error(p, needle)
+    """Refused before any model is loaded: a config error costs seconds, not the minutes of the points before it."""
+    assert old in CONFIG
+    one_line_error(sweep_cli(tmp_path, CONFIG.replace(old, new)), needle)
 
 
-def test_longspec_needs_a_draft_and_context_is_checked(tmp_path):
+def test_a_draft_and_the_context_are_checked_first(tmp_path):
     no_draft = CONFIG.replace('draft_name = "JackFram/llama-68m"', "")
-    one_line_error(run_cli(_write(tmp_path, no_draft), "--output_dir", str(tmp_path / "o"),
-                           launcher=("-m", "magicdec.sweep")), "longspec needs a draft")
-    too_long = CONFIG.replace("prefix_lens = [48, 96]", "prefix_lens = [48, 4096]")
-    one_line_error(run_cli(_write(tmp_path, too_long, "b.toml"), "--output_dir", str(tmp_path / "o"),
-                           launcher=("-m", "magicdec.sweep")), "exceeds the model's context")
+    one_line_error(sweep_cli(tmp_path, no_draft), "standalone has no valid point", "--draft_name")
+    too_long = CONFIG.replace("prefix_len = [48, 96]", "prefix_len = [48, 4096]")
+    one_line_error(sweep_cli(tmp_path, too_long), "exceeds the model's context")
+
+
+def test_an_unwritable_output_folder_is_refused_first(tmp_path):
+    if os.geteuid() == 0:  # root writes anywhere: a file in the way stands in for a read-only folder
+        blocker = tmp_path / "file"
+        blocker.write_text("x")
+        p = run_cli(_write(tmp_path, CONFIG), "--output_dir", str(blocker / "o"),
+                    launcher=("-m", "magicdec.cli", "sweep"))
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        p = run_cli(_write(tmp_path, CONFIG), "--output_dir", str(ro / "o"), launcher=("-m", "magicdec.cli", "sweep"))
+    one_line_error(p, "--output_dir", "cannot write to")
 
 
 def test_sweep_skips_what_the_scripts_refuse(tmp_path, monkeypatch):
-    """A group runs only if its caches fit beside the weights (loaded once per sweep) with the same headroom that
-    the scripts' check keeps: 6% of the device, at least 2 GiB."""
-    from magicdec import benchmark as bench
-
-    s = sweep.Sweep(sweep.load_config(_write(tmp_path, CONFIG)), tmp_path / "out", torch.device("cpu"), False)
-    c = s.config
-    parts = [(c, False, s.slots(96))] + [(c, False, b + s.ring_extra()) for b in (24, 64)] * 2  # selfspec + longspec
-    need = bench.memory_needed(2, 8192, torch.float32, parts)
+    """A group runs only if every draft cache it holds at once fits beside the weights (loaded once) with the same
+    headroom the run's check keeps: 6% of the device, at least 2 GiB; else its points are recorded as skipped."""
+    sw = make(tmp_path, CONFIG)
+    sw.load(sw.points[0].cfg)
+    group = [p for p in sw.points if p.cfg.workload.prefix_len == 96]
+    parts, seen = [], set()
+    for p in group:
+        for part in sw.engine.plan(p.cfg)[1]:
+            if (part.config.name, part.weights, part.slots) not in seen:
+                seen.add((part.config.name, part.weights, part.slots))
+                parts.append(part)
+    need = sweep.memory_needed(2, group[0].cfg.runtime.prefill_chunk, torch.float32, parts)
     gib = 1 << 30
-    monkeypatch.setattr(bench, "total_memory", lambda device: 100 * gib)
     for spare, fits in ((0, True), (-1, False)):
-        monkeypatch.setattr(bench, "available_memory", lambda device: need["total"] - need["weights"] + 6 * gib + spare)
-        assert s.fits(2, 96) is fits
+        free = need["total"] - need["weights"] + 6 * gib + spare
+        monkeypatch.setattr(dev, "memory", lambda d, free=free: (free, 100 * gib))
+        assert (sw.fits(group) is None) is fits
 
 
 def test_sampled_sweeps_probe_and_model_the_sampling_cost(tmp_path):
-    """A sweep with sampled decoding times its sampler at load, and its sampled points' predictions (and the
-    planner's) count the rows of logits each step turns into probabilities; greedy sweeps leave it out."""
-    greedy = sweep.Sweep(sweep.load_config(_write(tmp_path, CONFIG)), tmp_path / "g", torch.device("cpu"), False)
-    greedy.load()
+    """A sweep with sampled decoding times its sampler at load, and its sampled points' predictions count the rows
+    of logits each step turns into probabilities; greedy sweeps leave it out."""
+    text = TINY_SWEEP + 'gamma = [2]\nmethods = ["baseline", "selfspec"]\n'
+    greedy = make(tmp_path, text, "g")
+    greedy.load(greedy.points[0].cfg)
     assert greedy.cost_device.sampling_s_per_logit == 0.0
-    cfg = sweep.load_config(_write(tmp_path, CONFIG.replace('modes = ["greedy"]', 'modes = ["greedy", "sampled"]')))
-    sw = sweep.Sweep(cfg, tmp_path / "s", torch.device("cpu"), False)
-    sw.load()
+    sw = make(tmp_path, text + 'decoding = ["greedy", "sampled"]\n', "s", "b.toml")
+    sw.load(sw.points[0].cfg)
     per_logit = sw.cost_device.sampling_s_per_logit
     assert per_logit > 0
-    m = {"alpha": 0.8, "omega_effective": 2.0}
-    greedy_p = sw.predicted(48, 2, 24, 2, m, "selfspec", "greedy")
-    sampled_p = sw.predicted(48, 2, 24, 2, m, "selfspec", "sampled")
-    V = sw.config.vocab_size
+    m = {"alpha": 0.8, "omega_effective": 2.0, "speculation": {"draft_steps": 2, "iterations": 1}}
+    spec = {p.cfg.decoding.name: p.cfg for p in sw.points if p.method == "selfspec"}
+    greedy_p, sampled_p = sw.predicted(spec["greedy"], 2, m), sw.predicted(spec["sampled"], 2, m)
+    V = sw.engine.target_config.vocab_size
     assert sampled_p["T_T"] == pytest.approx(greedy_p["T_T"] + 2 * V * per_logit)
     assert sampled_p["T_V"] == pytest.approx(greedy_p["T_V"] + 2 * 3 * V * per_logit)
-    _, chosen = sw.plan_budget(48, 2, "sampled", 0.9)
-    args = (sw.config, sw.device_for("longspec"), 2, 48 + cfg["gen_len"] // 2, [24], cfg["gammas"], {24: 0.9},
-            sw.draft_config)  # auto drafts with the standalone draft where the sweep has one
-    kw = dict(tokens=cfg["gen_len"] - 1, spread={24: chosen["spread"]}, ring_extra=sw.ring_extra())
-    sampled_options = [vars(o) for o in plan(*args, **kw, sampled=True)[1]]
-    assert chosen["options"] == sampled_options != [vars(o) for o in plan(*args, **kw)[1]]
 
 
 BATCHES = TINY_SWEEP + f"""
 tokenizer = "{DATA / 'tokenizers' / 'llama2' / 'tokenizer.model'}"
 dataset = "{DATA / 'gutenberg'}"
-gammas = [1, 2]
+gamma = [1, 2]
 methods = ["baseline", "selfspec", "auto"]
 """  # random weights but real text: each batch of prompts differs
 
@@ -215,14 +264,12 @@ def test_several_batches_per_point_add_up_to_the_single_batch_sweeps(tmp_path):
     the sequences' acceptance side by side, tokens per verification and throughput over both batches."""
     singles, given = {}, BATCHES + "synthetic_acceptance = 0.7\n"  # a random model's own drafts all fail
     for skip in (0, 500):
-        out = tmp_path / f"skip{skip}"
-        cfg = sweep.load_config(_write(tmp_path, given + f"skip_tokens = {skip}\n"))
-        assert sweep.Sweep(cfg, out, torch.device("cpu"), False).run(None) == 0
-        singles[skip] = records(out)
-    cfg = sweep.load_config(_write(tmp_path, given + "skip_tokens = [0, 500]\n"))
+        out = f"skip{skip}"
+        assert make(tmp_path, given + f"skip_tokens = {skip}\n", out).run(None) == 0
+        singles[skip] = {k[:3] + k[4:]: r for k, r in by_point(tmp_path / out).items()}
     out = tmp_path / "both"
-    assert sweep.Sweep(cfg, out, torch.device("cpu"), False).run(None) == 0
-    both = records(out)
+    assert make(tmp_path, given + "skip_tokens = [0, 500]\n", "both").run(None) == 0
+    both = {k[:3] + k[4:]: r for k, r in by_point(out).items()}
     assert set(both) == set(singles[0]) and not list((out / ".batches").glob("*"))  # no leftover partial timings
     for name, r in both.items():
         m, one, two = r["metrics"], singles[0][name], singles[500][name]
@@ -252,22 +299,23 @@ def test_several_batches_per_point_add_up_to_the_single_batch_sweeps(tmp_path):
 def test_several_batches_resume_where_they_stopped(tmp_path, monkeypatch):
     """A crash during the second batch keeps every point's first-batch timing; the next run times only what the
     second batch lacks and writes each record from both."""
-    cfg = sweep.load_config(_write(tmp_path, BATCHES + "skip_tokens = [0, 500]\n"))
+    text = BATCHES + "skip_tokens = [0, 500]\n"
     out, real_finish, kept = tmp_path / "out", sweep.Sweep.finish, []
 
-    def crashing_finish(self, P, B, point, partial, last, bar):
+    def crashing_finish(self, point, partial, last, bar):
         if last and kept.count(True) == 1:  # the second point done with both batches
             raise RuntimeError("simulated crash")
-        real_finish(self, P, B, point, partial, last, bar)
+        real_finish(self, point, partial, last, bar)
         kept.append(last)
 
     monkeypatch.setattr(sweep.Sweep, "finish", crashing_finish)
+    sw = make(tmp_path, text)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        sweep.Sweep(cfg, out, torch.device("cpu"), False).run(None)
+        sw.run(None)
     monkeypatch.setattr(sweep.Sweep, "finish", real_finish)
     first = {f.stem: json.loads(f.read_text())["batches"][0] for f in (out / ".batches").glob("*.json")}
-    assert len(records(out)) == 1 and len(first) == len(sweep.points_of(cfg, 48, 2)) - 1
-    assert sweep.Sweep(cfg, out, torch.device("cpu"), False).run(None) == 0
+    assert len(records(out)) == 1 and len(first) == len(sw.points) - 1
+    assert make(tmp_path, text).run(None) == 0
     for name, r in records(out).items():
         if name in first:  # the first batch's timing as kept before the crash, not timed again
             assert r["batches"][0]["decode_s"] == first[name]["seconds"]
@@ -279,57 +327,96 @@ def test_history_feeds_the_planner(tmp_path):
     budget), records of another model excepted."""
     hist = tmp_path / "hist"
     hist.mkdir()
-    sw = sweep.Sweep(sweep.load_config(_write(tmp_path, TINY_SWEEP)), tmp_path / "o", torch.device("cpu"), False)
-    for model, alpha in ((sw.config.name, 0.6), ("another", 0.95)):
+    text = TINY_SWEEP + 'methods = ["baseline", "auto"]\n'
+    sw = make(tmp_path, text)
+    sw.load(sw.points[0].cfg)
+    for model, alpha in ((sw.engine.target_config.name, 0.6), ("another", 0.95)):
         (hist / f"{model.replace('/', '_')}.json").write_text(json.dumps({
             "model": model, "method": "selfspec", "budget": 24, "prefix_len": 48, "decoding": "greedy", "B": 2,
             "gamma": 2, "gen_len": 8, "metrics": {"alpha": alpha, "iterations": 4}}))
-    cfg = sweep.load_config(_write(tmp_path, TINY_SWEEP + f'history = ["{hist}"]\n'))
-    sw = sweep.Sweep(cfg, tmp_path / "o", torch.device("cpu"), False)
-    sw.load()
-    assert sw.plan_budget(48, 2, "greedy", None)[1]["alpha_by_budget"] == {24: 0.6}
-    sw.cfg = cfg | {"history": []}
-    assert sw.plan_budget(48, 2, "greedy", None)[1]["alpha_by_budget"] == {24: cfg["alpha_prior"]}
+    sw = make(tmp_path, text + f'history = ["{hist}"]\n', name="h.toml")
+    sw.load(sw.points[0].cfg)
+    auto = next(p for p in sw.points if p.method == "auto")
+    assert sw.plan_budget(auto)["alpha_by_budget"] == {24: 0.6}
+    sw.cfg = sw.cfg | {"history": []}
+    assert sw.plan_budget(auto)["alpha_by_budget"] == {24: auto.cfg.speculation.alpha_prior}
 
 
 POLICY_SWEEP = """
 model_name = "JackFram/llama-68m"
 random_weights = true
-prefix_lens = [96]
-batch_sizes = [2]
-budgets = [0, 48]
-gammas = [2]
-methods = ["baseline", "selfspec", "longspec"]
+prefix_len = 96
+B = 2
+draft_budget = [0, 48]
+gamma = 2
+methods = ["baseline", "selfspec", "standalone"]
 draft_name = "JackFram/llama-68m"
-draft_policies = ["streaming", "snapkv", "retrieval"]
-modes = ["greedy"]
+draft_policy = ["streaming", "snapkv", "retrieval"]
 gen_len = 8
 sinks = 4
 """
 
 
 def test_draft_policy_is_a_grid_axis(tmp_path):
-    """Every policy at every budget for both drafting methods (a selection needs a budget: none at 0, the full
-    draft cache), each record naming its policy, with its acceptance and the cost model counting the slots its
-    draft reads."""
+    """Every policy at every budget for both model drafts (a selection needs a budget, and the self-draft a budget
+    below the prompt: budget 0, the full cache, is the standalone draft's streaming only), each record labelled with
+    its policy, with its acceptance and the cost model counting the slots its draft reads."""
     out = tmp_path / "out"
-    assert sweep.Sweep(sweep.load_config(_write(tmp_path, POLICY_SWEEP)), out, torch.device("cpu"), False).run(None) == 0
-    recs = records(out)
-    expected = {"baseline_P96_B2_greedy"} | {f"{m}_P96_B2_greedy_b{b}_g2" for m in ("selfspec", "longspec")
-                                             for b in (0, 48)}
-    expected |= {f"{m}_P96_B2_greedy_b48_g2_{d}" for m in ("selfspec", "longspec") for d in ("snapkv", "retrieval")}
+    assert make(tmp_path, POLICY_SWEEP).run(None) == 0
+    recs = {r["label"]: r for r in records(out).values()}
+    expected = {"baseline", "standalone llama-68m full"} | {f"{m} b48" for m in ("selfspec", "standalone llama-68m")}
+    expected |= {f"{m} {d} b48" for m in ("selfspec", "standalone llama-68m") for d in ("snapkv", "retrieval")}
     assert set(recs) == expected
-    for name, r in recs.items():
+    for label, r in recs.items():
         if r["method"] == "baseline":
             continue
-        assert r["draft_policy"] == (name.split("_")[-1] if name.endswith(("snapkv", "retrieval")) else "streaming")
+        assert r["draft_policy"] == next((d for d in ("snapkv", "retrieval") if d in label), "streaming")
         assert 0 <= r["metrics"]["alpha"] <= 1 and r["metrics"]["cost_model"]["T_D"] > 0
-    assert recs["longspec_P96_B2_greedy_b0_g2"]["metrics"]["alpha"] == 1.0  # its own model, full cache
+    assert recs["standalone llama-68m full"]["metrics"]["alpha"] == 1.0  # its own model, full cache
     # the draft model has the target's name, seed and so weights: selecting from its own prefill keeps what
     # self-speculation selects from the target's, and accepts the same
-    for suffix in ("", "_snapkv", "_retrieval"):
-        assert recs[f"selfspec_P96_B2_greedy_b48_g2{suffix}"]["metrics"]["alpha"] == \
-            recs[f"longspec_P96_B2_greedy_b48_g2{suffix}"]["metrics"]["alpha"]
-    # a selected cache reads its budget plus what generation appends, StreamingLLM its budget plus the ring's slack
-    s = sweep.Sweep(sweep.load_config(_write(tmp_path, POLICY_SWEEP)), tmp_path / "x", torch.device("cpu"), False)
-    assert s.append() == 8 + 2 + 2 and s.ring_extra() == ring_extra_for(8, 2)
+    for policy in ("", " snapkv", " retrieval"):
+        assert recs[f"selfspec{policy} b48"]["metrics"]["alpha"] == \
+            recs[f"standalone llama-68m{policy} b48"]["metrics"]["alpha"]
+
+
+EVERY = """
+model_name = "JackFram/llama-68m"
+random_weights = true
+prefix_len = 96
+B = 2
+gamma = 2
+gen_len = 8
+sinks = 4
+draft_budget = 48
+draft_name = "JackFram/llama-68m"
+synthetic_acceptance = 0.8
+[hierarchy]
+draft = "ngram"
+synthetic_bottom = 0.6
+"""
+
+
+def test_every_registered_drafter_runs_in_a_sweep(tmp_path):
+    """methods = every registered drafter: each gets a record with its speedup and its cost model's prediction (or
+    the reason there is none), on one target and one prefill."""
+    names = drafters.names()
+    text = EVERY + f"methods = {json.dumps(['baseline', *names])}\n"
+    assert make(tmp_path, text).run(None) == 0
+    recs = records(tmp_path / "out")
+    assert {r["method"] for r in recs.values()} == {"baseline", *names}
+    for r in recs.values():
+        if r["method"] != "baseline":
+            cost = r["metrics"]["cost_model"]
+            assert r["metrics"]["measured_speedup"] > 0 and ("speedup" in cost or "none" in cost), r["label"]
+
+
+def test_interrupt_says_how_to_resume(tmp_path, monkeypatch):
+    """Ctrl-C during a sweep: one line saying that running the same command again resumes, no traceback."""
+    def interrupted(self, max_minutes):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep.Sweep, "run", interrupted)
+    with pytest.raises(SystemExit) as e:
+        sweep.main([str(_write(tmp_path, CONFIG)), "--output_dir", str(tmp_path / "o"), "--no_progress"])
+    assert e.value.code == 130

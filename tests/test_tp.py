@@ -90,7 +90,7 @@ def test_standalone_draft_on_one_of_two_ranks(tmp_path, budget):
     cache, so everything is accepted."""
     one, two = same_tokens(tmp_path, "longspec_benchmark.py", *LLAMA68M, "--draft_name", "JackFram/llama-68m",
                            "--draft_ranks", "0", "--streamingllm_budget", budget, "--gamma", "3")
-    assert two["tensor_parallel"]["draft_ranks"] == [0]
+    assert two["tensor_parallel"]["drafter"]["draft_ranks"] == [0]
     if budget == "0":
         assert one["metrics"]["alpha"] == 1.0 and two["metrics"]["alpha"] == 1.0
 
@@ -133,7 +133,7 @@ def test_hierarchy_two_ranks(tmp_path):
     one, two = same_tokens(tmp_path, "selfspec_benchmark.py", *LLAMA68M, "--draft_policy", "retrieval",
                            "--draft_budget", "64", "--gamma", "4", "--hierarchy", "--draft_name", "JackFram/llama-68m",
                            "--gamma_bottom", "2", "--bottom_budget", "32", "--sinks", "4")
-    levels = [r["metrics"]["speculation"]["hierarchy"] for r in (one, two)]
+    levels = [r["metrics"]["speculation"]["drafter"] for r in (one, two)]
     assert levels[0]["alpha_bottom_to_middle"] == levels[1]["alpha_bottom_to_middle"]
 
 

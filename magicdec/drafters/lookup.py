@@ -10,8 +10,16 @@ sequence matches, nothing is proposed and the verification is one plain decode s
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+from magicdec import cost_model as cm
+from magicdec.drafters.base import DrafterKind
+from magicdec.errors import MagicDecError
+from magicdec.generate import Drafter, GraphedStep
+from magicdec.options import option
 
 
 def propose_ngram(ctx: torch.Tensor, length: torch.Tensor, gamma: int, ngram_max: int):
@@ -37,13 +45,12 @@ def propose_ngram(ctx: torch.Tensor, length: torch.Tensor, gamma: int, ngram_max
     return ctx.gather(1, torch.minimum(idx, last[:, None])), proposed
 
 
-class PromptLookup:
-    """A draft for the generation loop (generate.Draft's seam: `propose`) that reads the prompts and the committed
-    tokens instead of running a model. `vocab_size` set: sampled decoding, which verifies against one-hot q.
-    `cuda_graphs`: the proposal's ~50 small kernels replay as one CUDA graph (captured per history shape): launched
-    eagerly they took 1.2 ms a verification at SmolLM2's shape on an H100, half a decode step."""
+class PromptLookup(Drafter):
+    """A drafter that reads the prompts and the committed tokens instead of running a model. `vocab_size` set:
+    sampled decoding, which verifies against one-hot q. `cuda_graphs`: the proposal's ~50 small kernels replay as
+    one CUDA graph (captured per history shape): launched eagerly they cost half a decode step at SmolLM2's shape
+    (results/lookup)."""
 
-    model = cache = ranks = refresh = None
     varying_lengths = True  # a verification is as long as the batch's longest proposal: its shape varies
 
     def __init__(self, prompts: torch.Tensor, ngram_max: int = 3, vocab_size: int | None = None,
@@ -51,8 +58,6 @@ class PromptLookup:
         self.prompts, self.ngram_max, self.vocab_size = prompts, ngram_max, vocab_size
         self._graphed = None
         if cuda_graphs and prompts.is_cuda:  # the loop's history buffer keeps one shape per run: one capture
-            from magicdec.generate import GraphedStep  # generate imports this module
-
             self._graphed = GraphedStep(self._propose)
         self.proposed = None  # per sequence, how many real tokens the last proposal held
 
@@ -70,3 +75,47 @@ class PromptLookup:
         tokens = tokens[:, :n].clone()  # a replay's output is overwritten by the next one
         q = None if self.vocab_size is None else F.one_hot(tokens, self.vocab_size).float()
         return tokens, q
+
+
+@dataclass(frozen=True)
+class Config:
+    ngram_max: int = option(3, "the longest suffix looked up; shorter ones are tried when it never occurred", "--ngram")
+
+
+class Lookup(DrafterKind):
+    name = "lookup"
+    description = ("prompt lookup: no draft model; the tokens that followed the latest earlier occurrence of the last "
+                   "n tokens (n = --ngram_max..1) in the prompt and output are proposed")
+    Config = Config
+    example = {"ngram_max": 2}
+    supports_auto_gamma = False
+
+    def label(self, draft) -> str:
+        return f"{self.name} n{draft.ngram_max}"
+
+    def describe(self, cfg) -> str:
+        return f"none: prompt lookup (suffixes of {cfg.draft.ngram_max} tokens down to 1)"
+
+    def check(self, cfg) -> None:
+        super().check(cfg)
+        check_ngram(cfg.draft.ngram_max)
+
+    def prepare(self, cfg, ctx) -> PromptLookup:
+        return PromptLookup(ctx.prompts, cfg.draft.ngram_max, None if cfg.decoding.greedy else ctx.target.args.vocab_size,
+                            cfg.runtime.graphed)
+
+    def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict:
+        """No draft steps: the proposal's cost is in the fixed cost per verification (T_O). The prediction takes
+        gamma tokens proposed every time, so it overstates Omega where nothing was found."""
+        w = cfg.workload
+        p = cm.predict(target, device, w.B, w.prefix_len + w.gen_len // 2, gamma, alpha, 0, None, 0,
+                       not cfg.decoding.greedy)
+        return cm.without_draft_steps(p, gamma)
+
+
+def check_ngram(ngram_max: int) -> None:
+    if ngram_max < 1:
+        raise MagicDecError(f"--ngram_max {ngram_max}: must be at least 1 (the longest suffix looked up)")
+
+
+DRAFTER = Lookup()

@@ -1,0 +1,3 @@
+from magicdec.cli import main
+
+raise SystemExit(main())

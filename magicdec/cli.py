@@ -1,0 +1,109 @@
+"""The `magicdec` command: `run` (one run), `compare` (every drafter side by side on one prefill: the default job),
+`sweep` (a grid from a TOML file), `report` (records to tables and plots), `reproduce` (a headline claim, PASS or
+FAIL). The run flags are the run config's options (magicdec/run_config.py and each drafter's own)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from magicdec import drafters
+from magicdec import options as opt
+from magicdec.errors import MagicDecError, one_line_errors
+from magicdec.run_config import SECTIONS, RunConfig
+
+SECTION_TITLES = {"models": "the target model", "workload": "workload", "decoding": "decoding",
+                  "speculation": "speculation", "runtime": "runtime", "timing": "timing", "output": "output"}
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def run_parser(description: str, defaults: dict | None = None, prog: str | None = None) -> argparse.ArgumentParser:
+    """Every option of the run config as a flag, in groups: the sections, then each drafter's own (an option two
+    drafters share is one flag, listed with the first). --help shows `defaults` (a script's own) over the config's."""
+    defaults = defaults or {}
+    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=Formatter,
+                                epilog="Options of a drafter apply only when it is the run's --drafter.")
+    taken: dict[str, str] = {}
+    for name, cls in SECTIONS.items():
+        opt.add_flags(p.add_argument_group(SECTION_TITLES[name]), cls, defaults, taken)
+    owners = {}
+    for name, kind in drafters.registry().items():
+        for key in opt.keys(kind.Config):
+            owners.setdefault(key, []).append(name)
+    for name, kind in drafters.registry().items():
+        group = p.add_argument_group(f"drafter {name}" + (f" (also: {', '.join(kind.aliases)})" if kind.aliases else ""),
+                                     kind.description)
+        opt.add_flags(group, kind.Config, defaults, taken, {k: v for k, v in owners.items() if len(v) > 1})
+    legacy = p.add_argument_group("other")
+    legacy.add_argument("--hierarchy", dest="drafter", action="store_const", const="hierarchy",
+                        default=argparse.SUPPRESS, help="the same as --drafter hierarchy")
+    legacy.add_argument("--benchmark", action="store_true", default=argparse.SUPPRESS,
+                        help="accepted and ignored: runs are always timed (kept so MagicDec's command lines work)")
+    legacy.add_argument("--replay", metavar="RECORD.json", default=argparse.SUPPRESS,
+                        help="run again exactly what a record ran (its config); only output options may be added")
+    return p
+
+
+def config_from_argv(argv: list[str] | None, description: str, defaults: dict | None = None,
+                     prog: str | None = None) -> RunConfig:
+    ns = vars(run_parser(description, defaults, prog).parse_args(argv))
+    ns.pop("benchmark", None)
+    replay = ns.pop("replay", None)
+    if replay is not None:
+        others = sorted(set(ns) - opt.keys(SECTIONS["output"]))
+        if others:
+            raise MagicDecError(f"--replay reruns what the record ran: only output options may be added, not "
+                                f"--{others[0]}")
+        return RunConfig.from_record(replay, ns)
+    return RunConfig.from_options(ns, defaults)
+
+
+RUN_DESCRIPTION = "One timed run: a drafter (or the baseline) on the target."
+
+
+def run_main(argv=None, description: str = RUN_DESCRIPTION, defaults: dict | None = None, prog: str | None = None,
+             rename: dict | None = None) -> None:
+    """A run from the command line: bad input as one line (exit 2)."""
+    from magicdec import run
+
+    run.main(lambda: config_from_argv(argv, description, defaults, prog), rename)
+
+
+def run_record(argv=None, description: str = RUN_DESCRIPTION, defaults: dict | None = None) -> dict:
+    """A run in this process (tests): its record; bad input raises MagicDecError."""
+    from magicdec import run
+
+    return run.run(config_from_argv(argv, description, defaults))
+
+
+COMMANDS = {
+    "run": "one timed run (magicdec run --help for its flags)",
+    "compare": "every drafter side by side over one shared prefill (the default job; runs on a CPU in about a minute)",
+    "sweep": "a grid of runs from a TOML file, one record per point, resumable",
+    "report": "sweep records to tables, plots and a results page",
+    "reproduce": "run a headline experiment (experiments/*.toml) and print PASS or FAIL",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        width = max(map(len, COMMANDS))
+        print("usage: magicdec COMMAND [flags]\n\n" + "\n".join(f"  {c:<{width}}  {h}" for c, h in COMMANDS.items()))
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nerror: unknown command {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        run_main(rest, prog="magicdec run")
+        return 0
+    module = __import__(f"magicdec.{command}", fromlist=["main"])
+    with one_line_errors():
+        return module.main(rest) or 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

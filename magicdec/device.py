@@ -1,0 +1,132 @@
+"""What a run measures of the machine it runs on, apart from the model: timing that waits for the device, copy
+bandwidths, free memory, peak memory, and the environment and code version a record names."""
+from __future__ import annotations
+
+import functools
+import gc
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device):
+    """(fn(), wall seconds) with the device idle before and after."""
+    sync(device)
+    start = time.perf_counter()
+    result = fn()
+    sync(device)
+    return result, time.perf_counter() - start
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 20) -> float | None:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written), the ceiling for decode."""
+    if device.type != "cuda":
+        return None
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * nbytes / statistics.median(times[3:])
+
+
+def host_to_device_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float | None:
+    """Pinned host memory to the GPU, bytes/s: what bounds an offloaded cache's step (PCIe)."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    times = []
+    for _ in range(repeats + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src, non_blocking=True)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return nbytes / statistics.median(times[1:])
+
+
+def memory(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of the device: the GPU's, or the machine's RAM."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)
+    with open("/proc/meminfo") as f:
+        info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)}
+    return info["MemAvailable"], info["MemTotal"]
+
+
+def headroom(device: torch.device) -> int:
+    """Memory a run uses beyond its weights, caches and activations: CUDA graph pools, NCCL buffers, attention
+    scratch, allocator slack. Peaks on 4 x H200 ran 6-8 GiB over the estimate (results/tp); one run that the
+    estimate alone let through ran out of memory."""
+    return max(2 << 30, int(0.06 * memory(device)[1]))
+
+
+def release_memory(device: torch.device) -> None:
+    """Collect now (a Decoder and its CUDA graphs form a reference cycle) and give cached GPU blocks back."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def peak_memory(device: torch.device) -> int | None:
+    """Peak bytes allocated on the GPU, or the process's peak resident memory on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> dict:
+    """The git commit this code is at, and whether the working tree differed from it (None outside a checkout)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode:
+            return {"commit": None, "dirty": None}
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+           "device": str(device), "host": platform.node(), "code": code_version()}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+        env["gpu_count"] = torch.cuda.device_count()
+        try:
+            import triton
+
+            env["triton"] = triton.__version__
+        except ImportError:
+            pass
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+    return env

@@ -1,0 +1,190 @@
+"""A model over a small KV cache of its own, drafting one token per step: what the self-draft (the target's weights)
+and a standalone draft (a small model) share — the options of the draft's cache (its budget and how its KV is
+chosen: StreamingLLM, or a selection of magicdec/draft_cache.py), their checks, their sizes and the runtime draft."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from magicdec import draft_cache
+from magicdec.errors import MagicDecError
+from magicdec.generate import Drafter, prefill
+from magicdec.kv_cache import KVCache, StreamingCache
+from magicdec.options import option
+from magicdec.sampling import sample_from
+
+DRAFT_PREFILL_CHUNK = 256  # the draft's ring must hold one prefill chunk: small chunks keep the ring (and its reads) small
+
+
+@dataclass(frozen=True)
+class DraftCacheOptions:
+    draft_budget: int = option(256, "the draft's KV budget in prompt tokens (streaming: sinks + recent window; a "
+                                    "standalone draft: 0 = its full cache)", "--streamingllm_budget")
+    sinks: int = option(16, "StreamingLLM sink tokens kept at the start")
+    draft_policy: str = option("streaming", "how the draft picks its KV: streaming (sinks + recent window, its own "
+                                            "prefill); snapkv or retrieval (selected per KV head from a full prefill "
+                                            "of the prompt, its last 32 tokens kept, generated tokens appended): see "
+                                            "magicdec/draft_cache.py", choices=draft_cache.POLICIES)
+    chunk_size: int = option(8, "--draft_policy retrieval: tokens per scored chunk")
+    reindex: bool = option(False, "streaming: attention sees positions inside the draft's cache (sinks, then the "
+                                  "window), not in the prompt, so a draft trained on contexts shorter than the prompt "
+                                  "stays in range")
+
+    @property
+    def selected(self) -> bool:
+        return self.draft_policy != "streaming"
+
+    @property
+    def full(self) -> bool:
+        """A standalone draft's full cache (budget 0)."""
+        return self.draft_budget == 0
+
+    def policy(self):
+        """The selection policy object (draft_cache.SnapKV, Retrieval), None for StreamingLLM."""
+        return draft_cache.policy_for(self.draft_policy, self.draft_budget, self.chunk_size) if self.selected else None
+
+    def label(self) -> str:
+        policy = "" if not self.selected else f" {self.draft_policy}"
+        return f"{policy} b{self.draft_budget}" + (" reindex" if self.reindex else "")
+
+    def check(self, prefix_len: int, full_allowed: bool, budget_flag: str = "--draft_budget") -> None:
+        budget, sinks = self.draft_budget, self.sinks
+        if sinks < 0:
+            raise MagicDecError(f"--sinks must be >= 0, got {sinks}")
+        if not (full_allowed and budget == 0):
+            if budget <= sinks:
+                raise MagicDecError(f"{budget_flag} {budget} must exceed --sinks {sinks} (the budget holds the sinks "
+                                    "plus a recent window)")
+            if budget >= prefix_len:
+                raise MagicDecError(f"{budget_flag} {budget} >= --prefix_len {prefix_len}: the draft would read the "
+                                    "whole prompt; use a budget below the prefix length")
+        if self.selected:
+            if budget == 0:
+                raise MagicDecError(f"--draft_policy {self.draft_policy} selects within a budget: {budget_flag} 0 (the "
+                                    "full cache) has nothing to select")
+            if budget <= draft_cache.WINDOW:
+                raise MagicDecError(f"{budget_flag} {budget} must exceed the {draft_cache.WINDOW}-token window that "
+                                    f"--draft_policy {self.draft_policy} keeps at the prompt's end")
+            if self.draft_policy == "retrieval" and not 1 <= self.chunk_size <= budget - draft_cache.WINDOW:
+                raise MagicDecError(f"--chunk_size {self.chunk_size}: must be 1..{budget - draft_cache.WINDOW} (the "
+                                    f"{budget_flag} {budget} minus the {draft_cache.WINDOW}-token window)")
+        if self.chunk_size != 8 and self.draft_policy != "retrieval":
+            raise MagicDecError("--chunk_size applies to --draft_policy retrieval only")
+        if self.reindex and self.selected:
+            raise MagicDecError(f"--reindex applies to --draft_policy streaming only (--draft_policy "
+                                f"{self.draft_policy} keeps the target's keys at their prompt positions)")
+        if self.reindex and budget == 0:
+            raise MagicDecError(f"--reindex needs a StreamingLLM budget: {budget_flag} 0 is the full cache, whose "
+                                "positions are the prompt's")
+
+    def slots(self, prefix_len: int, gen_len: int, lookahead: int) -> int:
+        """KV slots per sequence of the draft's cache."""
+        if self.full:
+            return prefix_len + appended_for(gen_len, lookahead)
+        if self.selected:  # a selected cache's ring holds every position generation reaches
+            return self.draft_budget + appended_for(gen_len, lookahead)
+        return self.draft_budget + ring_extra_for(gen_len, lookahead)
+
+    def read_slots(self, prefix_len: int, gen_len: int, lookahead: int) -> int:
+        """Slots a draft step reads (masked or not): the cost model's draft context (0: the whole context)."""
+        return 0 if self.full else self.slots(prefix_len, gen_len, lookahead)
+
+
+def ring_extra_for(gen_len: int, gamma: int) -> int:
+    """Ring slots beyond the window: a draft prefill chunk, or what generating gen_len tokens (and a warm-up of
+    4*(gamma+1)) writes before rolling back to the prompt — never overwriting a prompt key the window still needs."""
+    return max(DRAFT_PREFILL_CHUNK, max(gen_len, 4 * (gamma + 1)) + 2 * gamma + 4)
+
+
+def appended_for(gen_len: int, gamma: int) -> int:
+    """Positions generation reaches after the prompt (gen_len tokens, a verification's gamma + 1 past the last, and
+    a slot of slack): what the target's cache holds beyond the prompt, and what a selected draft cache appends."""
+    return gen_len + gamma + 2
+
+
+def draft_prefill_chunk(chunk: int, full: bool) -> int:
+    """A ring cache must hold a whole prefill chunk, so it is prefilled in small ones; a full cache in `chunk`s."""
+    return chunk if full else min(chunk, DRAFT_PREFILL_CHUNK)
+
+
+def refresh_slots(config, cache_len: int, dtype) -> int:
+    """--refresh's buffers (each layer's first-query logits, fp32 per query head over the target's cache) counted
+    as KV slots of `config`, for the memory estimate."""
+    item = torch.empty((), dtype=dtype).element_size()
+    return -(-2 * (config.n_heads // config.n_kv_heads) * cache_len // (config.head_dim * item))
+
+
+class ModelDraft(Drafter):
+    """`model` over `cache`: one draft step per token. The loop fills the cache once per batch of prompts (its
+    preparation) and asks for gamma tokens per verification; which keys and values the cache keeps is the cache's
+    business. `refresh` (draft_cache.Refresh) re-selects a selected cache from verifications' attention."""
+
+    def __init__(self, model, cache, refresh: draft_cache.Refresh | None = None):
+        self.model, self.cache, self.refresh = model, cache, refresh
+
+    def begin(self) -> None:
+        if self.refresh is not None:
+            self.refresh.begin()
+
+    def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
+        # Re-feed the last two committed tokens: after full acceptance the draft has not yet seen its own last
+        # token, otherwise re-writing it is a no-op. Always two keeps the shapes fixed (CUDA graphs, no host sync).
+        self.cache.rollback(start)
+        inp = hist.gather(1, torch.stack([m - 2, m - 1], dim=1))
+        tokens, qs = [], []
+        for _ in range(gamma):
+            out = step(self.model, inp, self.cache)
+            self.cache.advance(inp.shape[1])
+            if out.dim() == 2:  # probabilities: sample, keep q for verification
+                qs.append(out.clone())
+                out = sample_from(out)
+            tokens.append(out.clone())  # a graph's output is overwritten by its next replay
+            inp = tokens[-1][:, None]
+        return torch.stack(tokens, 1), (torch.stack(qs, 1) if qs else None)
+
+    def before_verify(self, cache, gamma: int) -> None:
+        if self.refresh is not None:  # every Nth verification also writes its attention, to select from
+            cache.scores = self.refresh.due()
+
+    def after_commit(self, cache) -> None:
+        if cache.scores is not None:
+            self.refresh.apply()  # the draft's cache selected again from that attention
+            cache.scores = None
+
+    def summary(self) -> dict | None:
+        return None if self.refresh is None else {"refreshes": self.refresh.count // self.refresh.every}
+
+
+def new_cache(opts: DraftCacheOptions, model, B: int, prefix_len: int, gen_len: int, lookahead: int, dtype, device,
+              backend: str):
+    """An empty StreamingLLM ring (or, budget 0, a full KVCache) for `model`; with --reindex its attention sees
+    positions inside the cache."""
+    a = model.args
+    if opts.full:
+        return KVCache(a.n_layers, B, model.n_kv_heads, opts.slots(prefix_len, gen_len, lookahead), a.head_dim,
+                       dtype, device, backend)
+    return StreamingCache(a.n_layers, B, model.n_kv_heads, opts.draft_budget, opts.sinks,
+                          ring_extra_for(gen_len, lookahead), a.head_dim, dtype, device, backend,
+                          model.inv_freq if opts.reindex else None)
+
+
+def own_prefill(opts: DraftCacheOptions, model, ctx, seed_offset: int, progress_desc: str = "prefill (draft)"):
+    """The draft's cache filled by its own prefill of the prompts: through a StreamingLLM ring this is MagicDec's
+    second prefill, so the draft's KV is what its windowed attention produces; a selection policy prefills a full
+    cache, selects from it and frees it. Random KV in place of the prefill for random-weight speed runs."""
+    cfg = ctx.cfg
+    B, P = ctx.prompts.shape
+    dtype, device = cfg.runtime.torch_dtype, cfg.runtime.torch_device
+    seed = None if ctx.random_kv is None else ctx.random_kv + seed_offset
+    if opts.selected:
+        return draft_cache.select_by_own_prefill(opts.policy(), model, ctx.prompts, cfg.runtime.prefill_chunk,
+                                                 appended_for(cfg.workload.gen_len, ctx.lookahead), dtype, ctx.backend,
+                                                 cfg.output.progress, seed)
+    cache = new_cache(opts, model, B, P, cfg.workload.gen_len, ctx.lookahead, dtype, device, ctx.backend)
+    if seed is not None:
+        cache.fill_random(P, seed)
+    else:
+        prefill(model, cache, ctx.prompts, draft_prefill_chunk(cfg.runtime.prefill_chunk, opts.full),
+                cfg.output.progress, desc=progress_desc)
+    return cache

@@ -1,0 +1,169 @@
+"""Claims as experiments: each headline number of the README is a small TOML file under experiments/ — the run's
+options, the device it needs, the record it cites, the metric, the value expected and the tolerance. `magicdec
+reproduce FILE` runs it (on a device of that class) and prints PASS or FAIL with the measured value; `magicdec
+reproduce --table` writes the README's headline table from every experiment and the record it cites.
+
+    magicdec reproduce experiments/selfspec_llama31_8b_32k_b13.toml --output results/selfspec/llama31_8b_32k_b13.json
+    magicdec reproduce --table --readme README.md
+
+An experiment file:
+
+    claim = "Llama-3.1-8B self-spec, 32K x 13, budget 512, gamma 2-4"     # the row's setting
+    paper = "—"                                                           # a peer's number, with what differs
+    device = "H100"                                                       # the GPU name must contain it
+    record = "results/selfspec/llama31_8b_32k_b13.json"                   # the record the README cites
+    metric = "metrics.measured_speedup_first_done"                        # a dotted path into the record
+    expected = 1.54                                                       # the value the README states
+    tolerance = 0.05                                                      # relative: PASS within ±5%
+    weights = "random weights, synthetic α 0.8"                           # what the row must say of its numbers
+    details = "results/selfspec/README.md"
+    [run]                                                                 # the run's options (magicdec run)
+    drafter = "selfspec"
+    ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+from magicdec.errors import MagicDecError
+from magicdec.run_config import RunConfig, writable_folder
+
+KEYS = {"claim", "paper", "device", "record", "metric", "expected", "tolerance", "weights", "details", "run",
+        "also", "note"}
+REQUIRED = ("claim", "device", "record", "metric", "expected", "tolerance", "run")
+README_MARKERS = ("<!-- headline table: magicdec reproduce --table -->", "<!-- /headline table -->")
+
+
+def load(path: Path) -> dict:
+    try:
+        exp = tomllib.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise MagicDecError(f"cannot read experiment {path}: {e}") from None
+    missing = [k for k in REQUIRED if k not in exp]
+    unknown = sorted(set(exp) - KEYS)
+    if missing or unknown:
+        raise MagicDecError(f"experiment {path}: " + (f"missing {missing}" if missing else f"unknown keys {unknown}")
+                            + f"; an experiment has {sorted(KEYS)}")
+    exp["path"] = Path(path)
+    return exp
+
+
+def metric(record: dict, path: str):
+    value = record
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def verdict(exp: dict, value) -> tuple[bool, str]:
+    if value is None:
+        return False, f"FAIL: {exp['metric']} is missing from the record"
+    lo, hi = exp["expected"] * (1 - exp["tolerance"]), exp["expected"] * (1 + exp["tolerance"])
+    ok = lo <= value <= hi
+    return ok, (f"{'PASS' if ok else 'FAIL'}: {exp['metric']} = {value:.4g}, expected {exp['expected']:.4g} "
+                f"± {exp['tolerance']:.0%} ({lo:.4g}..{hi:.4g})")
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+
+
+def reproduce(exp: dict, output: Path | None, anywhere: bool = False) -> tuple[bool, dict]:
+    """Run the experiment's config; its record (written to `output`) and whether its metric is within tolerance."""
+    from magicdec import run
+
+    here = device_name()
+    if exp["device"].lower() not in here.lower() and not anywhere:
+        raise MagicDecError(f"{exp['path']} was measured on {exp['device']} and this is {here}: its tolerance holds on "
+                            "that device class only (--anywhere runs it regardless, for a look)")
+    cfg = RunConfig.from_options(dict(exp["run"]) | ({"output": str(output)} if output else {}),
+                                 where=f"{exp['path']} [run]: ")
+    if output:
+        writable_folder(output.parent, f"--output {output}")
+    record = run.run(cfg)
+    ok, line = verdict(exp, metric(record, exp["metric"]))
+    record["reproduce"] = {"experiment": str(exp["path"]), "verdict": line, "pass": ok, "device": here}
+    if output:
+        run.write_record(output, record)
+    print(f"{exp['claim']}: {line}")
+    return ok, record
+
+
+def cited(exp: dict, root: Path) -> tuple[float | None, dict | None]:
+    """The value the experiment's committed record holds, and the record."""
+    path = root / exp["record"]
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None, None
+    return metric(record, exp["metric"]), record
+
+
+def table(experiments: list[dict], root: Path) -> str:
+    """The README's headline table: one row per experiment, its value from the record it cites, and how to rerun it."""
+    lines = ["| setting | paper (device, α) | ours (device, weights, α) | check | reproduce |", "|---|---|---|---|---|"]
+    for exp in experiments:
+        value, record = cited(exp, root)
+        if record is None:
+            ours, check = f"record {exp['record']} missing", "—"
+        else:
+            env = record.get("environment") or {}
+            device = env.get("gpu") or exp["device"]
+            ours = f"**{value:.2f}**" if isinstance(value, (int, float)) else "—"
+            ours += f" ({device}; {exp.get('weights', '')})" + (f"; {exp['also']}" if exp.get("also") else "")
+            check = verdict(exp, value)[1].split(":")[0] if value is not None else "—"
+            when = (record.get("reproduce") or {}).get("verdict")
+            check = f"{check} (± {exp['tolerance']:.0%} of {exp['expected']})" + (" · rerun: " + when.split(":")[0]
+                                                                                 if when else "")
+        link = f"[{exp['path'].stem}]({exp['path'].as_posix()})"
+        details = f", [details]({exp['details']})" if exp.get("details") else ""
+        lines.append(f"| {exp['claim']} | {exp.get('paper', '—')} | {ours} | {check} | {link}{details} |")
+    return "\n".join(lines)
+
+
+def write_table(readme: Path, experiments: list[dict]) -> None:
+    text = readme.read_text()
+    start, end = README_MARKERS
+    if start not in text or end not in text:
+        raise MagicDecError(f"{readme} has no headline-table markers ({start} ... {end}): add them where the table goes")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{start}\n{table(experiments, readme.parent)}\n{end}{tail}")
+    print(f"wrote the headline table of {readme} ({len(experiments)} experiments)")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="magicdec reproduce", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiments", type=Path, nargs="*", help="experiment files (default with --table: experiments/)")
+    p.add_argument("--output", type=Path, default=None, help="where the rerun's record goes (one experiment)")
+    p.add_argument("--anywhere", action="store_true", help="run on a device of another class than the experiment's")
+    p.add_argument("--table", action="store_true", help="write the README's headline table instead of running")
+    p.add_argument("--readme", type=Path, default=Path("README.md"), help="the README whose table --table writes")
+    a = p.parse_args(argv)
+    if a.table:
+        files = a.experiments or sorted(Path("experiments").glob("*.toml"))
+        write_table(a.readme, [load(f) for f in files])
+        return 0
+    if not a.experiments:
+        raise MagicDecError("name an experiment file (experiments/*.toml), or pass --table")
+    if a.output and len(a.experiments) > 1:
+        raise MagicDecError("--output names one record: run one experiment at a time")
+    results = [reproduce(load(f), a.output, a.anywhere)[0] for f in a.experiments]
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    from magicdec.errors import one_line_errors
+
+    with one_line_errors():
+        raise SystemExit(main())
