@@ -1,5 +1,8 @@
 """magicdec.data: deterministic prompt chunks, checked against a plain whole-document tokenization."""
 import json
+import re
+import shutil
+import subprocess
 
 import pytest
 import sentencepiece as spm
@@ -233,3 +236,65 @@ def test_random_prompts():
     assert random_prompts(100, 4, 5, seed=0, bos_id=None).shape == (4, 5)
     with pytest.raises(MagicDecError):
         random_prompts(100, 0, 5, seed=0, bos_id=1)
+
+
+# ------------------------------------------------------------------ documents that are not (UTF-8) text
+
+def load_toy(source, n=2):
+    """A few prompts through the toy tokenizer: these checks are about reading documents, not tokens."""
+    return load_prompts(WordLengthTokenizer(), n, 16, source, skip_tokens=0)
+
+
+def refused(match, source) -> str:
+    with pytest.raises(MagicDecError, match=match) as e:
+        load_toy(source)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_binary_documents_are_refused(tmp_path):
+    zeros = tmp_path / "zeros.txt"
+    zeros.write_bytes(bytes(2 << 20))  # 2 MB of NUL bytes: valid UTF-8, so only a text check catches it
+    refused(rf"^{re.escape(str(zeros))} holds NUL characters .*not a text document", zeros)
+    utf16 = tmp_path / "utf16.txt"  # ASCII text as UTF-16 without a BOM: every other byte is NUL
+    utf16.write_bytes(("plain English words " * 500).encode("utf-16-le"))
+    refused(r"utf16.txt holds NUL .*iconv -f utf-16 -t utf-8", utf16)
+    controls = tmp_path / "controls.txt"  # decodes as UTF-8, a third of it control characters
+    controls.write_bytes(bytes(range(1, 9)) * 1000 + b"words and more words " * 800)
+    refused(r"controls.txt is 3\d% control characters: it is not a text document", controls)
+    folder = tmp_path / "books"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(bytes(1000))  # sorted first: refused before any prompt is cut
+    (folder / "b.txt").write_text("ordinary words " * 2000)
+    refused(rf"^{re.escape(str(folder / 'a.txt'))} holds NUL", folder)
+    jsonl = write_jsonl(tmp_path / "docs.jsonl", ["ordinary words", "nul\u0000inside " * 500])
+    refused(r"docs.jsonl line 3 holds NUL characters \(the first at character 3\)", jsonl)
+
+
+def test_text_with_a_few_control_characters_is_text(tmp_path):
+    # form feeds between pages and terminal escapes: a few per thousand characters, as real files have them
+    text = "".join(f"\x0cpage {i}\x1b[1m bold\x1b[0m " + "some ordinary words " * 50 for i in range(40))
+    path = tmp_path / "pages.txt"
+    path.write_text(text, encoding="utf-8")
+    toy = WordLengthTokenizer()
+    want = toy.encode(text, bos=False)
+    assert load_prompts(toy, 3, 16, path, skip_tokens=0)[:, 1:].flatten().tolist() == want[:45]
+
+
+def test_latin1_documents_name_the_file_and_the_fix(tmp_path):
+    text = "Café society. " * 400
+    for name, data in (("latin1.txt", text.encode("latin-1")),
+                       ("latin1.jsonl", "\n".join(json.dumps({"text": t}, ensure_ascii=False)
+                                                  for t in ("first line", text)).encode("latin-1"))):
+        path = tmp_path / name
+        path.write_bytes(data)
+        column = data.splitlines()[-1].index("é".encode("latin-1"))  # the offending byte within its line
+        where = "byte 3" if name.endswith(".txt") else f"line 2 column {column}"
+        msg = refused(rf"^{re.escape(str(path))} is not UTF-8 \(byte 0xe9 at {where}\): convert it, e.g. iconv -f latin1 -t utf-8",
+                      path)
+        if shutil.which("iconv"):  # the command in the message fixes the file
+            command = re.search(r"e\.g\. (iconv .*?), and use (\S+) in its place", msg)
+            subprocess.run(command[1], shell=True, check=True)
+            fixed = tmp_path / command[2]
+            assert fixed.suffix == path.suffix and fixed.read_text(encoding="utf-8") == data.decode("latin-1")
+            assert load_toy(fixed).shape == (2, 16)

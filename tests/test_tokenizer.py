@@ -136,7 +136,8 @@ def test_check_tokenizer_llama():
         check_tokenizer(llama2, ModelArgs.from_name(name), str(LLAMA2))  # the tokenizer these models ship
     llama3 = load_tokenizer(LLAMA3)
     check_tokenizer(llama3, ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B"), str(LLAMA3))
-    assert "128256 tokens but meta-llama/Llama-2-7b-hf only 32000" in refused(llama3, ModelArgs.from_name("Llama-2-7b-hf"))
+    msg = refused(llama3, ModelArgs.from_name("Llama-2-7b-hf"))
+    assert "128256 tokens but meta-llama/Llama-2-7b-hf only 32000" in msg
     refused(llama2, ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B"))  # 25% of its rows
 
 
