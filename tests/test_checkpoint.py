@@ -198,6 +198,16 @@ def test_cli(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("error: cannot reach the hub") and r.stderr.count("\n") == 1
 
 
+
+@pytest.mark.parametrize("repo_id", ["not a repo!!", "a/b/c", "https://huggingface.co/meta-llama/Llama-2-7b-hf",
+                                     "org/-name", "x" * 97])
+def test_download_refuses_a_malformed_repo_id(tmp_path, repo_id):
+    # offline: were the id not checked first, the error would be "cannot reach the hub"
+    r = run_cli("download.py", "--repo_id", repo_id, "--out_dir", str(tmp_path / "dl"), env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: --repo_id {repo_id!r} is not a hub repo id: give OWNER/NAME"), r.stderr
+    assert not (tmp_path / "dl").exists()
+
 # ------------------------------------------------------------------ GGUF
 
 def write_gguf(path: Path, tensors: dict, arch="llama") -> gguf.GGUFReader:
