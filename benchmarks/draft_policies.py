@@ -11,6 +11,8 @@ prompts (B book chunks, each followed by the book's own next tokens), the target
 
     python benchmarks/draft_policies.py --model /tmp/smol/model.pth --dataset /tmp/books --output results/draft_policies/smollm2.json
     python benchmarks/draft_policies.py --report results/draft_policies/smollm2.json   # table and plot from the JSON
+
+The books: Project Gutenberg's plain-text books (../shared/data/gutenberg here, 21 of them); any folder of .txt works.
 """
 from __future__ import annotations
 
@@ -227,7 +229,9 @@ def main(argv=None) -> int:
     p.add_argument("--model_name", default=None, help="with --random_weights: the shapes")
     p.add_argument("--random_weights", action="store_true")
     p.add_argument("--tokenizer", type=Path, default=None, help="default: beside --model")
-    p.add_argument("--dataset", default="auto", help="a folder of .txt books (as the benchmarks' --dataset)")
+    p.add_argument("--dataset", default="auto",
+                   help="a folder of .txt books, e.g. Project Gutenberg's plain-text books (../shared/data/gutenberg "
+                        "here; any folder of .txt files works), or any other of the benchmarks' --dataset values")
     p.add_argument("--prefix_lens", type=int, nargs="+", default=[2048, 4096, 8000])
     p.add_argument("--budgets", type=int, nargs="+", default=[128, 256, 512, 1024])
     p.add_argument("--policies", nargs="+", choices=draft_cache.POLICIES, default=list(draft_cache.POLICIES))

@@ -8,6 +8,8 @@ per verification, decode tokens/s and the speedup over the baseline timed beside
 
     python benchmarks/hierarchy_real.py --model /tmp/smol/model.pth --dataset /tmp/books \
         --output results/triforce/hierarchy_smollm2.json
+
+The books: Project Gutenberg's plain-text books (../shared/data/gutenberg here); any folder of .txt works.
 """
 from __future__ import annotations
 
@@ -52,7 +54,9 @@ def summary(record: dict) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model.pth (SmolLM2-135M converted from its GGUF)")
-    p.add_argument("--dataset", required=True, help="a folder of .txt books")
+    p.add_argument("--dataset", required=True,
+                   help="a folder of .txt books, e.g. Project Gutenberg's plain-text books (../shared/data/gutenberg "
+                        "here); any folder of .txt files works")
     p.add_argument("--prefix_len", type=int, default=7936, help="SmolLM2's context is 8192")
     p.add_argument("--B", type=int, nargs="+", default=[8])
     p.add_argument("--gen_len", type=int, default=128)

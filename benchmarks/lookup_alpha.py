@@ -5,6 +5,8 @@ proposal). No generation, so a repetition loop cannot flatter it; positions wher
 rejected, and the share of positions with a proposal is reported beside.
 
     python benchmarks/lookup_alpha.py --dataset ../shared/data/gutenberg --prefix_len 4096 --output results/lookup/teacher_gutenberg.json
+
+The books: Project Gutenberg's plain-text books (../shared/data/gutenberg here); any folder of .txt works.
 """
 from __future__ import annotations
 
@@ -46,7 +48,9 @@ def teacher_forced(target, prompts: torch.Tensor, book: torch.Tensor, ngram_max:
 def main(argv=None) -> None:
     a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     a.add_argument("--model", type=Path, default=None)
-    a.add_argument("--dataset", default="auto")
+    a.add_argument("--dataset", default="auto",
+                   help="a folder of .txt books, e.g. Project Gutenberg's plain-text books (../shared/data/gutenberg "
+                        "here; any folder of .txt files works), or any other of the benchmarks' --dataset values")
     a.add_argument("--prefix_len", type=int, default=4096)
     a.add_argument("--B", type=int, default=8)
     a.add_argument("--skip_tokens", type=int, nargs="+", default=[8000, 15000, 22000], help="one batch per value")

@@ -52,7 +52,9 @@ def parse(argv=None):
     p.add_argument("--random_weights", action="store_true")
     p.add_argument("--random_prompts", action="store_true", help="random prompt ids even with a tokenizer")
     p.add_argument("--tokenizer", type=Path)
-    p.add_argument("--dataset", default="auto")
+    p.add_argument("--dataset", default="auto",
+                   help="a folder of .txt books, e.g. Project Gutenberg's plain-text books (../shared/data/gutenberg "
+                        "here; any folder of .txt files works), or any other of the benchmarks' --dataset values")
     p.add_argument("--skip_tokens", type=int, default=8000)
     p.add_argument("--prefix_lens", type=int, nargs="+", default=[1024])
     p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8], help="1: every method; >1: baselines")

@@ -9,6 +9,8 @@ sum in another order for T = 1 than for T > 1, so at a bf16 near-tie greedy outp
 two as Triton kernels with one program per row (results/quant/README.md).
 
     python3 benchmarks/verify_agreement.py --model /tmp/smol/model.pth --dataset /tmp/books
+
+The books: Project Gutenberg's plain-text books (../shared/data/gutenberg here); any folder of .txt works.
 """
 from __future__ import annotations
 
@@ -56,7 +58,9 @@ def compare(model, prompts, n: int, T: int, label: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model.pth (its directory holds the tokenizer)")
-    p.add_argument("--dataset", required=True)
+    p.add_argument("--dataset", required=True,
+                   help="a folder of .txt books, e.g. Project Gutenberg's plain-text books (../shared/data/gutenberg "
+                        "here); any folder of .txt files works")
     p.add_argument("--prefix_len", type=int, default=4096)
     p.add_argument("--gen_len", type=int, default=128)
     p.add_argument("--T", type=int, default=4, help="tokens per verification forward")
