@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import DATA
+from conftest import STORIES
 from magicdec.generate import Decoder, Draft, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.model import Transformer, load_model
@@ -169,7 +169,7 @@ def stories(tmp_path_factory):
     from magicdec.checkpoint import convert_llama2c
 
 
-    path = convert_llama2c(DATA / "models/stories260K/stories260K.bin", tmp_path_factory.mktemp("stories"))
+    path = convert_llama2c(STORIES / "stories260K.bin", tmp_path_factory.mktemp("stories"))
     return load_model(path, "cpu", torch.float32)
 
 
