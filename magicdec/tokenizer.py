@@ -161,3 +161,33 @@ def load_tokenizer(path):
         msg = str(e).splitlines()[0] if str(e) else ""
         raise MagicDecError(f"cannot load {path} as a tokenizer ({type(e).__name__}: {msg}): "
                             "re-download it, or pass an HF tokenizer.json or a Llama tokenizer.model") from None
+
+
+# Models pad their embedding past the tokenizer's last id (Qwen2.5: 151665 tokens, 151936 or 152064 rows; Phi-3:
+# 32011 of 32064), by well under 10%; a tokenizer that fills less of it is another model's (Llama-2's 32000 pieces
+# against SmolLM2's 49152 rows runs and prints garbage).
+MIN_VOCAB_FILL = 0.9
+
+
+def check_tokenizer(tokenizer, config, where: str) -> None:
+    """Refuse a tokenizer that cannot be the model's (config: a magicdec.config.ModelArgs): a vocabulary larger than
+    the model's, much smaller than it, or special ids of which none agrees with the model config's. `where` names
+    the tokenizer (its path) in the message."""
+    model = config.name or "the model"
+    fix = "it is another model's tokenizer; pass the model's own --tokenizer"
+    n, rows = tokenizer.vocab_size, config.vocab_size
+    if n > rows:
+        raise MagicDecError(f"tokenizer {where} has {n} tokens but {model} only {rows}: {fix}")
+    if n < MIN_VOCAB_FILL * rows:
+        raise MagicDecError(f"tokenizer {where} has {n} tokens but {model} has {rows} "
+                            f"(models pad their vocabulary by under {1 - MIN_VOCAB_FILL:.0%}): {fix}")
+    # Compared where both sides know the id. One disagreement alone is not enough: JackFram/llama-68m's config says
+    # bos_token_id 0 while its (Llama-2) tokenizer's BOS is 1, and an instruct tokenizer's EOS may be a chat-turn
+    # end the base model's config does not list; a tokenizer of another vocabulary agrees on neither.
+    pairs = [(name, ours, theirs) for name, ours, theirs in
+             (("BOS", tokenizer.bos_id, [config.bos_id] if config.bos_id is not None else []),
+              ("EOS", tokenizer.eos_id, config.eos_ids)) if ours is not None and theirs]
+    if pairs and all(ours not in theirs for _, ours, theirs in pairs):
+        said = " and ".join(f"{name} {ours}" for name, ours, _ in pairs)
+        want = " and ".join(f"{name} {'/'.join(map(str, theirs))}" for name, _, theirs in pairs)
+        raise MagicDecError(f"tokenizer {where} has {said} but {model}'s config says {want}: {fix}")

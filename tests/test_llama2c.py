@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import DATA
+from conftest import STORIES
 from magicdec.checkpoint import Llama2cTokenizer, convert_llama2c, load_state_dict
 from magicdec.errors import MagicDecError
 from magicdec.generate import Decoder, Sampling, decode, prefill
@@ -20,7 +20,6 @@ from magicdec.kv_cache import KVCache
 from magicdec.model import load_model
 
 REPO = Path(__file__).resolve().parents[1]
-STORIES = DATA / "models" / "stories260K"
 BIN, TOK = STORIES / "stories260K.bin", STORIES / "tok512.bin"
 KNOWN_TEXT = "Once upon a time, there was a little girl named Lily"
 

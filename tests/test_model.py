@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from conftest import DATA
+from conftest import BOOKS
 from magicdec.config import KNOWN_MODELS, ModelArgs
 from magicdec.errors import MagicDecError
 from magicdec.generate import Decoder, Sampling, decode, prefill
@@ -101,7 +101,7 @@ def test_last_and_none_logits(tiny_hf):
 
 def book_ids(tokenizer, n_text: int) -> torch.Tensor:
     """[1, 1 + n_text]: BOS + n_text tokens of Pride and Prejudice, past its front matter."""
-    text = (DATA / "gutenberg" / "pg1342.txt").read_text(encoding="utf-8")
+    text = (BOOKS / "pg1342.txt").read_text(encoding="utf-8")
     ids = tokenizer.encode(text[30_000:30_000 + 8 * n_text], bos=False)[:n_text]
     assert len(ids) == n_text
     return torch.tensor([[tokenizer.bos_id] + ids])

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DATA, REPO, needs_smollm2, one_line_error, run_cli
+from conftest import BOOKS, REPO, needs_smollm2, one_line_error, run_cli
 from magicdec import tp
 from magicdec.checkpoint import expected_shapes
 from magicdec.config import ModelArgs
@@ -78,7 +78,7 @@ def test_selfspec_two_ranks_uneven_kv_heads(tmp_path, smol_dir, monkeypatch, pol
     selects per KV head from each rank's own heads, so the two ranks together keep what one process keeps."""
     monkeypatch.setenv("MAGICDEC_CACHE", str(smol_dir.parent))
     one, two = same_tokens(tmp_path, "selfspec_benchmark.py", "--B", "2", "--prefix_len", "200", "--gen_len", "20",
-                           "--dataset", str(DATA / "gutenberg"), "--streamingllm_budget", "64", "--gamma", "3",
+                           "--dataset", str(BOOKS), "--streamingllm_budget", "64", "--gamma", "3",
                            "--draft_policy", policy)
     assert 0 < one["metrics"]["alpha"] < 1  # real, ragged speculation, not a trivial case
     assert two["metrics"]["alpha"] == one["metrics"]["alpha"]  # the same drafts accepted: the same selection
