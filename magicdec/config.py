@@ -139,6 +139,11 @@ KNOWN_MODELS: dict[str, ModelArgs] = {
     "meta-llama/Meta-Llama-3-70B": _llama3_70b,
     "meta-llama/Meta-Llama-3.1-8B": replace(_llama3_8b, max_seq_len=131072, rope_scaling=dict(_LLAMA3_ROPE)),
     "meta-llama/Meta-Llama-3.1-70B": replace(_llama3_70b, max_seq_len=131072, rope_scaling=dict(_LLAMA3_ROPE)),
+    # Llama-3.1-8B's standalone draft: the same tokenizer (128256), 16 layers, tied embeddings
+    "meta-llama/Llama-3.2-1B": ModelArgs(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+                                         intermediate_size=8192, rope_base=500000.0, max_seq_len=131072,
+                                         tie_embeddings=True, bos_id=128000, eos_id=128001,
+                                         rope_scaling={**_LLAMA3_ROPE, "factor": 32.0}),
     "TinyLlama/TinyLlama_v1.1": ModelArgs(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, intermediate_size=5632,
                                           max_seq_len=2048),
     "JackFram/llama-68m": ModelArgs(dim=768, n_layers=2, n_heads=12, n_kv_heads=12, intermediate_size=3072,

@@ -268,12 +268,10 @@ class Engine:
         if tok_path is None:
             return (data.random_prompts(config.vocab_size, w.B, w.prefix_len, w.seed, config.bos_id or 0), None,
                     "random token ids (random weights, no --tokenizer)")
-        from magicdec.tokenizer import load_tokenizer
+        from magicdec.tokenizer import check_tokenizer, load_tokenizer
 
         tokenizer = load_tokenizer(tok_path)
-        if tokenizer.vocab_size > config.vocab_size:
-            raise MagicDecError(f"tokenizer at {tok_path} has {tokenizer.vocab_size} tokens but the model only "
-                                f"{config.vocab_size}; pass the model's own --tokenizer")
+        check_tokenizer(tokenizer, config, str(tok_path))
         source = data.resolve_source(w.dataset)
         prompts = data.load_prompts(tokenizer, w.B, w.prefix_len, source, w.skip_tokens, bos_id=config.bos_id)
         return prompts, tokenizer, str(source)

@@ -419,18 +419,19 @@ class Sweep:
         return max(seconds - p["T_D_over_T_T"] * p["T_T"] - p["T_V"], 0.0)
 
     def fits(self, pts: list[Point]) -> str | None:
-        """Why this group does not fit in memory (every draft cache of a batch is alive at once), or None."""
+        """Why this group does not fit in memory, or None: the target's cache beside the largest drafter's share
+        (a batch holds one drafter at a time), weights loaded already counted as free."""
         dev.release_memory(self.engine.device)
-        seen, parts = set(), []
+        target, largest = None, []
         for p in pts:
-            _, point_parts = self.engine.plan(p.cfg)
-            for part in point_parts:
-                key = (part.config.name, part.weights, part.slots)
-                if key not in seen:
-                    seen.add(key)
-                    parts.append(replace(part, weights=False))  # loaded already
+            parts = [replace(part, weights=False) for part in self.engine.plan(p.cfg)[1]]
+            target = target or parts[:1]
+            drafter = [part for part in parts[1:]]
+            if sum(q.slots * q.config.n_layers * q.config.n_kv_heads for q in drafter) > \
+                    sum(q.slots * q.config.n_layers * q.config.n_kv_heads for q in largest):
+                largest = drafter
         w = pts[0].cfg.workload
-        need = memory_needed(w.B, pts[0].cfg.runtime.prefill_chunk, self.engine.dtype, parts)
+        need = memory_needed(w.B, pts[0].cfg.runtime.prefill_chunk, self.engine.dtype, target + largest)
         free = dev.memory(self.engine.device)[0] - dev.headroom(self.engine.device)
         if need["total"] > free:
             return f"B={w.B} x prefix {w.prefix_len} does not fit in memory ({need['total'] / 2**30:.1f} GiB needed)"
@@ -456,6 +457,7 @@ class Sweep:
         batch = engine.prefill(cfg0, queries, slots)
         self.prompt_source = batch.prompt_source
         drafters_made, base_decoders = {}, {}
+        pts = sorted(pts, key=lambda p: (p.method != "baseline", self.drafter_key(p.cfg)))  # one drafter alive at once
         try:
             for point in pts:
                 if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
@@ -482,8 +484,10 @@ class Sweep:
                                            spread=partial["planner"]["spread"])
                     else:
                         policy = None
-                    key = (cfg.drafter.name, json.dumps(opt.as_options(cfg.draft), sort_keys=True), mode)
+                    key = self.drafter_key(cfg)
                     if key not in drafters_made:
+                        drafters_made.clear()  # the previous drafter's caches go before this one allocates its own
+                        dev.release_memory(engine.device)
                         models = engine.plan(cfg)[0]
                         drafters_made[key] = engine.prepare(cfg, batch, models, ahead)[:2]
                     drafter, draft_s = drafters_made[key]
@@ -508,6 +512,14 @@ class Sweep:
             drafters_made.clear()  # free the draft caches before the next batch allocates its own
             del batch
         return True
+
+    @staticmethod
+    def drafter_key(cfg: RunConfig) -> tuple:
+        """What a prepared drafter depends on: its config and the decoding mode (an auto point's budget is chosen
+        later: its key is its base config's)."""
+        if not cfg.drafter:
+            return ("", "", "")
+        return (cfg.drafter.name, json.dumps(opt.as_options(cfg.draft), sort_keys=True), cfg.decoding.name)
 
     def timed(self, decoders, cfg: RunConfig, batch, first, prev):
         w, t = cfg.workload, cfg.timing
