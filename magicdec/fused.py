@@ -3,7 +3,7 @@ store, the split-KV merge.
 
 Eagerly each is 2-10 small kernels per layer. A decode step's matmuls read the weights in a few microseconds per
 layer, so those launches and round trips through memory are a visible part of it even inside a CUDA graph (an 8B
-self-draft at 32K x 11: results/quant; SmolLM2's 30 narrow layers: results/issue5). `fuse()` compiles each once for
+self-draft at 32K x 11: results/quant; SmolLM2's 30 narrow layers: results/planner_sweeps). `fuse()` compiles each once for
 all shapes (dynamic=True), or swaps in a hand-written Triton kernel where the op reduces (RMSNorm, the merge).
 Whole-model torch.compile (--compile) fuses more but compiles again for every batch size and token count, and it
 traces the plain functions (fuse() is not called then).

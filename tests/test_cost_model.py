@@ -9,7 +9,7 @@ import torch
 from magicdec import cost_model as cm
 from magicdec.config import ModelArgs
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parent / "fixtures" / "records"
 L31 = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
 
 
@@ -39,9 +39,9 @@ def measured(path):
 
 
 @pytest.mark.parametrize("path,B,prefix,ranks", [
-    ("issue3/llama31_8b_synthetic/baseline_P32768_B13_greedy.json", 13, 32768, 1),  # H100
-    ("issue2/llama31_8b_B8_32k.json", 8, 32768, 1),  # H100
-    ("issue2/llama31_8b_B7_64k.json", 7, 65536, 1),  # H100
+    ("h100_llama31_8b_baseline_B13_32k.json", 13, 32768, 1),  # copies of committed H100 records (results/)
+    ("h100_llama31_8b_baseline_B8_32k.json", 8, 32768, 1),
+    ("h100_llama31_8b_baseline_B7_64k.json", 7, 65536, 1),
 ])
 def test_bandwidth_bound_steps_match_the_gpu(path, B, prefix, ranks):
     """With the copy bandwidth measured in the same run, the predicted step time of the bandwidth-bound baseline is
@@ -74,7 +74,7 @@ def test_rescale_ranks_keeps_the_unmodelled_time():
 def test_step_time_adds_bytes_and_flops():
     """A verification of 5 tokens for 48 sequences over 4K: its bytes (13.6 ms at 3 TB/s) and its FLOPs (5.9 ms at
     700 TFLOP/s) are of the same order, and the step costs their sum: the larger of the two alone made such steps as
-    cheap as one token's, where the H100 measured 1.13-1.33 times that (results/issue5, Llama-3.1-8B 4096 x 48,
+    cheap as one token's, where the H100 measured 1.13-1.33 times that (results/planner_sweeps, Llama-3.1-8B 4096 x 48,
     gamma 2-4)."""
     d = cm.Device(bandwidth=3e12, matmul_flops=7e14)
     bytes_s = (cm.weight_bytes(L31) + 48 * 4096 * 131072) / 3e12

@@ -15,7 +15,7 @@ from magicdec import report
 from magicdec.errors import MagicDecError
 
 ENV = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.13.0", "python": "3.11.7", "device": "cuda"}
-COMMAND = "python -m magicdec.sweep benchmarks/sweeps/llama.toml --output_dir results/issue5/llama  # NVIDIA H100 80GB HBM3, 2026-01-02 03:04"
+COMMAND = "python -m magicdec.sweep benchmarks/sweeps/llama.toml --output_dir results/planner_sweeps/llama  # NVIDIA H100 80GB HBM3, 2026-01-02 03:04"
 # (prefix, B) -> {(budget, gamma): (speedup all reach, speedup first done)}, and the auto point's speedup
 SPEEDUPS = {
     (4096, 8): {(256, 2): (1.20, 1.90), (256, 3): (1.50, 1.60), (512, 2): (1.10, 1.30), (512, 3): (1.30, 1.50)},
