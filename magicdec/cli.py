@@ -36,6 +36,10 @@ def run_parser(description: str, defaults: dict | None = None, prog: str | None 
         group = p.add_argument_group(f"drafter {name}" + (f" (also: {', '.join(kind.aliases)})" if kind.aliases else ""),
                                      kind.description)
         opt.add_flags(group, kind.Config, defaults, taken, {k: v for k, v in owners.items() if len(v) > 1})
+    no_auto = [n for n, k in drafters.registry().items() if not k.supports_auto_gamma]
+    gamma = next(a for a in p._actions if a.dest == "gamma")
+    if no_auto:
+        gamma.help = gamma.help.replace("'auto':", f"'auto' (not for {', '.join(no_auto)}):")
     legacy = p.add_argument_group("other")
     legacy.add_argument("--hierarchy", dest="drafter", action="store_const", const="hierarchy",
                         default=argparse.SUPPRESS, help="the same as --drafter hierarchy")

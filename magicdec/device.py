@@ -99,7 +99,14 @@ def peak_memory(device: torch.device) -> int | None:
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> dict:
-    """The git commit this code is at, and whether the working tree differed from it (None outside a checkout)."""
+    """The git commit this code is at, and whether the working tree differed from it (None outside a checkout).
+    MAGICDEC_CODE_COMMIT (and MAGICDEC_CODE_DIRTY=1) name it where the code travelled without its git history, or
+    with a stale one (a copy of the tree sent to a GPU machine)."""
+    import os
+
+    if os.environ.get("MAGICDEC_CODE_COMMIT"):
+        return {"commit": os.environ["MAGICDEC_CODE_COMMIT"], "dirty": os.environ.get("MAGICDEC_CODE_DIRTY") == "1"}
+
     def git(*args):
         return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10)
     try:

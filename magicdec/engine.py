@@ -54,7 +54,22 @@ def resolve_model(ref: ModelRef, random_weights: bool) -> tuple[ModelArgs, Path 
     config = ModelArgs.from_checkpoint_dir(path.parent)
     if ref.name:
         check_name(ref, config)
+    check_contents(path, config, ref.flag)
     return config, path
+
+
+def check_contents(path: Path, config: ModelArgs, flag: str) -> None:
+    """Every tensor the config implies, with its shape, read from the memory-mapped file's index (no weight is
+    read): a damaged or mismatched checkpoint fails before prompts or weights are loaded."""
+    from magicdec.checkpoint import check_state_dict, load_state_dict
+
+    try:
+        state = load_state_dict(path)
+        state = {k: v for k, v in state.items()
+                 if "rotary" not in k and not (config.tie_embeddings and k == "output.weight")}
+        check_state_dict(state, config, path)
+    except MagicDecError as e:
+        raise MagicDecError(f"{flag}: {e}") from None
 
 
 SHAPE_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size")

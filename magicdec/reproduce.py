@@ -17,6 +17,7 @@ An experiment file:
     tolerance = 0.05                                                      # relative: PASS within ±5%
     weights = "random weights, synthetic α 0.8"                           # what the row must say of its numbers
     details = "results/selfspec/README.md"
+    order = 10                                                            # the row's place in the table
     [run]                                                                 # the run's options (magicdec run)
     drafter = "selfspec"
     ...
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import tomllib
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from magicdec.errors import MagicDecError
 from magicdec.run_config import RunConfig, writable_folder
 
 KEYS = {"claim", "paper", "device", "record", "metric", "expected", "tolerance", "weights", "details", "run",
-        "also", "note"}
+        "also", "note", "order"}
 REQUIRED = ("claim", "device", "record", "metric", "expected", "tolerance", "run")
 README_MARKERS = ("<!-- headline table: magicdec reproduce --table -->", "<!-- /headline table -->")
 
@@ -53,12 +53,17 @@ def load(path: Path) -> dict:
     return exp
 
 
-def metric(record: dict, path: str):
+def metric(record, path: str):
+    """The value at a dotted path: keys of dicts (a key holding dots in double quotes), indices of lists."""
     value = record
-    for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
+    for quoted, plain in re.findall(r'"([^"]*)"|([^.]+)', path):
+        part = quoted or plain
+        if isinstance(value, list) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
             return None
-        value = value[part]
     return value
 
 
@@ -77,12 +82,22 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 
 
+def on_device_class(wanted: str) -> bool:
+    """Whether this machine is of the class an experiment names: "H100", or "4 x H200" (that many such GPUs)."""
+    import torch
+
+    count, _, name = wanted.rpartition(" x ")
+    n = int(count) if count.strip().isdigit() else 1
+    return torch.cuda.is_available() and torch.cuda.device_count() >= n and \
+        (name or wanted).lower() in torch.cuda.get_device_name().lower()
+
+
 def reproduce(exp: dict, output: Path | None, anywhere: bool = False) -> tuple[bool, dict]:
     """Run the experiment's config; its record (written to `output`) and whether its metric is within tolerance."""
     from magicdec import run
 
     here = device_name()
-    if exp["device"].lower() not in here.lower() and not anywhere:
+    if not on_device_class(exp["device"]) and not anywhere:
         raise MagicDecError(f"{exp['path']} was measured on {exp['device']} and this is {here}: its tolerance holds on "
                             "that device class only (--anywhere runs it regardless, for a look)")
     cfg = RunConfig.from_options(dict(exp["run"]) | ({"output": str(output)} if output else {}),
@@ -98,9 +113,10 @@ def reproduce(exp: dict, output: Path | None, anywhere: bool = False) -> tuple[b
     return ok, record
 
 
-def cited(exp: dict, root: Path) -> tuple[float | None, dict | None]:
-    """The value the experiment's committed record holds, and the record."""
-    path = root / exp["record"]
+def cited(exp: dict, root: Path | None = None) -> tuple[float | None, dict | None]:
+    """The value the experiment's committed record holds, and the record (its path is relative to the repository,
+    the folder above experiments/)."""
+    path = (root or Path(exp["path"]).resolve().parent.parent) / exp["record"]
     try:
         record = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -108,11 +124,11 @@ def cited(exp: dict, root: Path) -> tuple[float | None, dict | None]:
     return metric(record, exp["metric"]), record
 
 
-def table(experiments: list[dict], root: Path) -> str:
+def table(experiments: list[dict]) -> str:
     """The README's headline table: one row per experiment, its value from the record it cites, and how to rerun it."""
     lines = ["| setting | paper (device, α) | ours (device, weights, α) | check | reproduce |", "|---|---|---|---|---|"]
     for exp in experiments:
-        value, record = cited(exp, root)
+        value, record = cited(exp)
         if record is None:
             ours, check = f"record {exp['record']} missing", "—"
         else:
@@ -137,7 +153,7 @@ def write_table(readme: Path, experiments: list[dict]) -> None:
         raise MagicDecError(f"{readme} has no headline-table markers ({start} ... {end}): add them where the table goes")
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{start}\n{table(experiments, readme.parent)}\n{end}{tail}")
+    readme.write_text(f"{head}{start}\n{table(experiments)}\n{end}{tail}")
     print(f"wrote the headline table of {readme} ({len(experiments)} experiments)")
 
 
@@ -152,7 +168,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.table:
         files = a.experiments or sorted(Path("experiments").glob("*.toml"))
-        write_table(a.readme, [load(f) for f in files])
+        write_table(a.readme, sorted((load(f) for f in files), key=lambda e: (e.get("order", 100), e["path"].name)))
         return 0
     if not a.experiments:
         raise MagicDecError("name an experiment file (experiments/*.toml), or pass --table")

@@ -6,7 +6,6 @@ import copy
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -173,7 +172,7 @@ def test_corrupt_checkpoint(tmp_path):
 def test_checkpoint_not_matching_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
     torch.save({"tok_embeddings.weight": torch.zeros(10, 3)}, tmp_path / "model.pth")
-    one_line_error(cli("--model", str(tmp_path / "model.pth"), *TEXT_ARGS), "does not match")
+    one_line_error(cli("--model", str(tmp_path / "model.pth"), *TEXT_ARGS), "--model", "do not match")
 
 
 def test_checkpoint_without_config(tmp_path):

@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from conftest import DATA, needs_smollm2, one_line_error, run_cli
+from conftest import BOOKS, LLAMA2_TOKENIZER, needs_llama_tokenizers, needs_smollm2, one_line_error, run_cli
 from magicdec import drafters
 from magicdec.checkpoint import SMOLLM2_NAME
 from magicdec.cli import run_parser, run_record
@@ -23,8 +22,7 @@ from magicdec.run_config import RunConfig
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = {m: REPO / "tests" / f"{m}_benchmark.py" for m in ("baseline", "selfspec", "longspec")}
 LLAMA68M = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len", "16", "--gen_len", "2")
-LLAMA2_TOK = DATA / "tokenizers" / "llama2" / "tokenizer.model"
-TEXT = ("--tokenizer", str(LLAMA2_TOK), "--dataset", str(DATA / "gutenberg"), "--B", "1", "--prefix_len", "32",
+TEXT = ("--tokenizer", str(LLAMA2_TOKENIZER), "--dataset", str(BOOKS), "--B", "1", "--prefix_len", "32",
         "--gen_len", "4")
 
 
@@ -97,6 +95,7 @@ def test_model_dir_without_model_pth(tmp_path):
                    f"--target {tmp_path} is a directory without model.pth")  # the seed's flag, as the user typed it
 
 
+@needs_llama_tokenizers
 def test_model_dir_holding_model_pth(tiny_hf, tmp_path):
     """--model DIR and --target DIR: the dir convert_hf_checkpoint.py --checkpoint_dir wrote model.pth into."""
     _, path = tiny_hf("llama", vocab_size=32000)
@@ -118,7 +117,7 @@ def damaged_copy(tiny_hf, d: Path, how: str) -> Path:
 
 def test_truncated_checkpoint(tiny_hf, tmp_path):
     bad = damaged_copy(tiny_hf, tmp_path / "ckpt", "truncated")
-    msg = one_line_error(run_cli(SCRIPTS["baseline"], "--model", str(bad), *TEXT),
+    msg = one_line_error(run_cli(SCRIPTS["baseline"], "--model", str(bad), *TEXT[2:]),
                          "--model", "truncated or corrupt", "re-run convert_hf_checkpoint.py --checkpoint_dir")
     assert "miniz" not in msg and "central directory" not in msg
     assert len(msg.replace(str(bad.parent), "DIR")) < 150, msg
@@ -126,7 +125,7 @@ def test_truncated_checkpoint(tiny_hf, tmp_path):
 
 def test_random_bytes_checkpoint(tiny_hf, tmp_path):
     bad = damaged_copy(tiny_hf, tmp_path / "ckpt", "random")
-    msg = one_line_error(run_cli(SCRIPTS["baseline"], "--model", str(bad.parent), *TEXT),
+    msg = one_line_error(run_cli(SCRIPTS["baseline"], "--model", str(bad.parent), *TEXT[2:]),
                          "--model", "not a PyTorch checkpoint", "re-run convert_hf_checkpoint.py --checkpoint_dir")
     assert "_use_new_zipfile_serialization" not in msg
 

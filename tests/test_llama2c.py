@@ -231,12 +231,12 @@ def test_corrupt_or_truncated_file(tmp_path):
 
 
 def test_command_line(tmp_path):
+    import importlib.util
+
     out = tmp_path / "ckpt"
-    sys.path.insert(0, str(REPO))
-    try:
-        import convert_hf_checkpoint
-    finally:
-        sys.path.remove(str(REPO))
+    spec = importlib.util.spec_from_file_location("convert_hf_checkpoint", REPO / "convert_hf_checkpoint.py")
+    convert_hf_checkpoint = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(convert_hf_checkpoint)
     convert_hf_checkpoint.main(["--llama2c", str(BIN), "--llama2c_tokenizer", str(TOK), "--checkpoint_dir", str(out)])
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.pth", "tokenizer.bin"]
     # a bad file: one line on stderr, exit status 2

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DATA, needs_smollm2, one_line_error, run_cli
+from conftest import BOOKS, STORIES, needs_smollm2, one_line_error, run_cli
 from magicdec import drafters, options
 from magicdec.cli import run_record
 
 REPO = Path(__file__).resolve().parents[1]
-GUTENBERG = DATA / "gutenberg"
+GUTENBERG = BOOKS
 SCRIPTS = {m: REPO / "tests" / f"{m}_benchmark.py" for m in ("baseline", "selfspec", "longspec", "lookup")}
 
 import baseline_benchmark
@@ -595,7 +595,6 @@ def test_synthetic_acceptance_with_temperature_is_not_reported_as_sampled():
 
 # ------------------------------------------------------------------ llama2.c: tokenizer.bin beside model.pth
 
-STORIES = DATA / "models" / "stories260K"
 
 
 @pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(), reason=f"no stories260K in {STORIES}")

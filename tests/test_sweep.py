@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DATA, TINY_SWEEP, one_line_error, run_cli
+from conftest import BOOKS, LLAMA2_TOKENIZER, TINY_SWEEP, needs_llama_tokenizers, one_line_error, run_cli
 from magicdec import cost_model as cm
 from magicdec import device as dev
 from magicdec import drafters, sweep
@@ -247,8 +247,8 @@ def test_sampled_sweeps_probe_and_model_the_sampling_cost(tmp_path):
 
 
 BATCHES = TINY_SWEEP + f"""
-tokenizer = "{DATA / 'tokenizers' / 'llama2' / 'tokenizer.model'}"
-dataset = "{DATA / 'gutenberg'}"
+tokenizer = "{LLAMA2_TOKENIZER}"
+dataset = "{BOOKS}"
 gamma = [1, 2]
 methods = ["baseline", "selfspec", "auto"]
 """  # random weights but real text: each batch of prompts differs
@@ -258,6 +258,7 @@ def per_sequence(r):
     return r["metrics"]["speculation"]["per_sequence"]
 
 
+@needs_llama_tokenizers
 def test_several_batches_per_point_add_up_to_the_single_batch_sweeps(tmp_path):
     """skip_tokens = [0, 500] times every point on two batches of prompts: its record equals the two one-batch
     sweeps put together (fp32 greedy on the CPU, so each batch's decoding is the same in both): iterations summed,
@@ -296,6 +297,7 @@ def test_several_batches_per_point_add_up_to_the_single_batch_sweeps(tmp_path):
             assert sum(ag["iterations_per_gamma"].values()) == m["iterations"]
 
 
+@needs_llama_tokenizers
 def test_several_batches_resume_where_they_stopped(tmp_path, monkeypatch):
     """A crash during the second batch keeps every point's first-batch timing; the next run times only what the
     second batch lacks and writes each record from both."""

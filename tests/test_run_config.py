@@ -1,0 +1,97 @@
+"""The run config (magicdec/run_config.py, options.py): built from option values over a script's defaults over the
+dataclasses', frozen, every check that needs no file done on it, a hash of what changes a result, and a record's
+config rebuilding the same run."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from magicdec import drafters
+from magicdec.errors import MagicDecError
+from magicdec.run_config import RunConfig
+
+
+def test_options_over_defaults_over_the_dataclasses():
+    cfg = RunConfig.from_options({"drafter": "selfspec", "B": 4}, {"B": 2, "prefix_len": 999, "draft_budget": 128})
+    assert cfg.workload.B == 4 and cfg.workload.prefix_len == 999 and cfg.draft.draft_budget == 128
+    assert cfg.workload.gen_len == 64 and cfg.draft.sinks == 16 and cfg.speculation.gamma == (3,)
+    assert cfg.runtime.device in ("cpu", "cuda") and cfg.runtime.dtype in ("float32", "bfloat16")
+    assert cfg.runtime.prefill_chunk == 16384 // 4  # a device- and batch-dependent default, resolved once
+    assert drafters.canonical("longspec") == "standalone"
+    assert RunConfig.from_options({"drafter": "longspec", "draft_name": "x"}).speculation.drafter == "standalone"
+
+
+def test_nothing_mutates_it():
+    cfg = RunConfig.from_options({"drafter": "lookup"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.workload.B = 8
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.draft.ngram_max = 1
+
+
+@pytest.mark.parametrize("given,needle", [
+    ({"drafter": "selfspec", "ngram_max": 2}, "--ngram_max is an option of hierarchy, lookup; this run's drafter is selfspec"),
+    ({"sinks": 4}, "--sinks is an option of hierarchy, selfspec, standalone; this run's drafter is the baseline"),
+    ({"gamma": [2]}, "--gamma applies to a speculative run; this is the baseline"),
+    ({"drafter": "medusa"}, "unknown drafter 'medusa': choose baseline or one of"),
+    ({"B": "two"}, "B = 'two': must be a number"),
+    ({"B": 2.5}, "B = 2.5: must be an integer"),
+    ({"drafter": "selfspec", "draft_policy": "h2o"}, "must be one of streaming, snapkv, retrieval"),
+    ({"colour": "blue"}, "unknown option 'colour'"),
+])
+def test_bad_options_are_one_line(given, needle):
+    with pytest.raises(MagicDecError, match=None) as e:
+        RunConfig.from_options(given)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("given,needle", [
+    ({"drafter": "selfspec", "gamma": ["auto", 3]}, "--gamma auto takes no other values"),
+    ({"drafter": "lookup", "gamma": ["auto"]}, "--gamma auto times a draft's steps"),
+    ({"drafter": "selfspec", "draft_budget": 4000}, "--draft_budget 4000 >= --prefix_len 4000"),
+    ({"drafter": "selfspec", "draft_policy": "snapkv", "draft_budget": 32}, "must exceed the 32-token window"),
+    ({"drafter": "selfspec", "refresh": 2}, "--refresh re-selects a selected cache"),
+    ({"drafter": "standalone"}, "needs --draft DRAFT/model.pth"),
+    ({"drafter": "hierarchy"}, "the hierarchy needs a bottom draft"),
+    ({"baseline": True, "baseline_json": "b.json", "drafter": "selfspec"}, "pass one of them"),
+    ({"step_mode": "compile", "device": "cpu"}, "--step_mode compile captures CUDA graphs: it needs a CUDA device"),
+    ({"temperature": 0.6, "drafter": "selfspec", "synthetic_acceptance": 0.5}, "drop --temperature"),
+    ({"on_chip": 2}, "add --offload"),
+    ({"attn_backend": "warp"}, "unknown attention backend 'warp'"),
+])
+def test_checks_before_any_file_is_read(given, needle):
+    cfg = RunConfig.from_options(given | {"device": "cpu"} if "device" not in given else given)
+    with pytest.raises(MagicDecError) as e:
+        cfg.check()
+    assert needle in str(e.value), str(e.value)
+
+
+def test_an_unwritable_output_is_refused_before_the_run(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for where in (blocker / "sub" / "r.json", tmp_path):  # a file in the way of the folder; a folder as the record
+        with pytest.raises(MagicDecError, match="--output"):
+            RunConfig.from_options({"output": str(where), "device": "cpu"}).check()
+
+
+def test_the_hash_is_what_changes_a_result():
+    base = {"drafter": "selfspec", "device": "cpu"}
+    h = RunConfig.from_options(base).hash()
+    assert RunConfig.from_options(base | {"output": "x.json", "printoutput": True, "progress": False}).hash() == h
+    for change in ({"gen_len": 65}, {"sinks": 8}, {"temperature": 0.6}, {"gamma": [2]}, {"seed": 1}):
+        assert RunConfig.from_options(base | change).hash() != h, change
+    assert RunConfig.from_options(base | {"sinks": 16}).hash() == h  # a default given explicitly is the same run
+
+
+def test_a_record_rebuilds_its_run(tmp_path):
+    cfg = RunConfig.from_options({"drafter": "hierarchy", "draft": "ngram", "draft_policy": "retrieval",
+                                  "gamma": [4], "B": 2, "device": "cpu", "output": "old.json"})
+    record = tmp_path / "r.json"
+    record.write_text(json.dumps({"config": cfg.options()}))
+    again = RunConfig.from_record(record, {"output": "new.json"})
+    assert again.hash() == cfg.hash() and again.output.output.name == "new.json"
+    record.write_text(json.dumps({"method": "selfspec", "args": {}}))
+    with pytest.raises(MagicDecError, match="keeps no run config"):
+        RunConfig.from_record(record)
