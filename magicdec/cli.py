@@ -41,8 +41,10 @@ def run_parser(description: str, defaults: dict | None = None, prog: str | None 
     if no_auto:
         gamma.help = gamma.help.replace("'auto':", f"'auto' (not for {', '.join(no_auto)}):")
     legacy = p.add_argument_group("other")
-    legacy.add_argument("--hierarchy", dest="drafter", action="store_const", const="hierarchy",
-                        default=argparse.SUPPRESS, help="the same as --drafter hierarchy")
+    for name, kind in drafters.registry().items():
+        if kind.switch:
+            legacy.add_argument(kind.switch, dest="drafter", action="store_const", const=name,
+                                default=argparse.SUPPRESS, help=f"the same as --drafter {name}")
     legacy.add_argument("--benchmark", action="store_true", default=argparse.SUPPRESS,
                         help="accepted and ignored: runs are always timed (kept so MagicDec's command lines work)")
     legacy.add_argument("--replay", metavar="RECORD.json", default=argparse.SUPPRESS,

@@ -5,23 +5,20 @@ sequence length beyond which self-speculation pays.
 A step reads every weight once and each sequence's KV once; it takes its bytes over the bandwidth plus its FLOPs over
 the matmul rate, plus a fixed cost per layer (kernel launches and latency, which is what dominates small models).
 The sum, not the larger of the two: a verification of gamma + 1 tokens at a large batch is neither bandwidth- nor
-compute-bound, and the larger of the two missed it (Llama-3.1-8B 4096 x 48 on the H100, gamma 2-4: measured
-1.13-1.33 T_T, the larger-of model said 1.00 and overstated the speedup 12-16%; the sum says 1.12-1.25, and changes
-little where one term dominates). Tensor parallelism divides weights and KV by the number of ranks.
+compute-bound, and the larger of the two missed it, overstating the speedup there; the sum changes little where one
+term dominates (results/planner_sweeps). Tensor parallelism divides weights and KV by the number of ranks.
 
 A verification also costs a fixed T_O beyond its gamma draft steps and its target step: the draft's catch-up
 bookkeeping, cache rollbacks, acceptance counting, small kernels a plain step never launches. It is not small where
-steps are short: fitted to the committed SmolLM2-135M records of the H100 (2 ms steps at B = 1),
-0.61 ms, and with it and the draft ring's real reads (predict's ring_extra) the model is within 10% of 162 of their
-192 speedups, 81 without both (on Llama-3.1-8B shapes, 0.31 ms of 7.7+ ms steps: 33/33 either way;
-benchmarks/planner/refit_cost_model.py). fit_verify_overhead fits it to a timed verification.
+steps are short (a 135M model's); with it and the draft ring's real reads (predict's ring_extra) the model came within
+10% of most SmolLM2 points that it missed without them (results/planner_sweeps/cost_model_refit.md).
+fit_verify_overhead fits it to a timed verification.
 
 Sampled decoding (temperature, top-p) turns every row of logits into probabilities: a softmax and a sort over the
-vocabulary per token position per sequence, B rows in a plain step, B * (gamma + 1) in a verification. At B = 128
-over SmolLM2's 49152-token vocabulary that is ~1.2 ms of an 11.8 ms step (H100), and more of a verification; left
-out, the model overstated the sampled B = 128 speedups by a median 18% (2 of 32 within 10%) while the greedy ones
-stayed within 10%; fitted to the sweep's baselines (214 ps per logit), 29 of 32 are, and 189 of all 192 SmolLM2
-points. measure_sampling times it per logit.
+vocabulary per token position per sequence, B rows in a plain step, B * (gamma + 1) in a verification. At a large
+batch over a large vocabulary that is a visible part of a step, and more of a verification; left out, the model
+overstated sampled speedups where greedy ones held (results/planner_sweeps/cost_model_refit.md). measure_sampling
+times it per logit.
 """
 from __future__ import annotations
 
@@ -202,7 +199,7 @@ def fit_verify_overhead(target: ModelArgs, d: Device, B: int, prefix: int, gamma
 def fit_layer_overhead(c: ModelArgs, d: Device, B: int, context: int, step_s: float) -> float:
     """The fixed seconds per layer that make step_time(c, d, B, context) equal a measured plain decode step: what a
     layer's launches and small kernels cost beyond its bytes and FLOPs. Measured where they weigh most (B = 1, a
-    short context). Counting kernels and timing a tiny one instead gave 23 to 124 us per layer on the same H100 (the
-    count caught compilation's kernels on some runs), and even the low count missed most of the real cost."""
+    short context). Counting kernels and timing a tiny one instead varied several-fold from run to run on one H100
+    (the count caught compilation's kernels on some runs), and even the low count missed most of the real cost."""
     work = step_time(c, replace(d, layer_overhead_s=0.0), B, context)
     return max(step_s - work, 0.0) / c.n_layers

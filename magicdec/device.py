@@ -76,8 +76,8 @@ def memory(device: torch.device) -> tuple[int, int]:
 
 def headroom(device: torch.device) -> int:
     """Memory a run uses beyond its weights, caches and activations: CUDA graph pools, NCCL buffers, attention
-    scratch, allocator slack. Peaks on 4 x H200 ran 6-8 GiB over the estimate (results/tp); one run that the
-    estimate alone let through ran out of memory."""
+    scratch, allocator slack. Peaks under tensor parallelism ran gigabytes over the estimate (results/tp); one run
+    that the estimate alone let through ran out of memory."""
     return max(2 << 30, int(0.06 * memory(device)[1]))
 
 

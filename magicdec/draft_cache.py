@@ -258,8 +258,8 @@ class Refresh:
 
     def apply(self) -> None:
         """After it: every layer's kept positions selected again from those logits. With CUDA graphs the ~20 small
-        kernels per layer are captured once and replayed: at Llama-3.1-8B 32K x 13 on the H100 that saved ~1 ms of a
-        16 ms refresh; the rest is the kernels' own time (results/draft_policies)."""
+        kernels per layer are captured once and replayed; what a refresh still costs is the kernels' own time
+        (results/draft_policies)."""
         if self.graph is False:
             self._reselect()
         elif self.graph is None:

@@ -185,8 +185,8 @@ class GammaSchedule:
     """gamma for each verification: the decoder's own, or its policy's (--gamma auto, planner.AutoGamma).
 
     The policy chooses on the host while the GPU runs the verification before, from the numbers of the one before
-    that (one verification stale): choosing after the loop's sync instead kept the GPU idle 0.2 ms at B = 1 to
-    1.3 ms at B = 128 per verification on the H100's host, 9% of a SmolLM2 verification. Those numbers stay on the
+    that (one verification stale): choosing after the loop's sync instead kept the GPU idle for the whole decision,
+    a visible part of a small model's verification (results/planner_sweeps). Those numbers stay on the
     device (`pending`) until the loop's one sync reads them (`read`)."""
 
     def __init__(self, gamma: int, policy: AutoGamma | None, B: int, n_new: int):
@@ -332,7 +332,7 @@ class Decoder:
     def _all_done(self, batch: Batch, schedule: GammaSchedule) -> bool:
         """The loop's one host sync per iteration, which also reads the policy's numbers of the last verification:
         reading them anywhere else would stall the host until the verify finished, and then launch the bookkeeping
-        kernels onto an idle GPU (~4% at B = 1). The clock is read right after it."""
+        kernels onto an idle GPU (results/planner_sweeps). The clock is read right after it."""
         if schedule.pending is None:
             finished = bool(batch.done.all())
         else:

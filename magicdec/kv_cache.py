@@ -55,8 +55,8 @@ class KVCache:
 
     def write_slots(self, layer: int, T: int) -> torch.Tensor:
         """[B, T] slots the forward in progress writes, computed at its first layer and kept for the others (layers
-        run in order): per layer, the index arithmetic was ~7 small kernels, 4% of an 8B self-draft's step at
-        32K x 11 (results/quant)."""
+        run in order): per layer, the index arithmetic was several small kernels, a measurable part of an 8B
+        self-draft's step (results/quant)."""
         if layer == 0 or self._slots is None or self._slots.shape[1] != T:
             self._slots = self.slots(self.positions(T))
         return self._slots
@@ -145,8 +145,8 @@ class StreamingCache(KVCache):
         """Before a forward's layers run: rotate every layer's sinks on so they sit right before the window of the
         forward's last query (right before its first query when T exceeds the window): sink j at shift + j. A
         forward that writes sink keys starts before position `sinks`, so its shift is 0 and the slots keep them as
-        written until the next forward takes them in. All layers at once: per layer, a dozen small kernels cost
-        TinyLlama's draft step 38% (results/draft_policies)."""
+        written until the next forward takes them in. All layers at once: per layer, a dozen small kernels were a
+        large part of TinyLlama's draft step (results/draft_policies)."""
         from magicdec.model import apply_rope
 
         S = self.sinks

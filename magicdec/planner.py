@@ -102,8 +102,8 @@ def fit_spread(points, grid=np.arange(0.0, 0.2501, 0.005)) -> float:
     `points` are (B, gamma, tokens, alpha, verifications) of earlier fixed-gamma runs, verifications being how many
     the batch needed until its last sequence had `tokens` more. On real text a batch's slowest sequence lags more
     than i.i.d. draws at one rate explain: rates differ between sequences, and within one, acceptance comes in runs
-    (repetition loops). The spread of the per-sequence rates alone under-explains it (SmolLM2 at 8000 x 128 on the
-    H100: 0.045 measured; 0.1 reproduces its verifications at gamma 1 to 4 within 3%). None where no point has
+    (repetition loops). The spread of the per-sequence rates alone under-explains it: the fitted spread is about twice
+    the measured one on SmolLM2 (results/planner_sweeps). None where no point has
     B > 1: a spread unknown, which is not a spread known to be 0 (sequences sharing one rate, as synthetic
     acceptance makes them)."""
     points = [p for p in points if p[0] > 1]
@@ -131,10 +131,8 @@ def sequence_weight(alpha: float, spread: float | None, default: float = 16.0) -
     """How many examined tokens a sequence's own rate must see to count as much as the batch's: the binomial
     variance of one draw over the variance between sequences (the shrinkage a normal prior gives); `default`
     where the spread is unknown (None). A spread of 0 leaves nothing to a sequence's own counts: its lag is luck,
-    not a slower sequence (with the default weight instead, one unlucky sequence of 4 at synthetic alpha 0.81
-    switched speculation off: a batch finished 0.5% faster than plain decoding on average, against 2.7% with the
-    batch's rate for all and 4.0% for gamma 2 throughout; benchmarks/planner/policy_simulation.py, Llama-3.1-8B 32K x 4
-    at H100 costs)."""
+    not a slower sequence (with the default weight instead, one unlucky sequence at synthetic acceptance switched
+    speculation off and lost most of its gain: results/planner_sweeps/policy_simulation)."""
     if spread is None:
         return default
     return 1e6 if spread <= 0 else min(max(alpha * (1 - alpha) / spread ** 2, 2.0), 1e6)
@@ -149,7 +147,7 @@ class Choice:
 
 
 def plan(budgets, gammas, alpha: dict[int, float], predict, B: int, tokens: int = 64,
-         spread: dict[int, float] | None = None, method: str = "selfspec") -> tuple[Choice, list[Choice]]:
+         spread: dict[int, float] | None = None, method: str = "draft") -> tuple[Choice, list[Choice]]:
     """The best choice for B sequences of `tokens` new tokens each, and every option considered; alpha maps each
     budget to its expected acceptance rate, `spread` to its spread between sequences (fit_spread; none if not
     given or unknown). `predict(budget, gamma)` is the drafter's cost-model prediction (its T_D/T_T, T_V/T_T,
@@ -183,8 +181,8 @@ class AutoGamma:
     The decoder asks for each gamma while the GPU runs the verification before it, so a choice sees the numbers
     of the verification before that one (one verification stale, and no GPU time spent on choosing).
 
-    Once on, speculation stays on while it is predicted no slower (hysteresis: a 2% predicted gain late in a batch
-    is still a gain, and a needless switch-off has lost more than that on the H100)."""
+    Once on, speculation stays on while it is predicted no slower (hysteresis: a small predicted gain late in a batch
+    is still a gain, and a needless switch-off has lost more than that: results/planner_sweeps)."""
 
     def __init__(self, gammas, alpha_prior: float = 0.8, prior_weight: float = 32.0, margin: float = 0.03,
                  spread: float | None = None):

@@ -61,7 +61,7 @@ from magicdec.verify import SYNTHETIC_DRAWS
 
 MODES = {"greedy": {"temperature": 0.0, "top_p": 1.0, "top_k": 0},
          "sampled": {"temperature": 0.6, "top_p": 0.9, "top_k": 0}}  # the sampled mode every real-model α reports
-SWEEP_KEYS = {"methods": ["baseline", "selfspec"], "decoding": ["greedy"], "history": [], "skip_tokens": 8000,
+SWEEP_KEYS = {"methods": None, "decoding": ["greedy"], "history": [], "skip_tokens": 8000,
               "synthetic_acceptance": None}
 # the keys of sweep files written before the run config (results/*/sweep.toml), as they are named now
 RENAMED = {"prefix_lens": "prefix_len", "batch_sizes": "B", "budgets": "draft_budget", "gammas": "gamma",
@@ -107,6 +107,12 @@ def load_config(path: Path) -> dict:
         raise MagicDecError(f"{path}: unknown keys {unknown}; a sweep takes run options (magicdec run --help), "
                             f"{sorted(SWEEP_KEYS)}, and a table per method")
     cfg = SWEEP_KEYS | cfg
+    if cfg["methods"] is None:
+        raise MagicDecError(f"{path}: name the methods: methods = [\"baseline\", ...] (any of {drafters.names()}, and "
+                            "auto: the planner)")
+    if "auto" in cfg["methods"] and "drafter" not in (cfg.get("auto") or {}):
+        raise MagicDecError(f"{path}: method auto plans a drafter's budget: name it in an [auto] table (drafter = "
+                            f"\"{drafters.names()[0]}\", one of {drafters.names()})")
     for key in ("methods", "decoding", "history"):
         if not isinstance(cfg[key], list) or not all(isinstance(v, str) for v in cfg[key]):
             raise MagicDecError(f"{path}: {key} must be a list of names, got {cfg[key]!r}")
@@ -186,7 +192,7 @@ def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[st
     out, dropped = [], {}
     for method in cfg["methods"]:
         table = dict(cfg.get(method) or {})
-        base = drafters.canonical(table.pop("drafter", "selfspec")) if method == "auto" else method
+        base = drafters.canonical(table.pop("drafter")) if method == "auto" else method
         kind = drafters.get(base) if base != "baseline" else None
         own = run_keys | (opt.keys(kind.Config) if kind else set())
         if kind is None:  # the baseline takes no speculation option
@@ -200,8 +206,7 @@ def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[st
             gammas = values.pop("gamma", [1, 2, 3, 4])
             budgets, gammas = (budgets if isinstance(budgets, list) else [budgets],
                                gammas if isinstance(gammas, list) else [gammas])
-            values |= {"gamma": ["auto"], "max_gamma": max(gammas), "draft_budget": min(budgets),
-                       "draft_policy": "streaming"}
+            values |= {"gamma": ["auto"], "max_gamma": max(gammas), "draft_budget": min(budgets)}
             candidates = {"budgets": sorted(budgets), "gammas": sorted(set(gammas))}
         for mode in cfg["decoding"]:
             for point_values in axes(none_words(values)):
@@ -625,9 +630,10 @@ class Sweep:
         records = list(self.records())
         alpha, spread = {}, {}
         for b in budgets:
-            seen = [r for r in records if r.get("method") in (method, "longspec" if method == "standalone" else method)
-                    and r.get("budget") == b and r.get("prefix_len") == w.prefix_len
-                    and (r.get("draft_policy") or "streaming") == "streaming" and r.get("decoding") == cfg.decoding.name
+            seen = [r for r in records if r.get("method") not in ("baseline", "auto", None)
+                    and drafters.canonical(r["method"]) == method and r.get("budget") == b
+                    and r.get("prefix_len") == w.prefix_len and r.get("decoding") == cfg.decoding.name
+                    and r.get("draft_policy", cfg.draft.draft_policy) == cfg.draft.draft_policy
                     and r.get("metrics", {}).get("alpha") is not None]
             synthetic = cfg.speculation.synthetic_acceptance
             alpha[b] = synthetic if synthetic is not None else (

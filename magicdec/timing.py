@@ -28,7 +28,8 @@ def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int
     prompt, until `repeats` rounds are done and every decoder has been timed for `min_seconds` in all (at most
     MAX_ROUNDS); each keeps its median run, and `decoder.round_seconds` lists all of its runs in round order.
     Interleaved, a speculative decoder and the baseline see the same state of the machine (clocks, host load,
-    neighbours): timed minutes apart, the same graph on an H100 has measured up to 9% apart. The order alternates
+    neighbours): timed minutes apart, the same graph on one GPU has measured further apart than the differences a
+    comparison must resolve (results/planner_sweeps). The order alternates
     from round to round, so neither decoder is always the one that runs right after the host's pause between rounds.
     A run's seconds are read by its own loop (Decoder.seconds), so speedups, all-reach and first-done alike, divide
     spans of one clock."""
@@ -60,9 +61,8 @@ def profile_gammas(decoder, cache, first, prev, gen_len: int, eos, tries: int = 
     everyone's, so all ranks choose alike. Returns the seconds profiling took.
 
     Each run length is timed `tries` times and the fastest kept, with Python's garbage collector off: a host pause
-    only ever adds time, and one single timing per length let a sweep's auto point at SmolLM2 8000 x 128 profile
-    gamma 1 at 17.2 ms per verification where its timed runs took 15.4 (the same decoders outside the sweep
-    profiled within 1% of their runs; H100)."""
+    only ever adds time, and one single timing per length let a sweep's auto point profile a verification well above
+    what its timed runs took (results/planner_sweeps)."""
     policy, prompt_lengths, start = decoder.policy, cache.lengths.clone(), time.perf_counter()
     collecting = gc.isenabled()
     gc.disable()

@@ -90,8 +90,8 @@ def supports(q_shape, k_shape) -> bool:
 
 def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
     """Enough programs to fill the GPU a few times over; never a split shorter than two blocks. A short cache is
-    split too: one program walking an 8B self-draft's 768-slot ring alone is bound by its loads' latency (H100,
-    B = 11: 3 splits took 15.4 us a layer, 1 split 16.7; results/quant/README.md)."""
+    split too: one program walking an 8B self-draft's ring alone is bound by its loads' latency, and splitting it
+    was faster (results/quant/README.md)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     want = max(1, -(-4 * sms // pairs))
     return max(1, min(want, n_slots // (2 * block_n)))

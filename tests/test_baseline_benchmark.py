@@ -207,8 +207,8 @@ def test_batch_that_cannot_fit_fails_before_allocating():
     refused from the estimate (naming --B), before any weight or cache."""
     from magicdec import device
 
-    free = device.memory(torch.device("cpu"))[0] / 2**30
-    B = int(8 * free / 1.2) + 64  # ~1.2 GiB of fp32 KV per 8 sequences of 2000 tokens: several times what is free
+    per_sequence = 2 * 2 * 12 * 64 * 4 * 2000  # llama-68m's fp32 K and V: 2 layers x 12 heads x 64 x 2000 tokens
+    B = 3 * device.memory(torch.device("cpu"))[0] // per_sequence  # three times what is free
     t0 = time.monotonic()
     msg = one_line_error(cli("--random_weights", "--model_name", "JackFram/llama-68m", "--B", str(B),
                              "--prefix_len", "2000", "--gen_len", "8"), "needs about", "headroom", "lower --B")

@@ -58,9 +58,31 @@ def test_a_script_shows_the_defaults_it_applies():
 
 
 def test_lookup_help_offers_no_auto():
-    """--gamma auto is refused by prompt lookup: its script's run says so in one line naming the fix."""
+    """--gamma auto is refused by prompt lookup: its help says so, and its run says so in one line naming the fix."""
+    help_text = " ".join(run_cli(REPO / "tests" / "lookup_benchmark.py", "--help").stdout.split())
+    assert "'auto' (not for hierarchy, lookup)" in help_text
     one_line_error(run_cli(REPO / "tests" / "lookup_benchmark.py", *LLAMA68M, "--gamma", "auto"), "--gamma auto",
                    "--gamma N")
+
+
+def test_triforce_errors_name_triforce_flags():
+    """TriForce's script reports a problem with the flag its user typed: --prefill, not --prefix_len."""
+    msg = one_line_error(run_cli(REPO / "tests" / "triforce_benchmark.py", *LLAMA68M, "--prefill", "3000",
+                                 "--budget", "512"), "exceeds the model's context of 2048")
+    assert "--prefill" in msg and "--prefix_len" not in msg
+
+
+def test_interrupt_is_one_line(monkeypatch, capsys):
+    """Ctrl-C during a run: one line, exit status 130, no traceback."""
+    from magicdec import run
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "run", interrupted)
+    with pytest.raises(SystemExit) as e:
+        run.main(lambda: RunConfig.from_options({"device": "cpu"}))
+    assert e.value.code == 130 and capsys.readouterr().err.strip() == "interrupted"
 
 
 def test_magicdec_command_lists_its_commands():

@@ -530,6 +530,22 @@ def test_draft_with_other_word_tokenizer(tiny, jsonl, tmp_path):
                    "draft and target tokenizers differ")
 
 
+def test_baseline_json_with_other_decoding_or_prompts(tmp_path):
+    """A greedy baseline is not the baseline of a sampled run, nor one on other prompts: refused in one line."""
+    base = tmp_path / "base.json"
+    baseline_benchmark.run([*SMALL, "--prefix_len", "32", "--device", "cpu", "--no_progress", "--output", str(base)])
+    spec = (*SMALL, "--prefix_len", "32", "--streamingllm_budget", "16", "--sinks", "4", "--baseline_json", str(base))
+    one_line_error(cli("selfspec", *spec, "--temperature", "0.6"), "was run with temperature=0.0, this run has 0.6")
+    one_line_error(cli("selfspec", *spec, "--seed", "3"), "was run with seed=0, this run has 3")
+    one_line_error(cli("selfspec", *spec, "--baseline"), "--baseline times a baseline", "pass one of them")
+
+
+def test_offload_on_a_cpu_says_what_it_checks(tiny, jsonl):
+    p = cli("baseline", *tiny_args(jsonl, "--model", str(tiny["target"]), "--offload", "--on_chip", "1"))
+    assert p.returncode == 0, p.stderr
+    assert "note: --offload on a CPU: host and device memory are the same" in p.stderr
+
+
 def test_baseline_json_with_other_batch(tmp_path):
     base = tmp_path / "base.json"
     baseline_benchmark.run([*SMALL, "--prefix_len", "32", "--device", "cpu", "--no_progress", "--output", str(base)])

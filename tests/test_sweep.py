@@ -29,6 +29,8 @@ decoding = ["greedy"]
 gen_len = 8
 sinks = 4
 synthetic_acceptance = {"48" = 0.9, "96" = 0.7}
+[auto]
+drafter = "selfspec"
 """
 
 
@@ -251,6 +253,8 @@ tokenizer = "{LLAMA2_TOKENIZER}"
 dataset = "{BOOKS}"
 gamma = [1, 2]
 methods = ["baseline", "selfspec", "auto"]
+[auto]
+drafter = "selfspec"
 """  # random weights but real text: each batch of prompts differs
 
 
@@ -329,7 +333,7 @@ def test_history_feeds_the_planner(tmp_path):
     budget), records of another model excepted."""
     hist = tmp_path / "hist"
     hist.mkdir()
-    text = TINY_SWEEP + 'methods = ["baseline", "auto"]\n'
+    text = TINY_SWEEP + 'methods = ["baseline", "auto"]\n[auto]\ndrafter = "selfspec"\n'
     sw = make(tmp_path, text)
     sw.load(sw.points[0].cfg)
     for model, alpha in ((sw.engine.target_config.name, 0.6), ("another", 0.95)):
@@ -411,6 +415,15 @@ def test_every_registered_drafter_runs_in_a_sweep(tmp_path):
         if r["method"] != "baseline":
             cost = r["metrics"]["cost_model"]
             assert r["metrics"]["measured_speedup"] > 0 and ("speedup" in cost or "none" in cost), r["label"]
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("experiments/sweeps/*.toml")),
+                         ids=lambda p: p.stem)
+def test_committed_sweep_configs_load_and_name_no_private_paths(path):
+    """Every committed sweep config is a valid grid, with no machine-private path (/tmp) in it."""
+    assert "/tmp" not in path.read_text()
+    points, _ = sweep.points_of(sweep.load_config(path) | {"step_mode": "eager", "device": "cpu"}, str(path))
+    assert points
 
 
 def test_interrupt_says_how_to_resume(tmp_path, monkeypatch):

@@ -61,6 +61,8 @@ class DrafterKind:
     # --gamma auto times the drafter's steps per candidate gamma: a drafter whose proposals vary in length runs
     # none it could time
     supports_auto_gamma: bool = True
+    # a flag of the seed's scripts that selects this drafter (--hierarchy), or None
+    switch: str | None = None
     # options of a small valid run over a 64-token prompt (with a draft model where its Config takes `draft`): the
     # tests run every registered drafter with them, so a new drafter is checked for losslessness as it lands
     example: dict = {}

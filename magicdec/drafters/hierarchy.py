@@ -157,6 +157,7 @@ class TriForce(DrafterKind):
     description = ("TriForce's hierarchy: the self-draft (target weights over its --draft_policy cache) collects its "
                    "gamma tokens by speculating itself, --gamma_bottom at a time, with a bottom draft (--draft)")
     Config = Config
+    switch = "--hierarchy"
     example = {"draft_policy": "retrieval", "draft_budget": 48, "sinks": 4, "bottom_budget": 24, "gamma_bottom": 2}
     variants = ({"draft": "ngram", "draft_policy": "retrieval"},)
     supports_auto_gamma = False
