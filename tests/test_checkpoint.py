@@ -389,7 +389,7 @@ def test_damaged_default_model_end_to_end(smollm2_dir, tmp_path):
                       "16", "--gen_len", "2", "--output", str(out))
     assert r.returncode == 0, r.stderr
     assert "converting it again" in r.stderr and "--model" not in r.stderr
-    assert json.loads(out.read_text())["args"]["model"] == str(cache / "model.pth")
+    assert json.loads(out.read_text())["checkpoint"] == str(cache / "model.pth")
     assert checkpoint._cache_fault(cache) is None
 
 

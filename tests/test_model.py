@@ -165,6 +165,8 @@ PUBLISHED = {
     "meta-llama/Meta-Llama-3-70B": ("llama", L3_70, 70.6e9),
     "meta-llama/Meta-Llama-3.1-8B": ("llama", L3, 8.03e9),
     "meta-llama/Meta-Llama-3.1-70B": ("llama", L3_70, 70.6e9),
+    "meta-llama/Llama-3.2-1B": ("llama", dict(L3, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                              tie_word_embeddings=True), 1.24e9),
     "TinyLlama/TinyLlama_v1.1": ("llama", dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
                                                num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4),
                                  1.10e9),

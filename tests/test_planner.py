@@ -23,7 +23,7 @@ def plan(target, device, B, context, budgets, gammas, alpha, tokens=64, spread=N
     """The planner with the self-draft's cost-model prediction at each budget (what the sweep hands it)."""
     def predict(budget, gamma):
         return cm.predict(target, device, B, context, gamma, alpha[budget], budget)
-    return plan_with(budgets, gammas, alpha, predict, B, tokens, spread)
+    return plan_with(budgets, gammas, alpha, predict, B, tokens, spread, "selfspec")
 
 
 def simulated_verifications(alpha, gamma, remaining, runs=400, seed=0) -> float:

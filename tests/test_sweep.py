@@ -3,6 +3,7 @@ hash of its run config, resumed after a crash without redoing finished points, r
 stopped cleanly by a time limit, bad configs refused in one line before any work."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,9 +30,8 @@ decoding = ["greedy"]
 gen_len = 8
 sinks = 4
 synthetic_acceptance = {"48" = 0.9, "96" = 0.7}
-[auto]
-drafter = "selfspec"
 """
+AUTO = '[auto]\ndrafter = "selfspec"\n'  # tables after every top-level key
 
 
 def records(d: Path) -> dict[str, dict]:
@@ -66,8 +66,8 @@ def make(tmp_path, text, out="out", name="sweep.toml"):
 
 
 def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
-    out = tmp_path / "out"
-    assert make(tmp_path, CONFIG).run(max_minutes=0) == len(expected_points())
+    out, CONFIG_AUTO = tmp_path / "out", CONFIG + AUTO
+    assert make(tmp_path, CONFIG_AUTO).run(max_minutes=0) == len(expected_points())
     assert not records(out)  # a time limit already spent: nothing started
 
     real_write, written = sweep.Sweep.write, []
@@ -80,12 +80,12 @@ def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweep.Sweep, "write", crashing_write)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        make(tmp_path, CONFIG).run(max_minutes=None)
+        make(tmp_path, CONFIG_AUTO).run(max_minutes=None)
     monkeypatch.setattr(sweep.Sweep, "write", real_write)
     before = {f.name: f.stat().st_mtime_ns for f in out.glob("*.json")}
     assert len(before) == 4 and not list(out.glob(".*.tmp"))
 
-    assert make(tmp_path, CONFIG).run(max_minutes=None) == 0
+    assert make(tmp_path, CONFIG_AUTO).run(max_minutes=None) == 0
     recs = by_point(out)
     assert set(recs) == expected_points()
     assert {f.name: f.stat().st_mtime_ns for f in out.glob("*.json") if f.name in before} == before  # not redone
@@ -134,7 +134,7 @@ def test_verification_probe_fits_the_fixed_cost_per_verification(tmp_path, monke
     """The probe times gamma-1 verifications at B = 1 over a short prompt and fits T_O to them: a verification timed
     0.3 ms slower than the model's draft step plus target step gives 0.3 ms, for each drafter against its own
     prediction (the standalone draft's step is its own model's, prompt lookup runs none)."""
-    text = CONFIG.replace('"auto"]', '"lookup"]')
+    text = CONFIG.replace('"auto"]', '"lookup"]')  # no auto: no [auto] table
     sw = make(tmp_path, text)
     seen = {}
     real_probe = sweep.Sweep.probe
@@ -164,6 +164,8 @@ def test_synthetic_alpha_interpolates_in_log_prefix():
 
 
 def sweep_cli(tmp_path, text, *extra):
+    if '"auto"' in text and "[auto]" not in text:
+        text += AUTO
     return run_cli(_write(tmp_path, text), "--output_dir", str(tmp_path / "o"), *extra, launcher=("-m", "magicdec.cli",
                                                                                                    "sweep"))
 
@@ -200,28 +202,26 @@ def test_an_unwritable_output_folder_is_refused_first(tmp_path):
     if os.geteuid() == 0:  # root writes anywhere: a file in the way stands in for a read-only folder
         blocker = tmp_path / "file"
         blocker.write_text("x")
-        p = run_cli(_write(tmp_path, CONFIG), "--output_dir", str(blocker / "o"),
+        p = run_cli(_write(tmp_path, CONFIG + AUTO), "--output_dir", str(blocker / "o"),
                     launcher=("-m", "magicdec.cli", "sweep"))
     else:
         ro = tmp_path / "ro"
         ro.mkdir(mode=0o500)
-        p = run_cli(_write(tmp_path, CONFIG), "--output_dir", str(ro / "o"), launcher=("-m", "magicdec.cli", "sweep"))
+        p = run_cli(_write(tmp_path, CONFIG + AUTO), "--output_dir", str(ro / "o"),
+                    launcher=("-m", "magicdec.cli", "sweep"))
     one_line_error(p, "--output_dir", "cannot write to")
 
 
 def test_sweep_skips_what_the_scripts_refuse(tmp_path, monkeypatch):
     """A group runs only if every draft cache it holds at once fits beside the weights (loaded once) with the same
     headroom the run's check keeps: 6% of the device, at least 2 GiB; else its points are recorded as skipped."""
-    sw = make(tmp_path, CONFIG)
+    sw = make(tmp_path, CONFIG + AUTO)
     sw.load(sw.points[0].cfg)
     group = [p for p in sw.points if p.cfg.workload.prefix_len == 96]
-    parts, seen = [], set()
-    for p in group:
-        for part in sw.engine.plan(p.cfg)[1]:
-            if (part.config.name, part.weights, part.slots) not in seen:
-                seen.add((part.config.name, part.weights, part.slots))
-                parts.append(part)
-    need = sweep.memory_needed(2, group[0].cfg.runtime.prefill_chunk, torch.float32, parts)
+    plans = [[dataclasses.replace(q, weights=False) for q in sw.engine.plan(p.cfg)[1]] for p in group]
+    kv = lambda parts: sum(q.slots * q.config.n_layers * q.config.n_kv_heads for q in parts)  # noqa: E731
+    largest = max((parts[1:] for parts in plans), key=kv)  # one drafter's caches at a time beside the target's
+    need = sweep.memory_needed(2, group[0].cfg.runtime.prefill_chunk, torch.float32, plans[0][:1] + largest)
     gib = 1 << 30
     for spare, fits in ((0, True), (-1, False)):
         free = need["total"] - need["weights"] + 6 * gib + spare
@@ -253,8 +253,6 @@ tokenizer = "{LLAMA2_TOKENIZER}"
 dataset = "{BOOKS}"
 gamma = [1, 2]
 methods = ["baseline", "selfspec", "auto"]
-[auto]
-drafter = "selfspec"
 """  # random weights but real text: each batch of prompts differs
 
 
@@ -270,10 +268,10 @@ def test_several_batches_per_point_add_up_to_the_single_batch_sweeps(tmp_path):
     singles, given = {}, BATCHES + "synthetic_acceptance = 0.7\n"  # a random model's own drafts all fail
     for skip in (0, 500):
         out = f"skip{skip}"
-        assert make(tmp_path, given + f"skip_tokens = {skip}\n", out).run(None) == 0
+        assert make(tmp_path, given + f"skip_tokens = {skip}\n" + AUTO, out).run(None) == 0
         singles[skip] = {k[:3] + k[4:]: r for k, r in by_point(tmp_path / out).items()}
     out = tmp_path / "both"
-    assert make(tmp_path, given + "skip_tokens = [0, 500]\n", "both").run(None) == 0
+    assert make(tmp_path, given + "skip_tokens = [0, 500]\n" + AUTO, "both").run(None) == 0
     both = {k[:3] + k[4:]: r for k, r in by_point(out).items()}
     assert set(both) == set(singles[0]) and not list((out / ".batches").glob("*"))  # no leftover partial timings
     for name, r in both.items():
@@ -305,7 +303,7 @@ def test_several_batches_per_point_add_up_to_the_single_batch_sweeps(tmp_path):
 def test_several_batches_resume_where_they_stopped(tmp_path, monkeypatch):
     """A crash during the second batch keeps every point's first-batch timing; the next run times only what the
     second batch lacks and writes each record from both."""
-    text = BATCHES + "skip_tokens = [0, 500]\n"
+    text = BATCHES + "skip_tokens = [0, 500]\n" + AUTO
     out, real_finish, kept = tmp_path / "out", sweep.Sweep.finish, []
 
     def crashing_finish(self, point, partial, last, bar):
@@ -333,14 +331,14 @@ def test_history_feeds_the_planner(tmp_path):
     budget), records of another model excepted."""
     hist = tmp_path / "hist"
     hist.mkdir()
-    text = TINY_SWEEP + 'methods = ["baseline", "auto"]\n[auto]\ndrafter = "selfspec"\n'
-    sw = make(tmp_path, text)
+    text = TINY_SWEEP + 'methods = ["baseline", "auto"]\n'
+    sw = make(tmp_path, text + AUTO)
     sw.load(sw.points[0].cfg)
     for model, alpha in ((sw.engine.target_config.name, 0.6), ("another", 0.95)):
         (hist / f"{model.replace('/', '_')}.json").write_text(json.dumps({
             "model": model, "method": "selfspec", "budget": 24, "prefix_len": 48, "decoding": "greedy", "B": 2,
             "gamma": 2, "gen_len": 8, "metrics": {"alpha": alpha, "iterations": 4}}))
-    sw = make(tmp_path, text + f'history = ["{hist}"]\n', name="h.toml")
+    sw = make(tmp_path, text + f'history = ["{hist}"]\n' + AUTO, name="h.toml")
     sw.load(sw.points[0].cfg)
     auto = next(p for p in sw.points if p.method == "auto")
     assert sw.plan_budget(auto)["alpha_by_budget"] == {24: 0.6}
@@ -407,7 +405,7 @@ def test_every_registered_drafter_runs_in_a_sweep(tmp_path):
     """methods = every registered drafter: each gets a record with its speedup and its cost model's prediction (or
     the reason there is none), on one target and one prefill."""
     names = drafters.names()
-    text = EVERY + f"methods = {json.dumps(['baseline', *names])}\n"
+    text = f"methods = {json.dumps(['baseline', *names])}\n" + EVERY
     assert make(tmp_path, text).run(None) == 0
     recs = records(tmp_path / "out")
     assert {r["method"] for r in recs.values()} == {"baseline", *names}
@@ -433,5 +431,5 @@ def test_interrupt_says_how_to_resume(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweep.Sweep, "run", interrupted)
     with pytest.raises(SystemExit) as e:
-        sweep.main([str(_write(tmp_path, CONFIG)), "--output_dir", str(tmp_path / "o"), "--no_progress"])
+        sweep.main([str(_write(tmp_path, CONFIG + AUTO)), "--output_dir", str(tmp_path / "o"), "--no_progress"])
     assert e.value.code == 130
