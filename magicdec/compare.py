@@ -193,7 +193,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="magicdec compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=None, help="the target's model.pth (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--dataset", default="auto", help="where the prompt comes from (as magicdec run --dataset)")
+    p.add_argument("--dataset", default=None,
+                   help="where the prompt comes from (as magicdec run --dataset; default: the public-domain Gutenberg "
+                        "books that ship with the tests, in a clone; else auto: PG-19 when reachable, else Python's "
+                        "docs)")
     p.add_argument("--skip_tokens", type=int, default=8000, help="tokens skipped at the start of the book")
     p.add_argument("--B", type=int, default=1, help="batch size")
     p.add_argument("--prefix_len", type=int, default=2048, help="prompt length in tokens")
@@ -210,6 +213,9 @@ def main(argv=None) -> int:
     p.add_argument("--output", type=Path, default=None, help="write the side by side as JSON here")
     a = p.parse_args(argv)
     a.argv = argv
+    if a.dataset is None:  # a book, offline and the same everywhere: the excerpts a clone carries for its tests
+        books = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "gutenberg"
+        a.dataset = str(books) if books.is_dir() else "auto"
     compare(a)
     return 0
 
