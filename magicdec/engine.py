@@ -227,7 +227,9 @@ class Engine:
         return models, parts
 
     def check(self, cfg: RunConfig) -> dict:
-        """plan(cfg), and its memory against what is free; returns the drafter's models."""
+        """plan(cfg), where its prompts come from, and its memory against what is free; returns the drafter's
+        models."""
+        self.check_prompts(cfg)
         models, parts = self.plan(cfg)
         need = memory_needed(cfg.workload.B, cfg.runtime.prefill_chunk, self.dtype, parts)
         check_fits(need, self.device, cfg.workload.B, cfg.workload.prefix_len)
@@ -269,6 +271,19 @@ class Engine:
                 except MagicDecError as e:  # a damaged file: say which flag named it
                     raise MagicDecError(f"{flag}: {e}") from None
         return self.loaded[key]
+
+    def check_prompts(self, cfg: RunConfig) -> None:
+        """A --dataset that names a file or folder, then the tokenizer that cuts it, before any weight is loaded (PG-19
+        and the other named sources are resolved when the prompts are made: that may ask the network)."""
+        from magicdec import data
+
+        if cfg.workload.dataset not in ("auto", "pg19", "stdlib"):
+            data.resolve_source(cfg.workload.dataset)
+        tok_path = self.tokenizer_path()
+        if tok_path is not None:
+            from magicdec.tokenizer import check_tokenizer, load_tokenizer
+
+            check_tokenizer(load_tokenizer(tok_path), self.target_config, str(tok_path))
 
     def tokenizer_path(self) -> Path | None:
         return self.cfg.models.tokenizer or (self.checkpoint.parent if self.checkpoint else None)

@@ -72,13 +72,11 @@ PROBE = (256, 32)  # prefix and tokens of the B = 1 step the cost model's fixed 
 
 @dataclass
 class Point:
-    """One run of the grid: its config, the method it belongs to, and for auto the planner's setting."""
+    """One run of the grid: its config, the method it belongs to, its readable name, and for auto what the
+    planner chooses among."""
     method: str
-    cfg: RunConfig  # auto: the base drafter's config with its first budget (the planner picks the budget)
-    synthetic: float | dict | None = None
-    planner: dict | None = None
+    cfg: RunConfig  # auto: the base drafter's config at its smallest budget (the planner picks the budget)
     name: str = ""
-
     candidates: dict | None = None  # auto: the budgets and gammas the planner chooses among
 
     @property
@@ -226,7 +224,7 @@ def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[st
                     dropped.setdefault(method, {})
                     dropped[method][str(e)] = dropped[method].get(str(e), 0) + 1
                     continue
-                point = Point(method, point_cfg, synthetic, candidates=candidates)
+                point = Point(method, point_cfg, candidates=candidates)
                 point.name = point_name(point, mode)
                 out.append(point)
     order = {"baseline": 0}
@@ -575,7 +573,7 @@ class Sweep:
         cfg, w = point.cfg, point.cfg.workload
         if point.method == "auto":
             cfg = replace_options(cfg, draft_budget=partial["planner"]["budget"])
-            point = Point(point.method, cfg, point.synthetic, partial["planner"], point.name)
+            point = replace(point, cfg=cfg)
         timings = partial["batches"]
         counts, secs, stats, round_s = combined(timings)
         m = met.generation_metrics(counts, secs, w.B, stats, round_s)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BOOKS, LLAMA2_TOKENIZER, needs_smollm2, one_line_error, run_cli
+from conftest import BOOKS, LLAMA2_TOKENIZER, needs_llama_tokenizers, needs_smollm2, one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "baseline_benchmark.py"
@@ -244,6 +244,7 @@ def test_headroom_is_kept_free(monkeypatch):
     engine.check_fits(need, torch.device("cpu"), 32, 32000)  # fits with its headroom
 
 
+@needs_llama_tokenizers
 def test_batch_larger_than_dataset(tmp_path):
     data = tmp_path / "tiny.jsonl"
     words = "the quick brown fox jumps over the lazy dog and runs far away "
