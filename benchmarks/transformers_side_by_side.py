@@ -165,6 +165,9 @@ class Shared(Engine):
     def load(self, config, checkpoint, shard=None, flag="--draft"):
         return self.models[config.n_layers]
 
+    def check_prompts(self, cfg: RunConfig) -> None:
+        """The prompts are given (the ids transformers reads too): no tokenizer or dataset of the engine's to check."""
+
     def prompts(self, cfg: RunConfig):
         prompts, source = self.given[cfg.workload.prefix_len]
         return prompts[:cfg.workload.B], None, source
