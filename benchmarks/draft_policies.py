@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from magicdec import device as dev
-from magicdec import draft_cache
+from magicdec import draft_cache, draft_weights
 from magicdec.engine import Engine
 from magicdec.errors import one_line_errors
 from magicdec.generate import decode
@@ -49,8 +49,8 @@ BOOKS = ("where the books come from: a folder of .txt books, e.g. ../shared/data
 
 
 def drafter(row: dict) -> str:
-    """A row's draft: its cache policy, and the weights' format where an older JSON's row ran a one-byte copy of
-    the target's linears (results/quant: --draft_weights int8 / fp8, since removed)."""
+    """A row's draft: its cache policy, and its weights' format where not bf16 (results/quant's rows ran an earlier,
+    removed int8 / fp8 copy)."""
     weights = row.get("draft_weights", "bf16")
     return row["policy"] if weights == "bf16" else f"{row['policy']} {weights}"
 
@@ -110,10 +110,13 @@ def configs(a, P: int, skip: int) -> dict:
     out = {}
     for policy in a.policies:
         for budget in a.budgets:
-            opts = base | {"draft_policy": policy, "draft_budget": budget}
-            if policy == "retrieval":
-                opts["chunk_size"] = a.chunk_size
-            out[policy, budget] = RunConfig.from_options(opts)
+            for fmt in a.draft_weights:
+                opts = base | {"draft_policy": policy, "draft_budget": budget, "draft_weights": fmt}
+                if policy == "retrieval":
+                    opts["chunk_size"] = a.chunk_size
+                if fmt == "int4":
+                    opts["draft_group"] = a.draft_group
+                out[policy, budget, fmt] = RunConfig.from_options(opts)
     return out
 
 
@@ -149,8 +152,8 @@ def measure(a) -> dict:
             queries = max(cfg.drafter.prefill_queries(cfg) for cfg in drafts.values())
             batch = engine.prefill(next(iter(drafts.values())), queries)  # one target prefill for every draft
             book, source = engine.book.to(engine.device), batch.prompt_source
-            for (policy, budget), cfg in drafts.items():
-                row = {"prefix_len": P, "skip_tokens": skip, "policy": policy, "budget": budget}
+            for (policy, budget, fmt), cfg in drafts.items():
+                row = {"prefix_len": P, "skip_tokens": skip, "policy": policy, "budget": budget, "draft_weights": fmt}
                 draft = engine.prepare(cfg, batch, {})[0]
                 row |= teacher_forced(engine.target, batch.cache, draft, batch.prompts, book, batch.logits)
                 row |= alphas(cfg, draft, batch)
@@ -268,6 +271,9 @@ def main(argv=None) -> int:
     p.add_argument("--teacher", type=int, default=64, help="teacher-forced tokens per sequence")
     p.add_argument("--sinks", type=int, default=16)
     p.add_argument("--chunk_size", type=int, default=8)
+    p.add_argument("--draft_weights", nargs="+", choices=draft_weights.FORMATS, default=["bf16"],
+                   help="the draft's weight formats (magicdec/draft_weights.py): each is a row of its own")
+    p.add_argument("--draft_group", type=int, default=128, help="--draft_weights int4: columns per scale and zero")
     p.add_argument("--refresh", type=int, nargs="*", default=[],
                    help="also generate with snapkv / retrieval re-selected every N verifications (--refresh N)")
     p.add_argument("--seed", type=int, default=0)

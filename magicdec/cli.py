@@ -28,14 +28,11 @@ def run_parser(description: str, defaults: dict | None = None, prog: str | None 
     taken: dict[str, str] = {}
     for name, cls in SECTIONS.items():
         opt.add_flags(p.add_argument_group(SECTION_TITLES[name]), cls, defaults, taken)
-    owners = {}
-    for name, kind in drafters.registry().items():
-        for key in opt.keys(kind.Config):
-            owners.setdefault(key, []).append(name)
     for name, kind in drafters.registry().items():
         group = p.add_argument_group(f"drafter {name}" + (f" (also: {', '.join(kind.aliases)})" if kind.aliases else ""),
                                      kind.description)
-        opt.add_flags(group, kind.Config, defaults, taken, {k: v for k, v in owners.items() if len(v) > 1})
+        shared = {k: drafters.owners(k) for k in opt.keys(kind.Config) if len(drafters.owners(k)) > 1}
+        opt.add_flags(group, kind.Config, defaults, taken, shared)
     no_auto = [n for n, k in drafters.registry().items() if not k.supports_auto_gamma]
     gamma = next(a for a in p._actions if a.dest == "gamma")
     if no_auto:

@@ -25,7 +25,7 @@ from magicdec import drafters
 from magicdec import metrics as met
 from magicdec import timing
 from magicdec.config import ModelArgs
-from magicdec.engine import Engine, first_tokens, lookahead
+from magicdec.engine import Engine, first_tokens
 from magicdec.errors import MagicDecError
 from magicdec.run import write_record
 from magicdec.run_config import RunConfig, writable_folder
@@ -34,18 +34,20 @@ PROFILES = Path(__file__).parent / "profiles"
 SAMPLED = {"temperature": 0.6, "top_p": 0.9}
 
 
-def variants(base: dict) -> list[tuple[str, dict, str | None]]:
-    """(drafter, options, why it cannot run here or None) for every variant of every registered drafter."""
+def variants(base: dict, engine: Engine) -> list[dict]:
+    """Every variant of every registered drafter: its name, options, config (greedy), the models it loads, or why
+    it cannot run here (a check of the config, or of the engine against the models' configs and memory)."""
     out = []
     for name, kind in drafters.registry().items():
         for extra in kind.variants:
-            options = base | {"drafter": name} | extra
+            v = {"drafter": name, "options": base | {"drafter": name} | extra, "why": None}
+            v["cfg"] = RunConfig.from_options(v["options"], strict=False)
             try:
-                RunConfig.from_options(options, strict=False).check()
-                why = None
+                v["cfg"].check()
+                v["models"] = engine.check(v["cfg"])
             except MagicDecError as e:
-                why = str(e)
-            out.append((name, options, why))
+                v["why"] = str(e)
+            out.append(v)
     return out
 
 
@@ -60,11 +62,12 @@ def load_profile(path: Path) -> tuple[cm.Device, dict, dict]:
     return device, p.get("verify_overhead_s", {}), p
 
 
-def prediction(options: dict, summary: dict | None, alpha: float | None, gamma: int, a) -> dict:
-    """The cost model's speedup for this drafter config at the prediction shape (random weights: shapes only)."""
+def prediction(options: dict, summary: dict | None, alpha: float | None, gamma: int, a, profile) -> dict:
+    """The cost model's speedup for this drafter config at the prediction shape (random weights: shapes only), on
+    the profiled device (load_profile's)."""
     if alpha is None:
         return {"none": "no acceptance measured"}
-    device, overheads, _ = load_profile(a.profile)
+    device, overheads, _ = profile
     shape = {"random_weights": True, "model_name": a.predict_model, "B": a.predict_B, "prefix_len": a.predict_prefix,
              "gen_len": a.gen_len, "device": "cpu", "dataset": "stdlib"}
     drop = {"model", "tokenizer", "dataset"} | ({"draft"} if options.get("draft") != "ngram" else set())
@@ -73,7 +76,7 @@ def prediction(options: dict, summary: dict | None, alpha: float | None, gamma: 
     if kind.models(cfg):
         return {"none": f"no draft model of {a.predict_model}'s shapes named for the prediction"}
     device = cm.Device(**(vars(device) | {"verify_overhead_s": overheads.get(kind.name, 0.0)}))
-    p = kind.predict(cfg, ModelArgs.from_name(a.predict_model), {}, device, alpha, gamma, lookahead(cfg), summary)
+    p = kind.predict(cfg, ModelArgs.from_name(a.predict_model), {}, device, alpha, gamma, cfg.lookahead, summary)
     return p or {"none": f"the cost model has no model of {kind.name}"}
 
 
@@ -85,22 +88,13 @@ def compare(a) -> dict:
     target.check()
     if a.output:
         writable_folder(a.output.parent, f"--output {a.output}")
-    load_profile(a.profile)
+    profile = load_profile(a.profile)
     engine = Engine(target)
-    found = variants(base)
-    runnable = [(n, o) for n, o, why in found if why is None]
-    plans = {}
-    for name, options in runnable:
-        cfg = RunConfig.from_options(options)
-        try:
-            plans[name, json.dumps(options, sort_keys=True, default=str)] = engine.check(cfg)
-        except MagicDecError as e:
-            found = [(n, o, str(e) if (n, o) == (name, options) else w) for n, o, w in found]
-    runnable = [(n, o) for n, o, why in found if why is None]
+    found = variants(base, engine)
+    runnable = [v["cfg"] for v in found if v["why"] is None]
     engine.load_target()
-    queries = max((RunConfig.from_options(o).drafter.prefill_queries(RunConfig.from_options(o)) for _, o in runnable),
-                  default=0)
-    ahead = max(lookahead(RunConfig.from_options(o)) for _, o in runnable)
+    queries = max((cfg.drafter.prefill_queries(cfg) for cfg in runnable), default=0)
+    ahead = max(cfg.lookahead for cfg in runnable)
     batch = engine.prefill(target, queries, target.workload.prefix_len + target.workload.gen_len + ahead + 2)
     modes = {"greedy": {}, "sampled": SAMPLED} if not a.greedy_only else {"greedy": {}}
     rows, env = [], dev.environment(engine.device)
@@ -109,15 +103,13 @@ def compare(a) -> dict:
         base_cfg = RunConfig.from_options(base | sampling, strict=False)
         made = []  # (row, cfg, decoder) of each variant that runs, all prepared over the one prefill
         with torch.inference_mode():
-            for name, options, why in found:
-                cfg = RunConfig.from_options(options | sampling) if why is None else None
-                row = {"drafter": name, "label": (cfg or RunConfig.from_options(options, strict=False)).describe(),
-                       "decoding": mode, "options": options}
-                if why is not None:
-                    rows.append(row | {"skipped": why})
+            for v in found:
+                row = {"drafter": v["drafter"], "label": v["cfg"].describe(), "decoding": mode, "options": v["options"]}
+                if v["why"] is not None:
+                    rows.append(row | {"skipped": v["why"]})
                     continue
-                drafter, draft_s, _ = engine.prepare(cfg, batch, plans[name, json.dumps(options, sort_keys=True,
-                                                                                        default=str)])
+                cfg = RunConfig.from_options(v["options"] | sampling)
+                drafter, draft_s, _ = engine.prepare(cfg, batch, v["models"])
                 made.append((row | {"draft_preparation_s": draft_s}, cfg, engine.decoder(cfg, drafter, a.gamma)))
             # every drafter and the baseline in turns from the same prompt: one machine state for all of them
             batch.cache.rollback(torch.full_like(batch.cache.lengths, target.workload.prefix_len))
@@ -138,14 +130,14 @@ def compare(a) -> dict:
                                "measured_speedup": m.get("measured_speedup"),
                                "equals_plain_decoding": bool(torch.equal(out, b_out)) if mode == "greedy" else None,
                                "drafter_summary": summary,
-                               "predicted": prediction(row["options"] | sampling, summary, m["alpha"], a.gamma, a)})
+                               "predicted": prediction(row["options"] | sampling, summary, m["alpha"], a.gamma, a,
+                                                       profile)})
         del made
         dev.release_memory(engine.device)
-    _, _, profile = load_profile(a.profile)
     record = {"command": "magicdec compare " + " ".join(a.argv), "model_config": engine.target_config.to_dict(),
               "prompt_source": batch.prompt_source, "prefill_s": batch.seconds, "environment": env,
               "prediction": {"model": a.predict_model, "B": a.predict_B, "prefix_len": a.predict_prefix,
-                             "profile": profile}, "rows": rows}
+                             "profile": profile[2]}, "rows": rows}
     print_table(record, a)
     write_record(a.output, record)
     return record

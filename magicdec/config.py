@@ -157,3 +157,12 @@ KNOWN_MODELS: dict[str, ModelArgs] = {
     "mistralai/Mistral-7B-v0.3": ModelArgs(vocab_size=32768, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
                                            intermediate_size=14336, rope_base=1000000.0, max_seq_len=32768),
 }
+
+
+def check_context(config: ModelArgs, prefix_len: int, new_tokens: int, what: str, whose: str = "the model's",
+                  hint: str = "") -> None:
+    """The prompt and what generation adds to it (`what`, named as the sum's terms) within a model's context."""
+    total = prefix_len + new_tokens
+    if total > config.max_seq_len:
+        raise MagicDecError(f"prefix_len + {what} = {total} exceeds {whose} context of {config.max_seq_len} tokens; "
+                            f"lower --prefix_len or --gen_len{hint}")

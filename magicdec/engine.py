@@ -16,7 +16,7 @@ import torch
 from magicdec import device as dev
 from magicdec import draft_cache, fused, tp
 from magicdec.attention import resolve_backend
-from magicdec.config import ModelArgs
+from magicdec.config import ModelArgs, check_context
 from magicdec.drafters.base import ModelRef, Part, PrepareContext
 from magicdec.drafters.model_draft import appended_for
 from magicdec.errors import MagicDecError
@@ -32,8 +32,7 @@ def resolve_model(ref: ModelRef, random_weights: bool) -> tuple[ModelArgs, Path 
     """(config, checkpoint path or None) of a model, without loading its weights."""
     if random_weights:
         if not ref.name:
-            raise MagicDecError(f"--random_weights needs {ref.flag}_name to pick the shapes" if ref.flag != "--model"
-                                else "--random_weights needs --model_name to pick the shapes")
+            raise MagicDecError(f"--random_weights needs {ref.flag}_name to pick the shapes")
         return ModelArgs.from_name(ref.name), None
     path = ref.path
     if path is None:
@@ -78,7 +77,7 @@ SHAPE_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "inter
 def check_name(ref: ModelRef, config: ModelArgs) -> None:
     """A repo id given beside a checkpoint must name what the checkpoint is: its shapes where the id is a known
     model's, else its name."""
-    flag = f"{ref.flag}_name" if ref.flag != "--model" else "--model_name"
+    flag = f"{ref.flag}_name"
     try:
         known = ModelArgs.from_name(ref.name)
     except MagicDecError:
@@ -102,6 +101,7 @@ def memory_needed(B: int, chunk: int, dtype, parts: list[Part]) -> dict:
     item = torch.empty((), dtype=dtype).element_size()
     weights = sum(read_bytes(p.config, item) + (0 if p.config.tie_embeddings else item * p.config.vocab_size *
                                                 p.config.dim) for p in parts if p.weights)
+    weights += sum(p.extra_bytes for p in parts)
     kv = sum(KVCache.nbytes_for(p.config.n_layers, B, p.config.n_kv_heads, p.slots, p.config.head_dim, dtype)
              for p in parts)
     c = max((p.config for p in parts), key=lambda c: c.intermediate_size)
@@ -136,20 +136,8 @@ def check_host_fits(nbytes: int, what: str) -> None:
                             f"but only {free / gib:.1f} GiB is free; lower --B or --prefix_len, or raise --on_chip")
 
 
-def check_context(config: ModelArgs, prefix_len: int, new_tokens: int, what: str) -> None:
-    total = prefix_len + new_tokens
-    if total > config.max_seq_len:
-        raise MagicDecError(f"prefix_len + {what} = {total} exceeds the model's context of {config.max_seq_len} "
-                            "tokens; lower --prefix_len or --gen_len")
-
-
-def lookahead(cfg: RunConfig) -> int:
-    """The longest draft a verification carries, with what the drafter runs ahead beyond it."""
-    return cfg.speculation.largest + (cfg.drafter.lookahead(cfg) if cfg.drafter else 0)
-
-
 def target_slots(cfg: RunConfig) -> int:
-    return cfg.workload.prefix_len + appended_for(cfg.workload.gen_len, lookahead(cfg))
+    return cfg.workload.prefix_len + appended_for(cfg.workload.gen_len, cfg.lookahead)
 
 
 @dataclass
@@ -179,6 +167,8 @@ class Engine:
         self.target = self.target_shard = None
         self.all_reduce = None
         self.loaded: dict = {}
+        self.resolved: dict = {}  # a drafter's models, resolved once (a checkpoint's index is read each time)
+        self.tokenizer = None  # loaded once, when its prompts' source is checked
 
     def check_ranks(self) -> None:
         group, world = list(self.cfg.runtime.rank_group), self.world
@@ -205,14 +195,14 @@ class Engine:
         other models resolved ({name: (ModelArgs, checkpoint)}) and this rank's memory parts. Loads nothing."""
         w, target = cfg.workload, self.target_config
         spec = cfg.speculation.speculative
-        ahead = lookahead(cfg)
+        ahead = cfg.lookahead
         check_context(target, w.prefix_len, w.gen_len + ahead + 1 if spec else w.gen_len,
                       "gen_len + gamma + 1" if spec else "gen_len")
         if cfg.runtime.offload and not 0 <= cfg.runtime.on_chip <= target.n_layers:
             raise MagicDecError(f"--on_chip {cfg.runtime.on_chip}: must be 0..{target.n_layers} (the target's layers)")
         models = {}
         if cfg.drafter:
-            models = {name: resolve_model(ref, cfg.models.random_weights) for name, ref in cfg.drafter.models(cfg).items()}
+            models = {name: self.resolve(ref, cfg.models.random_weights) for name, ref in cfg.drafter.models(cfg).items()}
             cfg.drafter.check_models(cfg, target, models)
         local = self.local_target
         slots = target_slots(cfg)
@@ -225,6 +215,12 @@ class Engine:
         if cfg.drafter:
             parts += cfg.drafter.memory(cfg, local, models, self.rank)
         return models, parts
+
+    def resolve(self, ref: ModelRef, random_weights: bool) -> tuple[ModelArgs, Path | None]:
+        """resolve_model, once per model: a sweep plans every point against the same drafts."""
+        if (ref, random_weights) not in self.resolved:
+            self.resolved[ref, random_weights] = resolve_model(ref, random_weights)
+        return self.resolved[ref, random_weights]
 
     def check(self, cfg: RunConfig) -> dict:
         """plan(cfg), where its prompts come from, and its memory against what is free; returns the drafter's
@@ -279,11 +275,18 @@ class Engine:
 
         if cfg.workload.dataset not in ("auto", "pg19", "stdlib"):
             data.resolve_source(cfg.workload.dataset)
+        self.load_tokenizer()
+
+    def load_tokenizer(self):
+        """The tokenizer that cuts the prompts, checked against the target's config (None: random prompt ids)."""
         tok_path = self.tokenizer_path()
-        if tok_path is not None:
+        if self.tokenizer is None and tok_path is not None:
             from magicdec.tokenizer import check_tokenizer, load_tokenizer
 
-            check_tokenizer(load_tokenizer(tok_path), self.target_config, str(tok_path))
+            tokenizer = load_tokenizer(tok_path)
+            check_tokenizer(tokenizer, self.target_config, str(tok_path))
+            self.tokenizer = tokenizer
+        return self.tokenizer
 
     def tokenizer_path(self) -> Path | None:
         return self.cfg.models.tokenizer or (self.checkpoint.parent if self.checkpoint else None)
@@ -294,14 +297,10 @@ class Engine:
         from magicdec import data
 
         w, config = cfg.workload, self.target_config
-        tok_path = self.tokenizer_path()
-        if tok_path is None:
+        tokenizer = self.load_tokenizer()
+        if tokenizer is None:
             return (data.random_prompts(config.vocab_size, w.B, w.prefix_len, w.seed, config.bos_id or 0), None,
                     "random token ids (random weights, no --tokenizer)")
-        from magicdec.tokenizer import check_tokenizer, load_tokenizer
-
-        tokenizer = load_tokenizer(tok_path)
-        check_tokenizer(tokenizer, config, str(tok_path))
         source = data.resolve_source(w.dataset)
         prompts = data.load_prompts(tokenizer, w.B, w.prefix_len, source, w.skip_tokens, bos_id=config.bos_id)
         return prompts, tokenizer, str(source)
@@ -342,7 +341,7 @@ class Engine:
     def prepare(self, cfg: RunConfig, batch: Prefilled, models: dict, ahead: int | None = None):
         """(the drafter over this batch, the seconds its preparation took, notes for the record)."""
         ctx = PrepareContext(cfg=cfg, target=self.target, cache=batch.cache, prompts=batch.prompts,
-                             queries=batch.queries, lookahead=lookahead(cfg) if ahead is None else ahead,
+                             queries=batch.queries, lookahead=cfg.lookahead if ahead is None else ahead,
                              backend=self.backend, models=models, load=self.load, target_shard=self.target_shard,
                              rank=self.rank, world=self.world)
         with torch.inference_mode():

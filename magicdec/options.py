@@ -100,12 +100,11 @@ def coerce(f: dataclasses.Field, value: Any, where: str) -> Any:
 
 
 def number_type(f: dataclasses.Field):
-    """int or float where the option is a number (by its parser or its default), else None."""
-    parse = parser_of(f)
-    if parse in (int, float):
-        return parse
-    if getattr(parse, "number", None):
-        return parse.number
+    """int or float where the option is a number, else None: its parser's (int, float, or a parser's `number`:
+    gamma's, which also takes the word auto, has none), or its default's type."""
+    parse = f.metadata["parse"]
+    if parse is not None:
+        return parse if parse in (int, float) else getattr(parse, "number", None)
     d = f.default[0] if isinstance(f.default, tuple) and f.default else f.default
     return type(d) if isinstance(d, (int, float)) and not isinstance(d, bool) else None
 
@@ -114,8 +113,7 @@ def one(f: dataclasses.Field, value, bad):
     parse, number = parser_of(f), number_type(f)
     if isinstance(value, bool) or isinstance(value, (dict, list)):
         bad("has the wrong type")
-    if number and not isinstance(value, (int, float)) and parse not in (str,) and \
-            not (isinstance(value, str) and value == "auto" and not number_type_strict(parse)):
+    if number and not isinstance(value, (int, float)):
         bad(f"must be a number ({number.__name__})")
     if number is int and isinstance(value, float) and not value.is_integer():
         bad("must be an integer")
@@ -126,11 +124,6 @@ def one(f: dataclasses.Field, value, bad):
     if f.metadata["choices"] and out not in f.metadata["choices"]:
         bad(f"must be one of {', '.join(map(str, f.metadata['choices']))}")
     return out
-
-
-def number_type_strict(parse) -> bool:
-    """A parser that takes numbers only (gamma's also takes the word auto)."""
-    return parse in (int, float) or bool(getattr(parse, "number", None))
 
 
 def build(cls, given: dict, defaults: dict, where: str = "", **resolved):

@@ -67,12 +67,9 @@ def run(cfg: RunConfig) -> dict:
     target, cache = engine.target, batch.cache
     eos = [] if w.ignore_eos else engine.target_config.eos_ids
     first, prev = first_tokens(cfg, batch)
-    graphed, progress = cfg.runtime.graphed, cfg.output.progress
-    tr = cfg.timing
 
     def timed(decoders):
-        return timing.timed_generations(decoders, cache, first, prev, w.gen_len, eos, w.seed, graphed, tr.repeats,
-                                        tr.min_seconds, progress)
+        return timing.timed_as_configured(decoders, cfg, cache, first, prev, eos)
 
     def baseline_metrics(decoder, counts, seconds):
         m = met.generation_metrics(counts, seconds, w.B, decoder.stats, decoder.round_seconds)
@@ -80,7 +77,7 @@ def run(cfg: RunConfig) -> dict:
                                          seconds, copy_bw)
 
     with torch.inference_mode():
-        base_decoder = engine.decoder(cfg) if not spec.speculative or tr.baseline else None
+        base_decoder = engine.decoder(cfg) if not spec.speculative or cfg.timing.baseline else None
         baseline = None
         if not spec.speculative:
             (out, counts, seconds), = timed([base_decoder])
@@ -152,6 +149,7 @@ def make_record(cfg: RunConfig, built, metrics: dict, baseline: dict | None, swe
         "random_weights": cfg.models.random_weights,
         "prefill": "skipped: KV caches filled with random values" if cfg.runtime.skip_prefill else "computed",
         "draft_cache": cfg.drafter.describe(cfg) if cfg.drafter else None,
+        "drafter_notes": built.notes or None,  # what the drafter's preparation reported (its weights' kernels)
         "offload": offload,
         "synthetic_acceptance": spec.synthetic_acceptance,
         "synthetic_draws": SYNTHETIC_DRAWS if spec.synthetic_acceptance is not None else None,
@@ -164,15 +162,19 @@ def make_record(cfg: RunConfig, built, metrics: dict, baseline: dict | None, swe
     return record
 
 
-def write_record(path: Path | None, record: dict) -> None:
-    """The record, written whole or not at all (a temporary file renamed into place)."""
-    if path is None:
-        return
+def write_json(path: Path, obj) -> None:
+    """obj as JSON at path, written whole or not at all (a temporary file renamed into place): a crash never
+    leaves half a record."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str))
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
     tmp.replace(path)
-    print(f"wrote {path}")
+
+
+def write_record(path: Path | None, record: dict) -> None:
+    if path is not None:
+        write_json(path, record)
+        print(f"wrote {path}")
 
 
 def print_table(rows: list[tuple[str, object]]) -> None:

@@ -267,6 +267,7 @@ def writable_folder(folder: Path, what: str) -> None:
 
 SECTIONS = {"models": Models, "workload": Workload, "decoding": Decoding, "speculation": Speculation,
             "runtime": Runtime, "timing": Timing, "output": Output}
+RUN_OPTIONS = set().union(*(opt.keys(s) for s in SECTIONS.values()))  # every option but a drafter's own
 IDENTITY_EXCLUDED = opt.keys(Output)  # where the record goes and what is printed do not change a run's result
 
 
@@ -292,7 +293,7 @@ class RunConfig:
         script's own) over the dataclasses'. `strict`: an option no section and not this run's drafter takes is an
         error (a command line); a sweep's grid passes options meant for other drafters, which are not applied."""
         defaults = defaults or {}
-        known = set().union(*(opt.keys(s) for s in SECTIONS.values()))
+        known = RUN_OPTIONS
         speculation = opt.build(Speculation, given, defaults, where)
         speculation = replace(speculation, drafter=drafters.canonical(speculation.drafter))
         kind = drafters.get(speculation.drafter) if speculation.speculative else None
@@ -323,6 +324,12 @@ class RunConfig:
                    decoding=opt.build(Decoding, given, defaults, where), speculation=speculation, draft=draft,
                    runtime=runtime, timing=opt.build(Timing, given, defaults, where),
                    output=opt.build(Output, given, defaults, where))
+
+    @property
+    def lookahead(self) -> int:
+        """The longest draft a verification carries, with what the drafter runs ahead beyond it: what caches hold
+        past the prompt."""
+        return self.speculation.largest + (self.drafter.lookahead(self) if self.drafter else 0)
 
     def options(self) -> dict:
         """Every option this run ran with, resolved (device-dependent defaults filled in): what a record keeps

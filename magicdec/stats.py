@@ -26,12 +26,12 @@ class PhaseTimer:
     def add(self, phase: str, start, end) -> None:
         self.spans.append((phase, start, end))
 
-    def totals(self, first_spans: int | None = None) -> dict[str, float]:
-        """Seconds per phase, over all spans or the first `first_spans`."""
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase over all spans."""
         if self.cuda:
             torch.cuda.synchronize()
         out: dict[str, float] = {}
-        for phase, start, end in self.spans[:first_spans]:
+        for phase, start, end in self.spans:
             seconds = start.elapsed_time(end) / 1e3 if self.cuda else end - start
             out[phase] = out.get(phase, 0.0) + seconds
         return out

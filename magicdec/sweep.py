@@ -39,7 +39,7 @@ import math
 import sys
 import time
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -52,10 +52,11 @@ from magicdec import metrics as met
 from magicdec import options as opt
 from magicdec import timing
 from magicdec.drafters.model_draft import appended_for
-from magicdec.engine import Engine, first_tokens, lookahead, memory_needed
+from magicdec.engine import Engine, first_tokens, memory_needed
 from magicdec.errors import MagicDecError, one_line_errors
 from magicdec.planner import AutoGamma, fit_spread, plan
-from magicdec.run_config import SECTIONS, RunConfig, writable_folder
+from magicdec.run import write_json
+from magicdec.run_config import RUN_OPTIONS, SECTIONS, RunConfig, writable_folder
 from magicdec.stats import Stats
 from magicdec.verify import SYNTHETIC_DRAWS
 
@@ -97,7 +98,7 @@ def load_config(path: Path) -> dict:
     if "prefill_backend" in cfg:
         raise MagicDecError(f"{path}: prefill_backend is gone: attn_backend serves prefill and decode alike (auto: "
                             "triton on a GPU, which prefills through flex attention)")
-    known = set(SWEEP_KEYS) | set().union(*(opt.keys(s) for s in SECTIONS.values())) - opt.keys(SECTIONS["output"])
+    known = set(SWEEP_KEYS) | RUN_OPTIONS - opt.keys(SECTIONS["output"])
     tables = {k for k, v in cfg.items() if isinstance(v, dict) and k != "synthetic_acceptance"}
     drafter_keys = set().union(*(opt.keys(k.Config) for k in drafters.registry().values()))
     unknown = sorted(set(cfg) - known - drafter_keys - tables - {"draft"})
@@ -185,7 +186,7 @@ def none_words(values: dict) -> dict:
 def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[str, int]]]:
     """Every point of the grid (baselines first in each group), and why points were left out (per method: reason ->
     count)."""
-    run_keys = set().union(*(opt.keys(s) for s in SECTIONS.values()))
+    run_keys = RUN_OPTIONS
     shared = {k: v for k, v in cfg.items() if k not in SWEEP_KEYS and not isinstance(v, dict)}
     out, dropped = [], {}
     for method in cfg["methods"]:
@@ -248,14 +249,8 @@ def group_key(point: Point) -> tuple:
 
 def timing_entry(skip: int, seconds: float, decoder, counts) -> dict:
     """One decoder's timed generation on one batch, as a point keeps it until its last batch."""
-    return {"skip_tokens": skip, "counts": counts.tolist(), "seconds": seconds, "stats": stats_dict(decoder.stats),
+    return {"skip_tokens": skip, "counts": counts.tolist(), "seconds": seconds, "stats": asdict(decoder.stats),
             "round_s": decoder.round_seconds}
-
-
-def stats_dict(stats: Stats) -> dict:
-    from dataclasses import asdict
-
-    return asdict(stats)
 
 
 def combined(timings: list[dict]):
@@ -296,9 +291,7 @@ class Sweep:
         return (self.out / f"{point.key}.json").exists()
 
     def write(self, name: str, rec: dict) -> None:
-        tmp = self.out / f".{name}.tmp"
-        tmp.write_text(json.dumps(rec | {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1, default=str))
-        tmp.replace(self.out / f"{name}.json")  # a crash never leaves half a record
+        write_json(self.out / f"{name}.json", rec | {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
     def retire_stale(self) -> int:
         """Records of points that are not in this grid (another config wrote them) move to stale/."""
@@ -416,7 +409,7 @@ class Sweep:
         models = self.engine.plan(probe)[0]
         p = probe.drafter.predict(probe, self.engine.target_config, models, replace(self.cost_device,
                                                                                     verify_overhead_s=0.0),
-                                  0.5, 1, lookahead(probe), {"alpha_bottom_to_middle": 0.5})
+                                  0.5, 1, probe.lookahead, {"alpha_bottom_to_middle": 0.5})
         if p is None:
             return 0.0
         return max(seconds - p["T_D_over_T_T"] * p["T_T"] - p["T_V"], 0.0)
@@ -425,16 +418,9 @@ class Sweep:
         """Why this group does not fit in memory, or None: the target's cache beside the largest drafter's share
         (a batch holds one drafter at a time), weights loaded already counted as free."""
         dev.release_memory(self.engine.device)
-        target, largest = None, []
-        for p in pts:
-            parts = [replace(part, weights=False) for part in self.engine.plan(p.cfg)[1]]
-            target = target or parts[:1]
-            drafter = [part for part in parts[1:]]
-            if sum(q.slots * q.config.n_layers * q.config.n_kv_heads for q in drafter) > \
-                    sum(q.slots * q.config.n_layers * q.config.n_kv_heads for q in largest):
-                largest = drafter
-        w = pts[0].cfg.workload
-        need = memory_needed(w.B, pts[0].cfg.runtime.prefill_chunk, self.engine.dtype, target + largest)
+        w, chunk, dtype = pts[0].cfg.workload, pts[0].cfg.runtime.prefill_chunk, self.engine.dtype
+        plans = [[replace(part, weights=False) for part in self.engine.plan(p.cfg)[1]] for p in pts]
+        need = max((memory_needed(w.B, chunk, dtype, parts) for parts in plans), key=lambda n: n["total"])
         free = dev.memory(self.engine.device)[0] - dev.headroom(self.engine.device)
         if need["total"] > free:
             return f"B={w.B} x prefix {w.prefix_len} does not fit in memory ({need['total'] / 2**30:.1f} GiB needed)"
@@ -455,11 +441,11 @@ class Sweep:
         base = pts[0].cfg
         cfg0 = replace_options(base, skip_tokens=skip)
         queries = max((p.cfg.drafter.prefill_queries(p.cfg) for p in pts if p.cfg.drafter), default=0)
-        ahead = max(lookahead(p.cfg) for p in pts)
+        ahead = max(p.cfg.lookahead for p in pts)
         slots = cfg0.workload.prefix_len + appended_for(cfg0.workload.gen_len, ahead)
         batch = engine.prefill(cfg0, queries, slots)
         self.prompt_source = batch.prompt_source
-        drafters_made, base_decoders = {}, {}
+        made, base_decoders = None, {}  # made: (key, drafter, its preparation's seconds), one drafter at a time
         pts = sorted(pts, key=lambda p: (p.method != "baseline", self.drafter_key(p.cfg)))  # one drafter alive at once
         try:
             for point in pts:
@@ -475,7 +461,8 @@ class Sweep:
                     base_decoders[mode] = engine.decoder(base_cfg)
                 with torch.inference_mode():
                     if point.method == "baseline":  # timed alone
-                        (out, counts, seconds), = self.timed([base_decoders[mode]], cfg, batch, first, prev)
+                        (out, counts, seconds), = timing.timed_as_configured([base_decoders[mode]], cfg, batch.cache,
+                                                                             first, prev, [])
                         partial["batches"].append(timing_entry(skip, seconds, base_decoders[mode], counts))
                         self.finish(point, partial, last, bar)
                         continue
@@ -488,12 +475,11 @@ class Sweep:
                     else:
                         policy = None
                     key = self.drafter_key(cfg)
-                    if key not in drafters_made:
-                        drafters_made.clear()  # the previous drafter's caches go before this one allocates its own
+                    if made is None or made[0] != key:
+                        made = None  # the previous drafter's caches go before this one allocates its own
                         dev.release_memory(engine.device)
-                        models = engine.plan(cfg)[0]
-                        drafters_made[key] = engine.prepare(cfg, batch, models, ahead)[:2]
-                    drafter, draft_s = drafters_made[key]
+                        made = (key, *engine.prepare(cfg, batch, engine.plan(cfg)[0], ahead)[:2])
+                    _, drafter, draft_s = made
                     decoder = engine.decoder(cfg, drafter, cfg.speculation.largest, policy)
                     if policy and "profiled_costs" not in partial:
                         partial["auto_gamma_profile_s"] = timing.profile_gammas(decoder, batch.cache, first, prev,
@@ -501,8 +487,8 @@ class Sweep:
                         partial["profiled_costs"] = policy.costs
                     elif policy:
                         policy.costs = {int(g): s for g, s in partial["profiled_costs"].items()}  # JSON keys
-                    (out, counts, s), (_, b_counts, b_s) = self.timed([decoder, base_decoders[mode]], cfg, batch,
-                                                                      first, prev)
+                    (out, counts, s), (_, b_counts, b_s) = timing.timed_as_configured(
+                        [decoder, base_decoders[mode]], cfg, batch.cache, first, prev, [])
                     entry = timing_entry(skip, s, decoder, counts)
                     entry["baseline"] = timing_entry(skip, b_s, base_decoders[mode], b_counts)
                     entry["draft_prefill_s"] = draft_s
@@ -512,7 +498,7 @@ class Sweep:
                 self.finish(point, partial, last, bar)
         finally:
             base_decoders.clear()
-            drafters_made.clear()  # free the draft caches before the next batch allocates its own
+            made = None  # free the draft caches before the next batch allocates its own
             del batch
         return True
 
@@ -524,11 +510,6 @@ class Sweep:
             return ("", "", "")
         return (cfg.drafter.name, json.dumps(opt.as_options(cfg.draft), sort_keys=True), cfg.decoding.name)
 
-    def timed(self, decoders, cfg: RunConfig, batch, first, prev):
-        w, t = cfg.workload, cfg.timing
-        return timing.timed_generations(decoders, batch.cache, first, prev, w.gen_len, [], w.seed, cfg.runtime.graphed,
-                                        t.repeats, t.min_seconds)
-
     @staticmethod
     def gammas(point: Point) -> list[int]:
         """An auto point's candidates: the sweep's gamma axis."""
@@ -538,10 +519,7 @@ class Sweep:
         """Keep this point's timings so far; after its last batch, write its record."""
         partial = json.loads(json.dumps(partial, default=str))  # one form (JSON's), whether stored or just timed
         if not last:
-            (self.out / ".batches").mkdir(exist_ok=True)
-            tmp = self.out / ".batches" / f".{point.key}.tmp"
-            tmp.write_text(json.dumps(partial))
-            tmp.replace(self.out / ".batches" / f"{point.key}.json")
+            write_json(self.out / ".batches" / f"{point.key}.json", partial)
             return
         rec = self.record(point, partial)
         self.write(point.key, rec)
@@ -612,7 +590,7 @@ class Sweep:
         device = replace(self.cost_device, verify_overhead_s=self.verify_overhead.get(cfg.drafter.name, 0.0))
         models = self.engine.plan(cfg)[0]
         pred = cfg.drafter.predict(cfg, self.engine.target_config, models, device, m["alpha"], gamma,
-                                   lookahead(cfg), (m.get("speculation") or {}).get("drafter"))
+                                   cfg.lookahead, (m.get("speculation") or {}).get("drafter"))
         if pred is None:
             return {"none": f"the cost model has no model of drafter {cfg.drafter.name} here"}
         steps = m["speculation"]["draft_steps"] / m["speculation"]["iterations"] if m["speculation"]["iterations"] else gamma
@@ -643,7 +621,7 @@ class Sweep:
         def predict(budget, gamma):
             c = replace_options(cfg, draft_budget=budget, gamma=[gamma])
             return cfg.drafter.predict(c, self.engine.target_config, models, device, alpha[budget], gamma,
-                                       lookahead(c))
+                                       c.lookahead)
         best, options = plan(budgets, self.gammas(point), alpha, predict, w.B, w.gen_len - 1, spread, method)
         budget = best.budget if best.budget is not None else min(budgets)
         return {"predicted_best": vars(best), "budget": budget, "alpha": alpha[budget], "alpha_by_budget": alpha,
@@ -688,7 +666,7 @@ def replace_options(cfg: RunConfig, **changes) -> RunConfig:
     """The config with some options changed (a new frozen config: nothing is mutated)."""
     given = cfg.options() | changes
     if changes.get("drafter") == "baseline":
-        given = {k: v for k, v in given.items() if k in set().union(*(opt.keys(s) for s in SECTIONS.values()))}
+        given = {k: v for k, v in given.items() if k in RUN_OPTIONS}
         given = {k: v for k, v in given.items() if k not in opt.keys(SECTIONS["speculation"]) or k == "drafter"}
     return RunConfig.from_options(given, strict=False)
 

@@ -55,6 +55,13 @@ def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int
     return results
 
 
+def timed_as_configured(decoders, cfg, cache, first, prev, eos):
+    """timed_generations with a run config's generation length, seed, step mode, rounds and progress bars."""
+    w, t = cfg.workload, cfg.timing
+    return timed_generations(decoders, cache, first, prev, w.gen_len, eos, w.seed, cfg.runtime.graphed, t.repeats,
+                             t.min_seconds, cfg.output.progress)
+
+
 def profile_gammas(decoder, cache, first, prev, gen_len: int, eos, tries: int = 3) -> float:
     """--gamma auto: seconds per verification for every candidate gamma and for the plain step (gamma 0), measured
     on this batch and context before it is timed, as a server profiles each batch shape once. Rank 0's numbers are

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from magicdec import drafters
-from magicdec.engine import Engine, ModelRef, lookahead, resolve_model
+from magicdec.engine import Engine, ModelRef, resolve_model
 from magicdec.errors import MagicDecError
 from magicdec.run_config import RunConfig
 
@@ -48,7 +48,7 @@ def test_every_drafter_declares_its_memory(name):
                "gen_len": 16, "device": "cpu", "draft_name": "JackFram/llama-68m"} | drafters.get(name).example
     cfg = RunConfig.from_options(options, strict=False)  # draft_name: for the drafters that take a draft model
     models, parts = Engine(cfg).plan(cfg)
-    assert parts[0].weights and parts[0].slots == 512 + 16 + lookahead(cfg) + 2
+    assert parts[0].weights and parts[0].slots == 512 + 16 + cfg.lookahead + 2
     extra = parts[1:]
     if name == "lookup":
         assert not extra

@@ -200,6 +200,21 @@ def test_every_registered_drafter_is_lossless(tiny, jsonl, tiny_baseline, name):
     assert run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])["generated_ids"] == sampled["generated_ids"]
 
 
+@pytest.mark.parametrize("name,fmt", [("selfspec", "int8"), ("selfspec", "fp8"), ("selfspec", "int4"),
+                                      ("standalone", "int8"), ("hierarchy", "int4")])
+def test_model_drafters_run_each_draft_weight_format_losslessly(tiny, jsonl, tiny_baseline, name, fmt):
+    """A drafter's example with its draft's weights (the hierarchy's middle level) in each format gives the
+    baseline's ids; the record names the format and the kernel each quantized layer ran (the reference, on a CPU)."""
+    group = ["--draft_group", "32"] if fmt == "int4" else []  # 32 divides the tiny models' widths
+    argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", str(GAMMA), *example_args(name, tiny),
+                     "--draft_weights", fmt, *group)
+    record = run_record(argv)
+    assert_lossless(record, tiny_baseline)
+    assert record["config"]["draft_weights"] == fmt and f" {fmt}" in record["label"]
+    layers = 1 if name == "standalone" else 2  # the 1-layer draft, or the target's own
+    assert record["drafter_notes"]["draft_weights"]["kernels"][0]["layers_by_kernel"] == {"reference": 5 * layers + 1}
+
+
 def test_first_done_and_all_reach_agree_at_batch_one(tiny, jsonl):
     """One clock: a speedup's seconds, all-reach and first-done alike, are spans of the loop's own wall clock from
     the same start as its baseline's. With one sequence the first to finish is the last, so the two speedups are

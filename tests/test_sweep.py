@@ -144,7 +144,7 @@ def test_verification_probe_fits_the_fixed_cost_per_verification(tmp_path, monke
             return real_probe(self, cfg)
         models = self.engine.plan(cfg)[0]
         device = cm.Device(**(vars(self.cost_device) | {"verify_overhead_s": 0.0}))
-        p = cfg.drafter.predict(cfg, self.engine.target_config, models, device, 0.5, 1, sweep.lookahead(cfg))
+        p = cfg.drafter.predict(cfg, self.engine.target_config, models, device, 0.5, 1, cfg.lookahead)
         seen[cfg.drafter.name] = cfg.speculation.gamma
         return p["T_D"] + p["T_V"] + 0.3e-3
 
@@ -219,9 +219,9 @@ def test_sweep_skips_what_the_scripts_refuse(tmp_path, monkeypatch):
     sw.load(sw.points[0].cfg)
     group = [p for p in sw.points if p.cfg.workload.prefix_len == 96]
     plans = [[dataclasses.replace(q, weights=False) for q in sw.engine.plan(p.cfg)[1]] for p in group]
-    kv = lambda parts: sum(q.slots * q.config.n_layers * q.config.n_kv_heads for q in parts)  # noqa: E731
-    largest = max((parts[1:] for parts in plans), key=kv)  # one drafter's caches at a time beside the target's
-    need = sweep.memory_needed(2, group[0].cfg.runtime.prefill_chunk, torch.float32, plans[0][:1] + largest)
+    # one drafter's caches at a time beside the target's: the largest point
+    need = max((sweep.memory_needed(2, group[0].cfg.runtime.prefill_chunk, torch.float32, parts) for parts in plans),
+               key=lambda n: n["total"])
     gib = 1 << 30
     for spare, fits in ((0, True), (-1, False)):
         free = need["total"] - need["weights"] + 6 * gib + spare

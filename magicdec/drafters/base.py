@@ -27,6 +27,7 @@ class Part:
     config: ModelArgs  # its shapes (this rank's slice under tensor parallelism)
     weights: bool  # its weights are loaded for this part (the self-draft shares the target's)
     slots: int  # KV slots per sequence
+    extra_bytes: int = 0  # weights it adds besides a whole model's (a quantized draft copy)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from magicdec import cost_model as cm
+from magicdec.config import check_context
 from magicdec.drafters import lookup, selfspec
 from magicdec.drafters.base import DrafterKind, ModelRef, OnRanks, Part, raise_auto
 from magicdec.drafters.model_draft import DraftCacheOptions, ModelDraft, own_prefill, ring_extra_for
@@ -205,26 +206,24 @@ class TriForce(DrafterKind):
         return {"bottom": ModelRef(None if d.draft is None else Path(d.draft), d.draft_name, "--draft")}
 
     def check_models(self, cfg, target, models) -> None:
+        cfg.draft.check_weight_shapes(target)
         if "bottom" not in models:
             return
         bottom = models["bottom"][0]
         check_same_vocabulary(bottom, target, "bottom draft")
         w = cfg.workload
-        reach = w.prefix_len + w.gen_len + cfg.speculation.largest + cfg.draft.gamma_bottom + 2
-        if not cfg.models.random_weights and reach > bottom.max_seq_len:  # its keys keep absolute positions
-            raise MagicDecError(f"prefix_len + gen_len + gamma + gamma_bottom + 2 = {reach} exceeds the bottom draft's "
-                                f"context of {bottom.max_seq_len} tokens; lower --prefix_len or --gen_len "
-                                "(--draft ngram has no context limit)")
+        if not cfg.models.random_weights:  # its keys keep absolute positions
+            check_context(bottom, w.prefix_len, w.gen_len + cfg.speculation.largest + cfg.draft.gamma_bottom + 2,
+                          "gen_len + gamma + gamma_bottom + 2", "the bottom draft's", " (--draft ngram has no context limit)")
 
     def lookahead(self, cfg) -> int:
         return cfg.draft.gamma_bottom + 2  # the middle runs ahead of the target
 
     def memory(self, cfg, target, models, rank) -> list[Part]:
-        parts = [Part(target, False, selfspec.self_draft_slots(cfg.draft, cfg, target))]
+        parts = [Part(target, False, selfspec.self_draft_slots(cfg.draft, cfg, target), cfg.draft.copy_bytes(target))]
         if "bottom" in models and rank == 0:  # the bottom model runs unsharded, on rank 0 (it broadcasts its tokens)
-            lookahead = cfg.speculation.largest + self.lookahead(cfg)
             parts.append(Part(models["bottom"][0], True,
-                              cfg.draft.bottom_budget + ring_extra_for(cfg.workload.gen_len, lookahead)))
+                              cfg.draft.bottom_budget + ring_extra_for(cfg.workload.gen_len, cfg.lookahead)))
         return parts
 
     def prefill_queries(self, cfg) -> int:

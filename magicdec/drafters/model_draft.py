@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from magicdec import draft_cache
+from magicdec import draft_cache, draft_weights
 from magicdec.errors import MagicDecError
 from magicdec.generate import Drafter, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
@@ -89,6 +89,45 @@ class DraftCacheOptions:
     def read_slots(self, prefix_len: int, gen_len: int, lookahead: int) -> int:
         """Slots a draft step reads (masked or not): the cost model's draft context (0: the whole context)."""
         return 0 if self.full else self.slots(prefix_len, gen_len, lookahead)
+
+
+@dataclass(frozen=True)
+class DraftWeightOptions:
+    draft_weights: str = option("bf16", "the draft's linear layers and LM head: bf16 (the model's own), int8 or fp8 "
+                                        "(a scale per output channel) or int4 (a scale and zero point per "
+                                        "--draft_group input columns), quantized once at load; the target keeps its "
+                                        "weights, so the output is unchanged. Kernels: gemlite and PyTorch's int4 "
+                                        "matmul on a GPU, dequantize-and-multiply on a CPU (magicdec/draft_weights.py)",
+                                choices=draft_weights.FORMATS)
+    draft_group: int = option(128, "--draft_weights int4: input columns sharing a scale and zero point")
+
+    def weights_label(self) -> str:
+        if self.draft_weights == "bf16":
+            return ""
+        return f" {self.draft_weights}" + (f" g{self.draft_group}" if self.draft_weights == "int4" else "")
+
+    def check_weights(self, device) -> None:
+        if self.draft_group != 128 and self.draft_weights != "int4":
+            raise MagicDecError("--draft_group sets int4's groups: use it with --draft_weights int4")
+        draft_weights.check_format(self.draft_weights, self.draft_group, device=device)
+
+    def check_weight_shapes(self, config) -> None:
+        if self.draft_weights == "int4":
+            draft_weights.check_format("int4", self.draft_group, draft_weights.input_widths(config))
+
+    def copy_bytes(self, config) -> int:
+        return draft_weights.copy_bytes(config, self.draft_weights, self.draft_group)
+
+    def weights_for(self, model, ctx):
+        """The model the draft steps run: `model` itself (bf16) or its quantized copy, with what the record says of
+        it (the kernel each layer runs at the draft's row counts)."""
+        if self.draft_weights == "bf16":
+            return model
+        draft = draft_weights.draft_copy(model, self.draft_weights, self.draft_group)
+        B = ctx.prompts.shape[0]
+        ctx.notes["draft_weights"] = {"format": self.draft_weights, "group": self.draft_group,
+                                      "kernels": [draft_weights.kernels_used(draft, M) for M in (B, 2 * B)]}
+        return draft
 
 
 def ring_extra_for(gen_len: int, gamma: int) -> int:

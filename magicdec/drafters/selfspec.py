@@ -9,19 +9,20 @@ from dataclasses import dataclass
 from magicdec import cost_model as cm
 from magicdec import draft_cache
 from magicdec.drafters.base import DrafterKind, Part
-from magicdec.drafters.model_draft import DraftCacheOptions, ModelDraft, appended_for, own_prefill, refresh_slots
+from magicdec.drafters.model_draft import (DraftCacheOptions, DraftWeightOptions, ModelDraft, appended_for, own_prefill,
+                                           refresh_slots)
 from magicdec.errors import MagicDecError
 from magicdec.options import option
 
 
 @dataclass(frozen=True)
-class Config(DraftCacheOptions):
+class Config(DraftCacheOptions, DraftWeightOptions):
     refresh: int | None = option(None, "snapkv / retrieval: every N verifications select the draft's kept prompt "
                                        "positions again, from the attention that verification computed over the full "
                                        "cache (its side output)", parse=int, metavar="N")
 
     def label(self) -> str:
-        return super().label() + (f" refresh {self.refresh}" if self.refresh else "")
+        return super().label() + (f" refresh {self.refresh}" if self.refresh else "") + self.weights_label()
 
 
 class SelfDraft(DrafterKind):
@@ -36,18 +37,23 @@ class SelfDraft(DrafterKind):
 
     def describe(self, cfg) -> str:
         d = cfg.draft
+        weights = "" if d.draft_weights == "bf16" else f"; the target's weights in {d.draft_weights.upper()}"
         if not d.selected:
-            return "its own prefill through its cache" + (", positions inside the cache (--reindex)" if d.reindex else "")
+            return ("its own prefill through its cache" + (", positions inside the cache (--reindex)" if d.reindex
+                                                           else "") + weights)
         again = f", selected again every {d.refresh} verifications from their attention (--refresh)" if d.refresh else ""
         return (f"{d.draft_policy}: selected per KV head from the target's prefill KV, no draft prefill "
-                f"(draft_prefill_s: the selection){again}")
+                f"(draft_prefill_s: the selection){again}{weights}")
 
     def check(self, cfg) -> None:
         super().check(cfg)
         check_self_draft(cfg.draft, cfg)
 
+    def check_models(self, cfg, target, models) -> None:
+        cfg.draft.check_weight_shapes(target)
+
     def memory(self, cfg, target, models, rank) -> list[Part]:
-        return [Part(target, False, self_draft_slots(cfg.draft, cfg, target))]
+        return [Part(target, False, self_draft_slots(cfg.draft, cfg, target), cfg.draft.copy_bytes(target))]
 
     def prefill_queries(self, cfg) -> int:
         return cfg.draft.policy().queries if cfg.draft.selected else 0
@@ -61,6 +67,7 @@ class SelfDraft(DrafterKind):
 
 def check_self_draft(d: Config, cfg) -> None:
     d.check(cfg.workload.prefix_len, full_allowed=False)
+    d.check_weights(cfg.runtime.torch_device)
     if d.refresh is not None and not d.selected:
         raise MagicDecError("--refresh re-selects a selected cache: use it with --draft_policy snapkv or retrieval")
     if d.refresh is not None and d.refresh < 1:
@@ -71,10 +78,9 @@ def check_self_draft(d: Config, cfg) -> None:
 
 
 def self_draft_slots(d: Config, cfg, target) -> int:
-    lookahead = cfg.speculation.largest + cfg.drafter.lookahead(cfg)
-    slots = d.slots(cfg.workload.prefix_len, cfg.workload.gen_len, lookahead)
+    slots = d.slots(cfg.workload.prefix_len, cfg.workload.gen_len, cfg.lookahead)
     if d.refresh:
-        cache_len = cfg.workload.prefix_len + appended_for(cfg.workload.gen_len, lookahead)
+        cache_len = cfg.workload.prefix_len + appended_for(cfg.workload.gen_len, cfg.lookahead)
         slots += refresh_slots(target, cache_len, cfg.runtime.torch_dtype)
     return slots
 
@@ -82,15 +88,16 @@ def self_draft_slots(d: Config, cfg, target) -> int:
 def prepare_self_draft(d: Config, ctx) -> ModelDraft:
     """The target over the draft's cache: selected from the target's prefill (its KV and the recorded queries),
     or filled by its own StreamingLLM prefill."""
+    model = d.weights_for(ctx.target, ctx)
     if not d.selected:
-        return ModelDraft(ctx.target, own_prefill(d, ctx.target, ctx, seed_offset=1))
+        return ModelDraft(model, own_prefill(d, model, ctx, seed_offset=1))
     policy = d.policy()
     cache = draft_cache.build(policy, ctx.cache, ctx.queries, appended_for(ctx.cfg.workload.gen_len, ctx.lookahead))
     refresh = None
     if d.refresh:
         refresh = draft_cache.Refresh(policy, d.refresh, ctx.cache, cache, ctx.target.layers[0].attention.n_heads,
                                       graphed=ctx.cfg.runtime.step_mode == "cuda_graphs")
-    return ModelDraft(ctx.target, cache, refresh)
+    return ModelDraft(model, cache, refresh)
 
 
 def predict_self_draft(d: Config, cfg, target, device, alpha, gamma, lookahead) -> dict:

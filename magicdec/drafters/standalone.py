@@ -8,14 +8,16 @@ from pathlib import Path
 
 from magicdec import cost_model as cm
 from magicdec import tp
+from magicdec.config import check_context
 from magicdec.drafters.base import DrafterKind, ModelRef, OnRanks, Part
-from magicdec.drafters.model_draft import DraftCacheOptions, ModelDraft, draft_prefill_chunk, own_prefill
+from magicdec.drafters.model_draft import (DraftCacheOptions, DraftWeightOptions, ModelDraft, draft_prefill_chunk,
+                                           own_prefill)
 from magicdec.errors import MagicDecError
 from magicdec.options import option
 
 
 @dataclass(frozen=True)
-class Config(DraftCacheOptions):
+class Config(DraftCacheOptions, DraftWeightOptions):
     draft: str | None = option(None, "the draft model: a model.pth made by convert_hf_checkpoint.py (or the dir "
                                      "holding it), sharing the target's tokenizer", metavar="PATH")
     draft_name: str | None = option(None, "the draft's repo id: its shapes with --random_weights")
@@ -32,7 +34,7 @@ class Standalone(DrafterKind):
 
     def label(self, draft) -> str:
         who = Path(draft.draft).parent.name if draft.draft else (draft.draft_name or "").split("/")[-1]
-        return f"{self.name} {who}".rstrip() + (" full" if draft.full else draft.label())
+        return f"{self.name} {who}".rstrip() + (" full" if draft.full else draft.label()) + draft.weights_label()
 
     def describe(self, cfg) -> str:
         d = cfg.draft
@@ -47,6 +49,7 @@ class Standalone(DrafterKind):
         super().check(cfg)
         d = cfg.draft
         d.check(cfg.workload.prefix_len, full_allowed=True)
+        d.check_weights(cfg.runtime.torch_device)
         if cfg.models.random_weights and not d.draft_name:
             raise MagicDecError("--random_weights with a standalone draft needs --draft_name (the draft's shapes) "
                                 "beside --model_name (the target's)")
@@ -65,6 +68,7 @@ class Standalone(DrafterKind):
         draft, draft_ckpt = models["draft"]
         d, w = cfg.draft, cfg.workload
         check_same_vocabulary(draft, target, "draft")
+        d.check_weight_shapes(draft)
         target_tok = cfg.models.tokenizer or (cfg.models.model.parent if cfg.models.model else None)
         if draft_ckpt is not None and target_tok is not None:
             check_same_tokenizer(target_tok, draft_ckpt.parent)
@@ -78,21 +82,19 @@ class Standalone(DrafterKind):
                 raise MagicDecError(f"--reindex: the draft would see {farthest} positions back (its budget, or a "
                                     f"prefill chunk past the sinks), beyond its context of {draft.max_seq_len}; "
                                     "lower --draft_budget or --prefill_chunk")
-        elif w.prefix_len + w.gen_len + cfg.speculation.largest + 1 > draft.max_seq_len:
-            raise MagicDecError(f"prefix_len + gen_len + gamma + 1 = {w.prefix_len + w.gen_len + cfg.speculation.largest + 1} "
-                                f"exceeds the draft's context of {draft.max_seq_len} tokens; lower --prefix_len or "
-                                "--gen_len (--reindex keeps a draft within its context)")
+        else:
+            check_context(draft, w.prefix_len, w.gen_len + cfg.speculation.largest + 1, "gen_len + gamma + 1",
+                          "the draft's", " (--reindex keeps a draft within its context)")
 
     def memory(self, cfg, target, models, rank) -> list[Part]:
         d = cfg.draft
         if rank not in self.ranks(cfg):
             return []
         draft = tp.local_config(models["draft"][0], self.ranks(cfg), rank)
-        lookahead = cfg.speculation.largest
-        slots = d.slots(cfg.workload.prefix_len, cfg.workload.gen_len, lookahead)
+        slots = d.slots(cfg.workload.prefix_len, cfg.workload.gen_len, cfg.lookahead)
         if d.selected:  # its own full prefill, selected from, then freed
             slots += cfg.workload.prefix_len
-        return [Part(draft, True, slots)]
+        return [Part(draft, True, slots, d.copy_bytes(draft))]
 
     def ranks(self, cfg) -> list[int]:
         return sorted(cfg.draft.draft_ranks or cfg.runtime.rank_group)
@@ -106,7 +108,7 @@ class Standalone(DrafterKind):
             if ctx.world > 1 and len(ranks) > 1:
                 group = ctx.target_shard.group if len(ranks) == ctx.world else tp.group_for(ranks, ctx.world)
                 shard = tp.make_shard(draft_cfg, ranks, group)
-            model = ctx.load(draft_cfg, ckpt, shard)
+            model = cfg.draft.weights_for(ctx.load(draft_cfg, ckpt, shard), ctx)
             if shard is not None and shard.group is not ctx.target_shard.group:
                 ctx.notes["all_reduce"] = tp.enable_fast_all_reduce(shard, cfg.runtime.torch_device,
                                                                     cfg.runtime.torch_dtype)

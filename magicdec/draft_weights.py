@@ -1,0 +1,280 @@
+"""Draft weight formats: a draft's own copy of its linear layers (the LM head included) in 8 or 4 bits, quantized once
+from the model's weights, so each draft step reads fewer weight bytes. The target keeps its weights: verification,
+and so the output, is unchanged whatever the draft reads.
+
+    bf16  the model's own weights (no copy)
+    int8  symmetric, one scale per output channel
+    fp8   e4m3, one scale per output channel
+    int4  asymmetric, a scale and a zero point per group of `group` input columns (w = (q - zero) * scale)
+
+The kernels are libraries': gemlite's Triton weight-only kernels (8 and 4 bits) and PyTorch's tinygemm int4 matmul
+on a GPU, chosen per row count M (KERNELS); on a CPU a reference that dequantizes and multiplies. Scales and zero
+points are rounded to bf16 where a kernel stores them so, whatever the device, so every path multiplies by the same
+numbers.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import itertools
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from magicdec.errors import MagicDecError
+
+FORMATS = ("bf16", "int8", "fp8", "int4")
+BITS = {"bf16": 16, "int8": 8, "fp8": 8, "int4": 4}
+LINEARS = ("wqkv", "wo", "w1", "w3", "w2", "output")  # every matmul of a decode step
+FP8 = torch.float8_e4m3fn
+GEMLITE_INSTALL = "pip install gemlite (its Triton kernels run the 8- and 4-bit draft weights on a GPU)"
+# The GPU kernel per format, by the largest M it runs (rows: batch x tokens): from the probe in results/draft_weights.
+KERNELS = {"int8": ((None, "gemlite"),), "fp8": ((None, "gemlite"),),
+           "int4": ((4, "tinygemm"), (None, "gemlite"))}
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """One weight matrix [N, K] in a low-bit format: `data` int8 / float8 [N, K] or int4 values as uint8 0..15;
+    `scale` [N, 1] (8-bit) or [N, K / group] (int4) and `zero` [N, K / group] (int4), float32."""
+    fmt: str
+    data: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+    group: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.data.shape)
+
+
+def quantize(w: torch.Tensor, fmt: str, group: int = 128, rows: int = 8192) -> Quantized:
+    """w [N, K] in the format (per output channel, or per `group` input columns for int4), on w's device, `rows`
+    rows at a time (an 8B model's LM head in fp32 at once would take 2 GB)."""
+    parts = [quantize_rows(w[i:i + rows], fmt, group) for i in range(0, w.shape[0], rows)]
+    cat = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
+    return Quantized(fmt, cat([p.data for p in parts]), cat([p.scale for p in parts]), cat([p.zero for p in parts]),
+                     parts[0].group)
+
+
+def quantize_rows(w: torch.Tensor, fmt: str, group: int) -> Quantized:
+    w = w.detach().float()
+    if fmt == "int8":
+        scale = (w.abs().amax(1, keepdim=True) / 127).clamp(min=1e-8)
+        return Quantized(fmt, (w / scale).round().clamp(-127, 127).to(torch.int8), scale, None, w.shape[1])
+    if fmt == "fp8":
+        scale = (w.abs().amax(1, keepdim=True) / torch.finfo(FP8).max).clamp(min=1e-12)
+        return Quantized(fmt, (w / scale).to(FP8), scale, None, w.shape[1])
+    if fmt == "int4":
+        N, K = w.shape
+        g = w.view(N, K // group, group)
+        lo, hi = g.amin(-1), g.amax(-1)
+        scale = bf16_values(((hi - lo) / 15).clamp(min=1e-8))
+        zero = bf16_values(-lo / scale)
+        q = (g / scale[..., None] + zero[..., None]).round().clamp(0, 15).to(torch.uint8)
+        return Quantized(fmt, q.view(N, K), scale, zero, group)
+    raise MagicDecError(f"unknown draft weight format {fmt!r}: choose one of {', '.join(FORMATS)}")
+
+
+def bf16_values(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).float()
+
+
+def dequantize(q: Quantized, dtype) -> torch.Tensor:
+    """The weight the format stands for, [N, K] in `dtype`: the reference every kernel computes with."""
+    if q.fmt == "int4":
+        N, K = q.shape
+        g = q.data.view(N, K // q.group, q.group).float()
+        return ((g - q.zero[..., None]) * q.scale[..., None]).view(N, K).to(dtype)
+    return (q.data.float() * q.scale).to(dtype)
+
+
+def format_bytes(N: int, K: int, fmt: str, group: int) -> int:
+    """Bytes one [N, K] matrix takes (and a step reads) in the format, its scales and zero points included."""
+    if fmt == "bf16":
+        return 2 * N * K
+    if fmt == "int4":
+        return N * K // 2 + 2 * 2 * N * (K // group)
+    return N * K + 4 * N
+
+
+def check_format(fmt: str, group: int, dims: dict[str, int] | None = None, device=None) -> None:
+    """One-line errors for a format this run cannot use, before anything is quantized: an unknown format, a group
+    that does not divide a layer's input width (`dims`: name -> K), a device without the format's kernels."""
+    if fmt not in FORMATS:
+        raise MagicDecError(f"--draft_weights {fmt}: choose one of {', '.join(FORMATS)}")
+    if fmt == "int4":
+        if group < 2 or group % 2:
+            raise MagicDecError(f"--draft_group {group}: must be an even number of input columns (e.g. 64 or 128)")
+        for name, K in (dims or {}).items():
+            if K % group:
+                fits = [g for g in (128, 64, 32) if K % g == 0 and all(k % g == 0 for k in dims.values())]
+                hint = f"--draft_group {fits[0]}" if fits else "a group dividing every layer's input width"
+                raise MagicDecError(f"--draft_group {group} does not divide {name}'s input width {K}: use {hint}")
+    if fmt == "bf16" or device is None or torch.device(device).type != "cuda":
+        return
+    if importlib.util.find_spec("gemlite") is None:
+        raise MagicDecError(f"--draft_weights {fmt} on a GPU needs gemlite, which is not installed: {GEMLITE_INSTALL}")
+    major, minor = torch.cuda.get_device_capability(device)
+    if fmt == "fp8" and (major, minor) < (8, 9):
+        raise MagicDecError(f"--draft_weights fp8 needs a GPU with fp8 (compute capability 8.9+, Ada or Hopper); "
+                            f"this one is {major}.{minor}: use int8")
+    if (major, minor) < (8, 0):
+        raise MagicDecError(f"--draft_weights {fmt}: its kernels need compute capability 8.0+ (Ampere or newer); "
+                            f"this GPU is {major}.{minor}: use bf16")
+
+
+def input_widths(config) -> dict[str, int]:
+    """Each quantized layer's input width K (what an int4 group must divide)."""
+    return {"wqkv": config.dim, "wo": config.n_heads * config.head_dim, "w1": config.dim, "w3": config.dim,
+            "w2": config.intermediate_size, "output": config.dim}
+
+
+def copy_bytes(config, fmt: str, group: int) -> int:
+    """Bytes of a model's quantized copy (its linear layers and LM head; 0 for bf16)."""
+    if fmt == "bf16":
+        return 0
+    q, kv = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+    shapes = [(q + 2 * kv, config.dim), (config.dim, q), (config.intermediate_size, config.dim),
+              (config.intermediate_size, config.dim), (config.dim, config.intermediate_size)]
+    per_layer = sum(format_bytes(N, K, fmt, group) for N, K in shapes)
+    return config.n_layers * per_layer + format_bytes(config.vocab_size, config.dim, fmt, group)
+
+
+class QuantLinear(nn.Module):
+    """A linear layer over a Quantized weight. Each call runs the kernel KERNELS gives for its row count M, among
+    those this layer's shape could be built for (else the reference: dequantize, then multiply)."""
+
+    def __init__(self, q: Quantized, bias: torch.Tensor | None, dtype):
+        super().__init__()
+        self.q, self.bias, self.dtype = q, bias, dtype
+        self.out_features, self.in_features = q.shape
+        self.kernels, self.unbuilt = {}, {}
+        if q.data.is_cuda:
+            for kernel in dict.fromkeys(k for _, k in KERNELS[q.fmt]):
+                try:
+                    self.kernels[kernel] = BUILD[kernel](q, bias, dtype)
+                except Exception as e:  # a shape the library does not take: the next kernel, or the reference
+                    self.unbuilt[kernel] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+
+    def kernel_for(self, M: int) -> str:
+        if not self.q.data.is_cuda:
+            return "reference"
+        return next((k for most, k in KERNELS[self.q.fmt] if (most is None or M <= most) and k in self.kernels),
+                    "reference")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        kernel = self.kernel_for(rows.shape[0])
+        if kernel == "reference":
+            out = F.linear(rows, dequantize(self.q, x.dtype), self.bias)
+        else:
+            out = self.kernels[kernel](rows)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        g = f", group {self.q.group}" if self.q.fmt == "int4" else ""
+        return f"{self.in_features} -> {self.out_features}, {self.q.fmt}{g}"
+
+
+def kernels_used(model: nn.Module, M: int) -> dict:
+    """Which kernel each quantized layer runs at M rows, counted (and why a kernel could not be built): for the
+    record."""
+    used, unbuilt = {}, {}
+    for name, m in model.named_modules():
+        if isinstance(m, QuantLinear):
+            k = m.kernel_for(M)
+            used[k] = used.get(k, 0) + 1
+            for kernel, why in m.unbuilt.items():
+                unbuilt.setdefault(kernel, why)
+    return {"M": M, "layers_by_kernel": used, **({"not_built": unbuilt} if unbuilt else {})}
+
+
+def gemlite_kernel(q: Quantized, bias, dtype):
+    import gemlite
+    from gemlite.helper import A16W4_HQQ_INT, A16W8_FP8, A16W8_INT8
+
+    load_gemlite_config(q.data.device)
+    dev = q.data.device
+    if q.fmt == "int4":
+        layer = A16W4_HQQ_INT(device=dev, dtype=dtype).from_weights(q.data, q.scale.to(dtype), q.zero.to(dtype), bias)
+    else:
+        maker = A16W8_FP8 if q.fmt == "fp8" else A16W8_INT8
+        layer = maker(device=dev, dtype=dtype).from_weights(q.data, bias=bias, scales=q.scale)
+    del gemlite
+    return layer
+
+
+_configs_loaded: set = set()
+
+
+def load_gemlite_config(device) -> None:
+    """gemlite's shipped kernel configs for this GPU (it would otherwise autotune at first use, minutes per shape)."""
+    import os
+
+    import gemlite
+
+    name = torch.cuda.get_device_name(device)
+    shipped = {"H100": "h100", "H200": "h100", "H20": "h100", "A100": "a100", "L40S": "l40s", "L40": "l40",
+               "A6000": "a6000", "4090": "4090", "5090": "5090", "L4": "l4", "A40": "a40"}
+    key = next((v for k, v in shipped.items() if k in name), None)
+    if key is None or key in _configs_loaded:
+        return
+    path = os.path.join(os.path.dirname(gemlite.__file__), "configs", f"{key}.json")
+    if os.path.exists(path):
+        gemlite.load_config(path)
+    _configs_loaded.add(key)
+
+
+def tinygemm_kernel(q: Quantized, bias, dtype):
+    """PyTorch's int4 matmul (tinygemm): its weights packed by torch, its zero point around 8: w = (q - 8) * s + z'
+    with z' = (8 - zero) * s."""
+    if dtype != torch.bfloat16 or bias is not None:
+        raise ValueError("tinygemm takes bf16 activations and no bias")
+    N, K = q.shape
+    packed = torch.ops.aten._convert_weight_to_int4pack((q.data[:, ::2] << 4 | q.data[:, 1::2]).contiguous(), 8)
+    zero = (8 - q.zero) * q.scale
+    scales_zeros = torch.stack([q.scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    group = q.group
+    return lambda x: torch.ops.aten._weight_int4pack_mm(x.contiguous(), packed, group, scales_zeros)
+
+
+BUILD = {"gemlite": gemlite_kernel, "tinygemm": tinygemm_kernel}
+
+_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def draft_copy(model: nn.Module, fmt: str, group: int) -> nn.Module:
+    """`model` with its linear layers and LM head in `fmt`, everything else (embeddings, norms, RoPE) shared with it.
+    A run's batches reuse it; one copy per model is kept, so a sweep over formats holds one at a time. bf16: the
+    model itself."""
+    if fmt == "bf16":
+        return model
+    key, made = _copies.get(model, (None, None))
+    if key != (fmt, group):
+        _copies.pop(model, None)
+        made = None  # the last format's copy goes before the next one is made
+        made = quantized_copy(model, fmt, group)
+        _copies[model] = ((fmt, group), made)
+    return made
+
+
+def quantized_copy(model: nn.Module, fmt: str, group: int) -> nn.Module:
+    # A deep copy of the module tree whose memo already holds every tensor (and the shard's process group): new
+    # modules, the same parameters; then each linear layer swapped for its quantized one.
+    shared = itertools.chain(model.parameters(), model.buffers(), [model.inv_freq])
+    memo = {id(t): t for t in shared}
+    for m in model.modules():
+        if getattr(m, "shard", None) is not None:
+            memo[id(m.shard)] = m.shard
+    draft = copy.deepcopy(model, memo)
+    dtype = next(model.parameters()).dtype
+    for name, module in list(draft.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if child_name in LINEARS and isinstance(child, nn.Linear):
+                q = quantize(child.weight, fmt, group)
+                setattr(module, child_name, QuantLinear(q, child.bias, dtype))
+    return draft
