@@ -77,7 +77,6 @@ def main(argv=None) -> int:
             out["rows"].append(row)
             print(json.dumps({k: (round(v["vs_bf16"], 3) if isinstance(v, dict) and "vs_bf16" in v else v)
                               for k, v in row.items()}), flush=True)
-        del w, layers
     out["per_layer"] = per_layer(out["rows"])
     out["seconds"] = time.time() - start
     a.output.parent.mkdir(parents=True, exist_ok=True)
