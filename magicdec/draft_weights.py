@@ -212,7 +212,7 @@ _configs_loaded: set = set()
 
 
 def load_gemlite_config(device) -> None:
-    """gemlite's shipped kernel configs for this GPU (it would otherwise autotune at first use, minutes per shape)."""
+    """gemlite's shipped kernel configs for this GPU (a shape they lack is autotuned at its first use)."""
     import os
 
     import gemlite

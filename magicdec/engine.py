@@ -93,6 +93,12 @@ def check_name(ref: ModelRef, config: ModelArgs) -> None:
                             f"{config.name!r}: drop {flag} or pass that model's checkpoint")
 
 
+def activation_rows(cfg) -> int:
+    """Tokens per sequence a run's largest forward holds activations for: a prefill chunk, or (random KV in place
+    of a prefill) a verification."""
+    return cfg.lookahead + 1 if cfg.runtime.skip_prefill else cfg.runtime.prefill_chunk
+
+
 def memory_needed(B: int, chunk: int, dtype, parts: list[Part]) -> dict:
     """Bytes a run will allocate, estimated before allocating: weights loaded, KV slots, and the activations of
     one prefill chunk across the batch plus a few verify positions' fp32 logits."""
@@ -227,7 +233,7 @@ class Engine:
         models."""
         self.check_prompts(cfg)
         models, parts = self.plan(cfg)
-        need = memory_needed(cfg.workload.B, cfg.runtime.prefill_chunk, self.dtype, parts)
+        need = memory_needed(cfg.workload.B, activation_rows(cfg), self.dtype, parts)
         check_fits(need, self.device, cfg.workload.B, cfg.workload.prefix_len)
         if cfg.runtime.offload:
             w = cfg.workload

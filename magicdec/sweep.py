@@ -52,7 +52,7 @@ from magicdec import metrics as met
 from magicdec import options as opt
 from magicdec import timing
 from magicdec.drafters.model_draft import appended_for
-from magicdec.engine import Engine, first_tokens, memory_needed
+from magicdec.engine import activation_rows, Engine, first_tokens, memory_needed
 from magicdec.errors import MagicDecError, one_line_errors
 from magicdec.planner import AutoGamma, fit_spread, plan
 from magicdec.run import write_json
@@ -335,13 +335,13 @@ class Sweep:
         for pts in groups.values():
             if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
                 break
-            reason = self.fits(pts)
-            if reason:
-                for p in pts:
-                    self.write(p.key, self.meta(p) | {"skipped": reason})
-                bar.update(len(pts))
-                continue
-            if not self.group(pts, bar, start, max_minutes):
+            too_big = self.fits(pts)
+            for p in pts:
+                if p.key in too_big:
+                    self.write(p.key, self.meta(p) | {"skipped": too_big[p.key]})
+                    bar.update(1)
+            pts = [p for p in pts if p.key not in too_big]
+            if pts and not self.group(pts, bar, start, max_minutes):
                 break
         bar.close()
         left = sum(1 for p in self.points if not self.recorded(p))
@@ -414,17 +414,23 @@ class Sweep:
             return 0.0
         return max(seconds - p["T_D_over_T_T"] * p["T_T"] - p["T_V"], 0.0)
 
-    def fits(self, pts: list[Point]) -> str | None:
-        """Why this group does not fit in memory, or None: the target's cache beside the largest drafter's share
-        (a batch holds one drafter at a time), weights loaded already counted as free."""
+    def fits(self, pts: list[Point]) -> dict[str, str]:
+        """Why each point of this group that does not fit in memory does not (point key -> reason): the target's
+        cache beside the point's drafter share (a batch holds one drafter at a time), weights loaded already
+        counted as free. A point too big for its baseline's cache takes its group's baseline with it."""
         dev.release_memory(self.engine.device)
-        w, chunk, dtype = pts[0].cfg.workload, pts[0].cfg.runtime.prefill_chunk, self.engine.dtype
-        plans = [[replace(part, weights=False) for part in self.engine.plan(p.cfg)[1]] for p in pts]
-        need = max((memory_needed(w.B, chunk, dtype, parts) for parts in plans), key=lambda n: n["total"])
         free = dev.memory(self.engine.device)[0] - dev.headroom(self.engine.device)
-        if need["total"] > free:
-            return f"B={w.B} x prefix {w.prefix_len} does not fit in memory ({need['total'] / 2**30:.1f} GiB needed)"
-        return None
+        out = {}
+        for p in pts:
+            w = p.cfg.workload
+            parts = [replace(part, weights=False) for part in self.engine.plan(p.cfg)[1]]
+            need = memory_needed(w.B, activation_rows(p.cfg), self.engine.dtype, parts)
+            if need["total"] > free:
+                out[p.key] = (f"B={w.B} x prefix {w.prefix_len}, {p.cfg.describe()}: does not fit in memory "
+                              f"({need['total'] / 2**30:.1f} GiB needed, {free / 2**30:.1f} GiB free)")
+        if any(p.method == "baseline" and p.key in out for p in pts):
+            out = {p.key: out.get(p.key) or "its group's baseline does not fit in memory" for p in pts}
+        return out
 
     def group(self, pts: list[Point], bar, start, max_minutes) -> bool:
         """Every point of one (prefix, B) group, batch by batch; False if the time ran out."""

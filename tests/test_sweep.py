@@ -213,20 +213,23 @@ def test_an_unwritable_output_folder_is_refused_first(tmp_path):
 
 
 def test_sweep_skips_what_the_scripts_refuse(tmp_path, monkeypatch):
-    """A group runs only if every draft cache it holds at once fits beside the weights (loaded once) with the same
-    headroom the run's check keeps: 6% of the device, at least 2 GiB; else its points are recorded as skipped."""
+    """A point runs only if its draft caches fit beside the target's (weights loaded once) with the same headroom
+    the run's check keeps: 6% of the device, at least 2 GiB; else it is recorded as skipped, and the rest of its
+    group runs. A baseline that does not fit skips its whole group."""
     sw = make(tmp_path, CONFIG + AUTO)
     sw.load(sw.points[0].cfg)
     group = [p for p in sw.points if p.cfg.workload.prefix_len == 96]
-    plans = [[dataclasses.replace(q, weights=False) for q in sw.engine.plan(p.cfg)[1]] for p in group]
-    # one drafter's caches at a time beside the target's: the largest point
-    need = max((sweep.memory_needed(2, group[0].cfg.runtime.prefill_chunk, torch.float32, parts) for parts in plans),
-               key=lambda n: n["total"])
+    needs = {p.key: sweep.memory_needed(2, p.cfg.runtime.prefill_chunk, torch.float32,
+                                        [dataclasses.replace(q, weights=False) for q in sw.engine.plan(p.cfg)[1]])
+             for p in group}
+    largest = max(needs, key=lambda k: needs[k]["total"])
+    base = next(p.key for p in group if p.method == "baseline")
     gib = 1 << 30
-    for spare, fits in ((0, True), (-1, False)):
-        free = need["total"] - need["weights"] + 6 * gib + spare
-        monkeypatch.setattr(dev, "memory", lambda d, free=free: (free, 100 * gib))
-        assert (sw.fits(group) is None) is fits
+    for free, skipped in ((needs[largest]["total"], set()), (needs[largest]["total"] - 1,
+                                                              {k for k in needs if needs[k]["total"] == needs[largest]["total"]}),
+                          (needs[base]["total"] - 1, set(needs))):
+        monkeypatch.setattr(dev, "memory", lambda d, free=free: (free + 6 * gib, 100 * gib))
+        assert set(sw.fits(group)) == skipped
 
 
 def test_sampled_sweeps_probe_and_model_the_sampling_cost(tmp_path):
