@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--M", type=int, nargs="+", default=[1, 2, 4, 8, 13, 16, 26, 32, 52, 64])
     p.add_argument("--formats", nargs="+", default=["int8", "fp8", "int4"], choices=dw.FORMATS[1:])
     p.add_argument("--group", type=int, default=128)
+    p.add_argument("--layers", nargs="+", default=None, help="these linear layers only (default: all)")
     p.add_argument("--autotune_from", type=int, default=None,
                    help="gemlite autotunes each M from this one up (its shipped configs below it)")
     p.add_argument("--output", type=Path, required=True)
@@ -59,6 +60,8 @@ def main(argv=None) -> int:
         gemlite.set_autotune_setting(lambda M: M if M >= a.autotune_from else shipped(M))
     start = time.time()
     for name, (N, K) in shapes(c).items():
+        if a.layers and name not in a.layers:
+            continue
         w = (torch.randn(N, K, device=device) * 0.02).to(torch.bfloat16)
         layers = {fmt: dw.QuantLinear(dw.quantize(w, fmt, a.group), None, torch.bfloat16) for fmt in a.formats}
         for M in a.M:
@@ -75,6 +78,8 @@ def main(argv=None) -> int:
                 for kernel, why in layer.unbuilt.items():
                     row[f"{fmt}_{kernel}"] = {"error": why}
             out["rows"].append(row)
+            a.output.parent.mkdir(parents=True, exist_ok=True)
+            a.output.write_text(json.dumps(out | {"partial": True}, indent=1))  # a time limit keeps what was done
             print(json.dumps({k: (round(v["vs_bf16"], 3) if isinstance(v, dict) and "vs_bf16" in v else v)
                               for k, v in row.items()}), flush=True)
     out["per_layer"] = per_layer(out["rows"])

@@ -166,11 +166,20 @@ class QuantLinear(nn.Module):
         return next((k for most, k in KERNELS[self.q.fmt] if (most is None or M <= most) and k in self.kernels),
                     "reference")
 
+    def dense(self, dtype) -> torch.Tensor:
+        """The dequantized weight: kept on a CPU (the reference path, where bytes read are not the point), made
+        per call on a GPU (its large-M fallback, where a kept copy would undo the format's savings)."""
+        if not self.q.data.is_cuda:
+            if getattr(self, "_dense", None) is None or self._dense.dtype != dtype:
+                self._dense = dequantize(self.q, dtype)
+            return self._dense
+        return dequantize(self.q, dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         kernel = self.kernel_for(rows.shape[0])
         if kernel == "reference":
-            out = F.linear(rows, dequantize(self.q, x.dtype), self.bias)
+            out = F.linear(rows, self.dense(x.dtype), self.bias)
         else:
             out = self.kernels[kernel](rows)
         return out.view(*x.shape[:-1], self.out_features)
