@@ -31,9 +31,11 @@ BITS = {"bf16": 16, "int8": 8, "fp8": 8, "int4": 4}
 LINEARS = ("wqkv", "wo", "w1", "w3", "w2", "output")  # every matmul of a decode step
 FP8 = torch.float8_e4m3fn
 GEMLITE_INSTALL = "pip install gemlite (its Triton kernels run the 8- and 4-bit draft weights on a GPU)"
-# The GPU kernel per format, by the largest M it runs (rows: batch x tokens): from the probe in results/draft_weights.
-KERNELS = {"int8": ((None, "gemlite"),), "fp8": ((None, "gemlite"),),
-           "int4": ((4, "tinygemm"), (None, "gemlite"))}
+# The GPU kernel per format, by the largest M it runs (rows: batch x tokens), read off the probe in
+# results/draft_weights: past 32 rows no low-bit kernel beat bf16, and a prefill chunk's thousands of rows take the
+# reference (dequantize, then cuBLAS) rather than an autotune of gemlite's GEMM at each new shape.
+KERNELS = {"int8": ((32, "gemlite"), (None, "reference")), "fp8": ((32, "gemlite"), (None, "reference")),
+           "int4": ((4, "tinygemm"), (32, "gemlite"), (None, "reference"))}
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,7 @@ class QuantLinear(nn.Module):
         self.out_features, self.in_features = q.shape
         self.kernels, self.unbuilt = {}, {}
         if q.data.is_cuda:
-            for kernel in dict.fromkeys(k for _, k in KERNELS[q.fmt]):
+            for kernel in dict.fromkeys(k for _, k in KERNELS[q.fmt] if k != "reference"):
                 try:
                     self.kernels[kernel] = BUILD[kernel](q, bias, dtype)
                 except Exception as e:  # a shape the library does not take: the next kernel, or the reference
@@ -163,8 +165,8 @@ class QuantLinear(nn.Module):
     def kernel_for(self, M: int) -> str:
         if not self.q.data.is_cuda:
             return "reference"
-        return next((k for most, k in KERNELS[self.q.fmt] if (most is None or M <= most) and k in self.kernels),
-                    "reference")
+        return next((k for most, k in KERNELS[self.q.fmt] if (most is None or M <= most) and
+                     (k in self.kernels or k == "reference")), "reference")
 
     def dense(self, dtype) -> torch.Tensor:
         """The dequantized weight: kept on a CPU (the reference path, where bytes read are not the point), made
