@@ -205,7 +205,12 @@ def kernels_used(model: nn.Module, M: int) -> dict:
 
 
 def gemlite_kernel(q: Quantized, bias, dtype):
-    import gemlite
+    N, K = q.shape
+    # On SmolLM2's K = 576 its int8 kernel crashed (illegal memory access) and its int4 one (group 64) drafted
+    # tokens the target never accepted; Llama's widths (multiples of 128, group 128) matched the reference.
+    if K % 128 or N % 128 or (q.fmt == "int4" and q.group != 128):
+        raise ValueError(f"gemlite is used here only where it was checked: widths that are multiples of 128 (this "
+                         f"layer: {N} x {K}) and int4 groups of 128")
     from gemlite.helper import A16W4_HQQ_INT, A16W8_FP8, A16W8_INT8
 
     load_gemlite_config(q.data.device)
@@ -215,7 +220,6 @@ def gemlite_kernel(q: Quantized, bias, dtype):
     else:
         maker = A16W8_FP8 if q.fmt == "fp8" else A16W8_INT8
         layer = maker(device=dev, dtype=dtype).from_weights(q.data, bias=bias, scales=q.scale)
-    del gemlite
     return layer
 
 

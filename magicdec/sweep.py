@@ -482,7 +482,9 @@ class Sweep:
                         policy = None
                     key = self.drafter_key(cfg)
                     if made is None or made[0] != key:
-                        made = None  # the previous drafter's caches go before this one allocates its own
+                        # the previous drafter's caches (and a quantized weight copy) go before this one's are made:
+                        # every name holding it lets go
+                        made = drafter = decoder = None
                         dev.release_memory(engine.device)
                         made = (key, *engine.prepare(cfg, batch, engine.plan(cfg)[0], ahead)[:2])
                     _, drafter, draft_s = made

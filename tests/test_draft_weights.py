@@ -198,6 +198,16 @@ def test_gpu_formats_need_gemlite_and_the_right_gpu(monkeypatch):
         dw.check_format("int8", 128, device="cuda")
 
 
+def test_gemlite_is_used_only_on_the_shapes_it_was_checked_on():
+    """Widths that are multiples of 128 and int4 groups of 128 (Llama's; on SmolLM2's 576 its int8 kernel crashed
+    and its int4 one drafted garbage): anything else is refused before gemlite is imported, and the layer runs the
+    reference."""
+    for fmt, shape, group in (("int8", (64, 576), 128), ("fp8", (576, 128), 128), ("int4", (128, 256), 64)):
+        q = dw.quantize(torch.randn(*shape), fmt, group)
+        with pytest.raises(ValueError, match="multiples of 128"):
+            dw.gemlite_kernel(q, None, torch.bfloat16)
+
+
 def test_copy_bytes_counts_the_quantized_layers_at_llama_shapes():
     from magicdec.config import ModelArgs
 
