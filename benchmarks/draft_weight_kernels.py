@@ -63,12 +63,16 @@ def main(argv=None) -> int:
         if a.layers and name not in a.layers:
             continue
         w = (torch.randn(N, K, device=device) * 0.02).to(torch.bfloat16)
-        layers = {fmt: dw.QuantLinear(dw.quantize(w, fmt, a.group), None, torch.bfloat16) for fmt in a.formats}
+        quantized = {fmt: dw.quantize(w, fmt, a.group) for fmt in a.formats}
+        layers = {fmt: dw.QuantLinear(q, None, w) for fmt, q in quantized.items()}
+        for fmt, layer in layers.items():  # every kernel of the format, whatever M the run's rule gives it
+            for _, kernel in dw.KERNELS[fmt]:
+                layer.kernel(kernel)
         for M in a.M:
             x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
             row = {"layer": name, "N": N, "K": K, "M": M, "bf16_us": graphed_us(lambda: F.linear(x, w))}
             for fmt, layer in layers.items():
-                ref = F.linear(x.float(), dw.dequantize(layer.q, torch.float32))
+                ref = F.linear(x.float(), dw.dequantize(quantized[fmt], torch.float32))
                 for kernel, fn in layer.kernels.items():
                     y = fn(x).float()
                     us = graphed_us(lambda: fn(x))

@@ -31,11 +31,11 @@ BITS = {"bf16": 16, "int8": 8, "fp8": 8, "int4": 4}
 LINEARS = ("wqkv", "wo", "w1", "w3", "w2", "output")  # every matmul of a decode step
 FP8 = torch.float8_e4m3fn
 GEMLITE_INSTALL = "pip install gemlite (its Triton kernels run the 8- and 4-bit draft weights on a GPU)"
-# The GPU kernel per format, by the largest M it runs (rows: batch x tokens), read off the probe in
-# results/draft_weights: past 32 rows no low-bit kernel beat bf16, and a prefill chunk's thousands of rows take the
-# reference (dequantize, then cuBLAS) rather than an autotune of gemlite's GEMM at each new shape.
-KERNELS = {"int8": ((32, "gemlite"), (None, "reference")), "fp8": ((32, "gemlite"), (None, "reference")),
-           "int4": ((4, "tinygemm"), (32, "gemlite"), (None, "reference"))}
+# The GPU kernel per format, by the largest row count M (batch x tokens) it runs, read off the probe in
+# results/draft_weights. Past SMALL rows no low-bit kernel beat bf16: such calls (a prefill chunk) run the model's
+# own weights, which also spares gemlite an autotune of its GEMM at each new shape.
+SMALL = 32
+KERNELS = {"int8": ((SMALL, "gemlite"),), "fp8": ((SMALL, "gemlite"),), "int4": ((4, "tinygemm"), (SMALL, "gemlite"))}
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,10 @@ class Quantized:
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.data.shape)
+
+    def to(self, device) -> "Quantized":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Quantized(self.fmt, move(self.data), move(self.scale), move(self.zero), self.group)
 
 
 def quantize(w: torch.Tensor, fmt: str, group: int = 128, rows: int = 8192) -> Quantized:
@@ -147,43 +151,61 @@ def copy_bytes(config, fmt: str, group: int) -> int:
 
 
 class QuantLinear(nn.Module):
-    """A linear layer over a Quantized weight. Each call runs the kernel KERNELS gives for its row count M, among
-    those this layer's shape could be built for (else the reference: dequantize, then multiply)."""
+    """A linear layer over a Quantized weight. On a GPU a call of up to SMALL rows (a draft step) runs the kernel
+    KERNELS gives for its row count, built at its first use (a graph's eager warm-up) so that only the kernels a run
+    needs hold packed weights, else the reference; a longer call (a prefill chunk, or a batch past SMALL, where no
+    format paid) runs the model's own weight `full`, shared with the model. On a CPU every call runs the reference,
+    so the format is what its tests and acceptance runs see at any size. The quantized values stay on the host."""
 
-    def __init__(self, q: Quantized, bias: torch.Tensor | None, dtype):
+    def __init__(self, q: Quantized, bias: torch.Tensor | None, full: torch.Tensor):
         super().__init__()
-        self.q, self.bias, self.dtype = q, bias, dtype
+        self.q, self.bias, self.full = q.to("cpu"), bias, full
         self.out_features, self.in_features = q.shape
-        self.kernels, self.unbuilt = {}, {}
-        if q.data.is_cuda:
-            for kernel in dict.fromkeys(k for _, k in KERNELS[q.fmt] if k != "reference"):
-                try:
-                    self.kernels[kernel] = BUILD[kernel](q, bias, dtype)
-                except Exception as e:  # a shape the library does not take: the next kernel, or the reference
-                    self.unbuilt[kernel] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        self.kernels, self.unbuilt, self._dense = {}, {}, None
 
     def kernel_for(self, M: int) -> str:
-        if not self.q.data.is_cuda:
+        if self.full.device.type != "cuda":
             return "reference"
-        return next((k for most, k in KERNELS[self.q.fmt] if (most is None or M <= most) and
-                     (k in self.kernels or k == "reference")), "reference")
+        if M > SMALL:
+            return "full"
+        for most, kernel in KERNELS[self.q.fmt]:
+            if M <= most and kernel not in self.unbuilt:
+                return kernel
+        return "reference"
+
+    def kernel(self, name: str):
+        """The named kernel, built (from the quantized values, packed by its library) at its first use."""
+        if name not in self.kernels:
+            try:
+                self.kernels[name] = BUILD[name](self.q.to(self.full.device), self.bias, self.full.dtype)
+            except Exception as e:  # a shape the library does not take: the next kernel, or the reference
+                self.unbuilt[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                return None
+        return self.kernels[name]
 
     def dense(self, dtype) -> torch.Tensor:
-        """The dequantized weight: kept on a CPU (the reference path, where bytes read are not the point), made
-        per call on a GPU (its large-M fallback, where a kept copy would undo the format's savings)."""
-        if not self.q.data.is_cuda:
-            if getattr(self, "_dense", None) is None or self._dense.dtype != dtype:
-                self._dense = dequantize(self.q, dtype)
-            return self._dense
-        return dequantize(self.q, dtype)
+        """The dequantized weight on the model's device, kept (the reference: a CPU's path, and a GPU's for a shape
+        no library kernel takes)."""
+        if self._dense is None or self._dense.dtype != dtype:
+            self._dense = dequantize(self.q.to(self.full.device), dtype)
+        return self._dense
+
+    def resolve(self, M: int) -> str:
+        """The kernel a call of M rows runs, built if it was not (one that cannot be: the next, or the reference)."""
+        name = self.kernel_for(M)
+        while name not in ("full", "reference") and self.kernel(name) is None:
+            name = self.kernel_for(M)
+        return name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        kernel = self.kernel_for(rows.shape[0])
-        if kernel == "reference":
+        name = self.resolve(rows.shape[0])
+        if name == "full":
+            out = F.linear(rows, self.full, self.bias)
+        elif name == "reference":
             out = F.linear(rows, self.dense(x.dtype), self.bias)
         else:
-            out = self.kernels[kernel](rows)
+            out = self.kernels[name](rows)
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -193,11 +215,11 @@ class QuantLinear(nn.Module):
 
 def kernels_used(model: nn.Module, M: int) -> dict:
     """Which kernel each quantized layer runs at M rows, counted (and why a kernel could not be built): for the
-    record."""
+    record. Builds what M needs, as the run's first call at M would."""
     used, unbuilt = {}, {}
     for name, m in model.named_modules():
         if isinstance(m, QuantLinear):
-            k = m.kernel_for(M)
+            k = m.resolve(M)
             used[k] = used.get(k, 0) + 1
             for kernel, why in m.unbuilt.items():
                 unbuilt.setdefault(kernel, why)
@@ -286,10 +308,8 @@ def quantized_copy(model: nn.Module, fmt: str, group: int) -> nn.Module:
         if getattr(m, "shard", None) is not None:
             memo[id(m.shard)] = m.shard
     draft = copy.deepcopy(model, memo)
-    dtype = next(model.parameters()).dtype
     for name, module in list(draft.named_modules()):
         for child_name, child in list(module.named_children()):
             if child_name in LINEARS and isinstance(child, nn.Linear):
-                q = quantize(child.weight, fmt, group)
-                setattr(module, child_name, QuantLinear(q, child.bias, dtype))
+                setattr(module, child_name, QuantLinear(quantize(child.weight, fmt, group), child.bias, child.weight))
     return draft

@@ -87,6 +87,7 @@ def test_the_copy_shares_all_but_its_linears_and_leaves_the_model_alone(tiny, fm
     assert draft.tok_embeddings.weight is tiny.tok_embeddings.weight
     assert draft.layers[1].ffn_norm.weight is tiny.layers[1].ffn_norm.weight
     assert isinstance(tiny.layers[0].attention.wqkv, torch.nn.Linear)
+    assert draft.layers[0].attention.wqkv.full is tiny.layers[0].attention.wqkv.weight  # long calls run it
     names = [n for n, m in draft.named_modules() if isinstance(m, dw.QuantLinear)]
     assert len(names) == 5 * tiny.args.n_layers + 1 and "output" in names
     assert dw.draft_copy(tiny, fmt, GROUP) is dw.draft_copy(tiny, fmt, GROUP)  # made once per model and format
