@@ -281,8 +281,10 @@ def test_several_batches_per_point_add_up_to_the_single_batch_sweeps(tmp_path):
         m, one, two = r["metrics"], singles[0][name], singles[500][name]
         assert r["skip_tokens"] == [0, 500] and [b["skip_tokens"] for b in r["batches"]] == [0, 500]
         assert m["batches"] == 2 and m["generated_tokens"] == one["metrics"]["generated_tokens"] * 2
-        assert [b["iterations"] for b in r["batches"]] == [one["metrics"]["iterations"], two["metrics"]["iterations"]]
-        assert m["iterations"] == one["metrics"]["iterations"] + two["metrics"]["iterations"]
+        assert m["iterations"] == sum(b["iterations"] for b in r["batches"])
+        if r["method"] != "auto":  # auto picks its gammas from timings, which the machine's load moves
+            assert [b["iterations"] for b in r["batches"]] == [one["metrics"]["iterations"],
+                                                               two["metrics"]["iterations"]]
         assert m["decode_s"] == pytest.approx(sum(b["decode_s"] for b in r["batches"]))
         assert m["decode_tokens_per_s"] == pytest.approx(2 * 2 * 7 / m["decode_s"])  # 2 batches x B 2 x 7 decoded
         if r["method"] == "baseline":
