@@ -23,12 +23,6 @@ from magicdec import draft_weights as dw
 from magicdec.config import ModelArgs
 
 
-def shapes(c: ModelArgs) -> dict[str, tuple[int, int]]:
-    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    return {"wqkv": (q + 2 * kv, c.dim), "wo": (c.dim, q), "w1": (c.intermediate_size, c.dim),
-            "w3": (c.intermediate_size, c.dim), "w2": (c.dim, c.intermediate_size), "output": (c.vocab_size, c.dim)}
-
-
 def graphed_us(fn, rep_ms: int = 50) -> float:
     from triton.testing import do_bench_cudagraph
 
@@ -59,7 +53,7 @@ def main(argv=None) -> int:
         shipped = gl_utils.get_closest_m
         gemlite.set_autotune_setting(lambda M: M if M >= a.autotune_from else shipped(M))
     start = time.time()
-    for name, (N, K) in shapes(c).items():
+    for name, (N, K) in dw.linear_shapes(c).items():
         if a.layers and name not in a.layers:
             continue
         w = (torch.randn(N, K, device=device) * 0.02).to(torch.bfloat16)

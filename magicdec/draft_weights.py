@@ -133,21 +133,25 @@ def check_format(fmt: str, group: int, dims: dict[str, int] | None = None, devic
                             f"this GPU is {major}.{minor}: use bf16")
 
 
+def linear_shapes(config) -> dict[str, tuple[int, int]]:
+    """Each quantized layer's weight shape [N, K] (a decoder layer's five, and the LM head)."""
+    q, kv = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+    return {"wqkv": (q + 2 * kv, config.dim), "wo": (config.dim, q), "w1": (config.intermediate_size, config.dim),
+            "w3": (config.intermediate_size, config.dim), "w2": (config.dim, config.intermediate_size),
+            "output": (config.vocab_size, config.dim)}
+
+
 def input_widths(config) -> dict[str, int]:
     """Each quantized layer's input width K (what an int4 group must divide)."""
-    return {"wqkv": config.dim, "wo": config.n_heads * config.head_dim, "w1": config.dim, "w3": config.dim,
-            "w2": config.intermediate_size, "output": config.dim}
+    return {name: K for name, (_, K) in linear_shapes(config).items()}
 
 
 def copy_bytes(config, fmt: str, group: int) -> int:
     """Bytes of a model's quantized copy (its linear layers and LM head; 0 for bf16)."""
     if fmt == "bf16":
         return 0
-    q, kv = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
-    shapes = [(q + 2 * kv, config.dim), (config.dim, q), (config.intermediate_size, config.dim),
-              (config.intermediate_size, config.dim), (config.dim, config.intermediate_size)]
-    per_layer = sum(format_bytes(N, K, fmt, group) for N, K in shapes)
-    return config.n_layers * per_layer + format_bytes(config.vocab_size, config.dim, fmt, group)
+    sizes = {name: format_bytes(N, K, fmt, group) for name, (N, K) in linear_shapes(config).items()}
+    return config.n_layers * (sum(sizes.values()) - sizes["output"]) + sizes["output"]
 
 
 class QuantLinear(nn.Module):
