@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from magicdec import device as dev
-from magicdec import draft_cache, draft_weights
+from magicdec import draft_cache, draft_weights, quant_kv
 from magicdec.engine import Engine
 from magicdec.errors import one_line_errors
 from magicdec.generate import decode
@@ -99,17 +99,34 @@ def generated_alpha(decoder, cache, prompts, logits, gen_len: int, seed: int) ->
     return {"kept": sum(decoder.stats.kept), "examined": sum(decoder.stats.reached)}
 
 
-def configs(a, P: int, skip: int) -> dict:
-    """The run config of each (policy, budget) draft at prefix P, its prompts `skip` tokens into each book: a
-    self-speculation run at --gamma (its caches hold --gen_len generated or --teacher teacher-forced tokens, whichever
-    is more), decoded greedy; `refresh` N and `decoding` (MODES) change it."""
-    base = {"model": a.model, "model_name": a.model_name, "random_weights": a.random_weights,
+def base_options(a, P: int, skip: int) -> dict:
+    """A self-speculation run at --gamma over prefix P, its prompts `skip` tokens into each book (its caches hold
+    --gen_len generated or --teacher teacher-forced tokens, whichever is more), decoded greedy."""
+    return {"model": a.model, "model_name": a.model_name, "random_weights": a.random_weights,
             "tokenizer": a.tokenizer, "dataset": a.dataset, "seed": a.seed, "device": a.device, "B": a.B,
             "prefix_len": P, "skip_tokens": skip, "gen_len": max(a.gen_len, a.teacher), "drafter": "selfspec",
             "gamma": [a.gamma], "sinks": a.sinks, "progress": False}
+
+
+def equal_byte_budgets(P: int, head_dim: int, kvs) -> list[int]:
+    """The bf16 draft budgets whose step reads as much KV as each quantized copy of a P-token prompt does."""
+    return [P * quant_kv.row_bytes(head_dim, quant_kv.BITS[kv]) // (2 * head_dim) for kv in kvs if kv != "bf16"]
+
+
+def configs(a, P: int, skip: int, head_dim: int) -> dict:
+    """The run config of each (policy, budget, weight format) draft at prefix P (base_options): --budgets, and
+    with --equal_bytes the budgets of equal_byte_budgets; each --draft_kv copy is a row (policy "kv int8", budget
+    0). `refresh` N and `decoding` (MODES) change them."""
+    base = base_options(a, P, skip)
+    budgets = a.budgets + (equal_byte_budgets(P, head_dim, a.draft_kv) if a.equal_bytes else [])
     out = {}
+    for kv in (kv for kv in a.draft_kv if kv != "bf16"):
+        for fmt in a.draft_weights:
+            opts = base | {"draft_kv": kv, "draft_weights": fmt} | ({"draft_group": a.draft_group}
+                                                                    if fmt == "int4" else {})
+            out[f"kv {kv}", 0, fmt] = RunConfig.from_options(opts)
     for policy in a.policies:
-        for budget in a.budgets:
+        for budget in budgets:
             for fmt in a.draft_weights:
                 opts = base | {"draft_policy": policy, "draft_budget": budget, "draft_weights": fmt}
                 if policy == "retrieval":
@@ -126,8 +143,8 @@ def changed(cfg: RunConfig, **options) -> RunConfig:
 
 def measure(a) -> dict:
     work = [(P, skip) for P in a.prefix_lens for skip in a.skip_tokens]
-    points = {(P, skip): configs(a, P, skip) for P, skip in work}
-    engine = BookEngine(next(iter(points[work[0]].values())), a.teacher)
+    engine = BookEngine(RunConfig.from_options(base_options(a, *work[0])), a.teacher)
+    points = {(P, skip): configs(a, P, skip, engine.target_config.head_dim) for P, skip in work}
     for cfg in (c for pts in points.values() for c in pts.values()):  # every draft's options, context and memory
         cfg.check()
         for n in a.refresh if cfg.draft.selected else [None]:
@@ -231,13 +248,17 @@ def plot(result: dict, path: Path) -> None:
 
     summary = summarize(result)
     prefixes = sorted({k[0] for k in summary})
-    policies = sorted({k[1] for k in summary}, key=lambda d: (draft_cache.POLICIES.index(d.split()[0]), d))
+    order = lambda d: draft_cache.POLICIES.index(d.split()[0]) if d.split()[0] in draft_cache.POLICIES else 9  # noqa: E731
+    policies = sorted({k[1] for k in summary}, key=lambda d: (order(d), d))
     fig, axes = plt.subplots(len(METRICS), len(prefixes), figsize=(4 * len(prefixes), 3 * len(METRICS)), squeeze=False)
     for i, metric in enumerate(METRICS):
         for j, P in enumerate(prefixes):
             ax = axes[i][j]
             for policy in policies:
                 pts = sorted((b, m[metric]) for (p, pol, b), m in summary.items() if p == P and pol == policy)
+                if policy.startswith("kv"):  # the whole context through a quantized copy: no budget
+                    ax.axhline(pts[0][1], ls="--", color=f"C{policies.index(policy)}", label=policy + " (whole KV)")
+                    continue
                 ax.plot([b for b, _ in pts], [v for _, v in pts], marker="o", label=policy)
             ax.set_xscale("log", base=2)
             ax.set_title(f"prefix {P}", fontsize=9)
@@ -274,6 +295,11 @@ def main(argv=None) -> int:
     p.add_argument("--draft_weights", nargs="+", choices=draft_weights.FORMATS, default=["bf16"],
                    help="the draft's weight formats (magicdec/draft_weights.py): each is a row of its own")
     p.add_argument("--draft_group", type=int, default=128, help="--draft_weights int4: columns per scale and zero")
+    p.add_argument("--draft_kv", nargs="+", choices=quant_kv.FORMATS, default=["bf16"],
+                   help="also draft over the target's whole KV through each quantized copy (QuantSpec: "
+                        "magicdec/quant_kv.py): a row each, policy 'kv int8' / 'kv int4'")
+    p.add_argument("--equal_bytes", action="store_true",
+                   help="also the budgets whose bf16 draft cache reads as many bytes as each --draft_kv copy")
     p.add_argument("--refresh", type=int, nargs="*", default=[],
                    help="also generate with snapkv / retrieval re-selected every N verifications (--refresh N)")
     p.add_argument("--seed", type=int, default=0)

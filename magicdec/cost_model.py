@@ -53,10 +53,12 @@ def step_flops(c: ModelArgs, B: int, context: int, T: int) -> float:
     return 2 * B * T * (weight_bytes(c, 1) + 2 * c.n_layers * c.n_heads * c.head_dim * context)
 
 
-def step_time(c: ModelArgs, d: Device, B: int, context: int, T: int = 1, sampled: bool = False) -> float:
+def step_time(c: ModelArgs, d: Device, B: int, context: int, T: int = 1, sampled: bool = False,
+              kv_per_token: int | None = None) -> float:
     """Seconds for one forward of T tokens per sequence over `context` cached tokens (`sampled`: and the B * T rows
-    of logits turned into probabilities, which every rank does whole)."""
-    bytes_read = weight_bytes(c) + B * context * kv_bytes_per_token(c)
+    of logits turned into probabilities, which every rank does whole); `kv_per_token`: the cache's bytes per token
+    where it is not the model's bf16 (a quantized copy)."""
+    bytes_read = weight_bytes(c) + B * context * (kv_per_token or kv_bytes_per_token(c))
     return (bytes_read / d.bandwidth + step_flops(c, B, context, T) / d.matmul_flops) / d.ranks \
         + c.n_layers * d.layer_overhead_s + (B * T * c.vocab_size * d.sampling_s_per_logit if sampled else 0.0)
 
@@ -76,13 +78,15 @@ def omega(alpha: float, gamma: int) -> float:
 
 
 def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha: float, budget: int,
-            draft: ModelArgs | None = None, ring_extra: int = 0, sampled: bool = False) -> dict:
+            draft: ModelArgs | None = None, ring_extra: int = 0, sampled: bool = False,
+            draft_kv_per_token: int | None = None) -> dict:
     """Predicted T_T, T_D, T_V and speedup; draft None means self-speculation (the target with a `budget` cache).
     `ring_extra`: the slots a StreamingLLM ring holds beyond its budget for what a forward writes ahead; the draft's
     attention reads them too (masked), which at budget 256 doubles its KV reads. `sampled`: every step also samples
-    (the draft its B rows, the verification B * (gamma + 1))."""
+    (the draft its B rows, the verification B * (gamma + 1)). `draft_kv_per_token`: the draft's cache bytes per
+    token where not bf16 (QuantSpec's quantized copy of the whole context: budget 0)."""
     t_t = step_time(target, d, B, prefix, 1, sampled)
-    t_d = step_time(draft or target, d, B, budget + ring_extra if budget else prefix, 1, sampled)
+    t_d = step_time(draft or target, d, B, budget + ring_extra if budget else prefix, 1, sampled, draft_kv_per_token)
     t_v = step_time(target, d, B, prefix, gamma + 1, sampled)
     p = {"T_T": t_t, "T_D": t_d, "T_V": t_v, "T_O": d.verify_overhead_s, "T_D_over_T_T": t_d / t_t,
          "T_V_over_T_T": t_v / t_t, "T_O_over_T_T": d.verify_overhead_s / t_t, "omega": omega(alpha, gamma)}

@@ -109,7 +109,7 @@ def memory_needed(B: int, chunk: int, dtype, parts: list[Part]) -> dict:
                                                 p.config.dim) for p in parts if p.weights)
     weights += sum(p.extra_bytes for p in parts)
     kv = sum(KVCache.nbytes_for(p.config.n_layers, B, p.config.n_kv_heads, p.slots, p.config.head_dim, dtype)
-             for p in parts)
+             for p in parts) + B * sum(p.kv_bytes for p in parts)
     c = max((p.config for p in parts), key=lambda c: c.intermediate_size)
     h = c.n_heads * c.head_dim
     activations = (item * B * chunk * (4 * c.dim + 3 * c.intermediate_size + h + 2 * c.n_kv_heads * c.head_dim)

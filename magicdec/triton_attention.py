@@ -7,6 +7,11 @@ heads sharing a KV head and the T query tokens (T = 1 for decode, gamma + 1 for 
 tile, so every K/V block is read from memory once for all of them: GQA keeps its bandwidth saving and verifying
 several tokens costs about what one does.
 
+K and V may also be quantized codes (QuantSpec's draft, magicdec/quant_kv.py): 8 bits, or 4 bits packed two to a
+byte, each row (a token of one KV head) with a scale and zero point, x = code * scale + zero. The codes enter the
+matmuls as they are and the scales are applied to the products: q . k = scale * (q . code) + zero * sum(q), and
+p @ v = (p * scale) @ code + sum(p * zero), so dequantizing costs no pass over a [keys, D] tile.
+
 Set TRITON_INTERPRET=1 before import to run it on the CPU (the tests do).
 """
 from __future__ import annotations
@@ -22,12 +27,24 @@ MAX_ROWS = 128  # beyond G*T rows (prefill chunks) a tiled prefill kernel is the
 
 
 @triton.jit
-def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES,
+def _rows(base, offs, stride, in_range, D: tl.constexpr, BLOCK_N: tl.constexpr, KV_BITS: tl.constexpr):
+    """[BLOCK_N, D] rows of K or V: as stored (16 bits), or their codes (8 bits; 4 bits: byte j holds dims 2j in
+    its low and 2j + 1 in its high nibble)."""
+    if KV_BITS == 4:
+        half = tl.arange(0, D // 2)
+        byte = tl.load(base + offs[:, None] * stride + half[None, :], mask=in_range[:, None], other=0)
+        return tl.reshape(tl.join(byte & 15, byte >> 4), [BLOCK_N, D])
+    dims = tl.arange(0, D)
+    return tl.load(base + offs[:, None] * stride + dims[None, :], mask=in_range[:, None], other=0)
+
+
+@triton.jit
+def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ,
                      stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                     n_kv_heads, n_slots, split_len, sinks, window,
+                     stride_zb, stride_zh, n_kv_heads, n_slots, split_len, sinks, window,
                      SCALE: tl.constexpr, T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KPOS: tl.constexpr, N_SPLITS: tl.constexpr,
-                     HAS_SCORES: tl.constexpr):
+                     HAS_SCORES: tl.constexpr, KV_BITS: tl.constexpr):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b = pid_bh // n_kv_heads
@@ -40,6 +57,7 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES,
     q_pos = tl.load(QPOS + b * T + rows % T, mask=row_ok, other=-1)
     q_row = b * stride_qb + (h * (ROWS // T) + rows // T) * stride_qh + (rows % T) * stride_qt
     q = tl.load(Q + q_row[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+    q_sum = tl.sum(q.to(tl.float32), axis=1)  # what a key's zero point adds to each row's logit, per unit
 
     start = split * split_len
     end = tl.minimum(start + split_len, n_slots)
@@ -51,11 +69,17 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES,
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
+    z_base = b * stride_zb + h * stride_zh  # scale and zero point of slot s at 2s, 2s + 1
     for n in range(start, end, BLOCK_N):
         offs = n + tl.arange(0, BLOCK_N)
         in_range = offs < end
-        k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :], mask=in_range[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * SCALE  # constexpr: a float argument turns fp64 under torch.compile
+        k = _rows(k_base, offs, stride_ks, in_range, D, BLOCK_N, KV_BITS).to(q.dtype)
+        s = tl.dot(q, tl.trans(k))
+        if KV_BITS < 16:
+            k_scale = tl.load(KSZ + z_base + 2 * offs, mask=in_range, other=0.0).to(tl.float32)
+            k_zero = tl.load(KSZ + z_base + 2 * offs + 1, mask=in_range, other=0.0).to(tl.float32)
+            s = s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]
+        s = s * SCALE  # constexpr: a float argument turns fp64 under torch.compile
         if HAS_KPOS:
             k_pos = tl.load(KPOS + b * n_slots + offs, mask=in_range, other=0)
         else:
@@ -72,8 +96,14 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES,
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :], mask=in_range[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        v = _rows(v_base, offs, stride_vs, in_range, D, BLOCK_N, KV_BITS).to(q.dtype)
+        if KV_BITS < 16:
+            v_scale = tl.load(VSZ + z_base + 2 * offs, mask=in_range, other=0.0).to(tl.float32)
+            v_zero = tl.load(VSZ + z_base + 2 * offs + 1, mask=in_range, other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(q.dtype), v) \
+                + tl.sum(p * v_zero[None, :], axis=1)[:, None]
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
     out = (pid_bh * N_SPLITS + split) * ROWS + rows
@@ -98,15 +128,20 @@ def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
 
 
 def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int = 0, n_splits: int | None = None,
-                       block_n: int = 128, num_warps: int = 4, num_stages: int = 2, scores=None):
+                       block_n: int = 128, num_warps: int = 4, num_stages: int = 2, scores=None, k_scale_zero=None,
+                       v_scale_zero=None, kv_bits: int = 16):
     """q [B, H, T, D]; k, v [B, Hkv, S, D] (each last dim contiguous); q_pos [B, T] (increasing in T);
     key_pos [B, S] or None (slot s holds position s); window > 0 limits each query to the `sinks` first positions
     plus its `window` most recent ones. Returns [B, H, T, D] in q's dtype. `scores` [B, H, S] fp32 (contiguous):
-    also each head's scaled logits of the first query, -inf where it may not look."""
+    also each head's scaled logits of the first query, -inf where it may not look. With kv_bits 8 or 4, k and v are
+    uint8 codes ([B, Hkv, S, D * kv_bits / 8]) and k_scale_zero, v_scale_zero [B, Hkv, S, 2] (contiguous) each row's scale
+    and zero point."""
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rows = H // Hkv * T
     assert q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1
+    assert kv_bits == 16 or (k.shape[3] * 8 == D * kv_bits and k_scale_zero.is_contiguous() and v_scale_zero.is_contiguous())
+    zeros = (k_scale_zero, v_scale_zero) if kv_bits < 16 else (q_pos, q_pos)  # (unread)
     q_pos = q_pos.contiguous()  # read as [B, T] rows (a no-op for the caches' own positions)
     if n_splits is None:
         n_splits = choose_splits(B * Hkv, S, block_n, q.device)
@@ -119,10 +154,11 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
         scores.fill_(float("-inf"))  # a full cache's blocks past the last query are never read
     _split_kv_kernel[(B * Hkv, n_splits)](
         q, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l, scores if scores is not None else m,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        Hkv, S, split_len, sinks, window,
+        *zeros, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+        v.stride(2), zeros[0].stride(0), zeros[0].stride(1), Hkv, S, split_len, sinks, window,
         SCALE=D ** -0.5, T=T, ROWS=rows, D=D, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
-        HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, HAS_SCORES=scores is not None, num_warps=num_warps,
+        HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, HAS_SCORES=scores is not None, KV_BITS=kv_bits,
+        num_warps=num_warps,
         num_stages=num_stages)
     return merge_splits(acc, m, l, q.dtype, T)
 

@@ -215,6 +215,18 @@ def test_model_drafters_run_each_draft_weight_format_losslessly(tiny, jsonl, tin
     assert record["drafter_notes"]["draft_weights"]["kernels"][0]["layers_by_kernel"] == {"reference": 5 * layers + 1}
 
 
+@pytest.mark.parametrize("name,kv", [("selfspec", "int4"), ("hierarchy", "int8")])
+def test_self_drafts_over_a_quantized_copy_of_the_targets_kv_are_lossless(tiny, jsonl, tiny_baseline, name, kv):
+    """--draft_kv (QuantSpec's draft; the hierarchy's middle level) gives the baseline's ids; the record says so."""
+    extra = ["--draft", "ngram"] if name == "hierarchy" else []
+    argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", str(GAMMA), "--drafter", name, *extra,
+                     "--draft_kv", kv)
+    record = run_record(argv)
+    assert_lossless(record, tiny_baseline)
+    assert record["config"]["draft_kv"] == kv and f"kv {kv}" in record["label"]
+    assert f"through a {kv.upper()} copy" in record["draft_cache"]
+
+
 def test_first_done_and_all_reach_agree_at_batch_one(tiny, jsonl):
     """One clock: a speedup's seconds, all-reach and first-done alike, are spans of the loop's own wall clock from
     the same start as its baseline's. With one sequence the first to finish is the last, so the two speedups are

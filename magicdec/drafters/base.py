@@ -28,6 +28,7 @@ class Part:
     weights: bool  # its weights are loaded for this part (the self-draft shares the target's)
     slots: int  # KV slots per sequence
     extra_bytes: int = 0  # weights it adds besides a whole model's (a quantized draft copy)
+    kv_bytes: int = 0  # KV bytes per sequence besides its slots' (a quantized copy of the target's KV)
 
 
 @dataclass

@@ -220,7 +220,7 @@ class TriForce(DrafterKind):
         return cfg.draft.gamma_bottom + 2  # the middle runs ahead of the target
 
     def memory(self, cfg, target, models, rank) -> list[Part]:
-        parts = [Part(target, False, selfspec.self_draft_slots(cfg.draft, cfg, target), cfg.draft.copy_bytes(target))]
+        parts = [selfspec.self_draft_part(cfg.draft, cfg, target)]
         if "bottom" in models and rank == 0:  # the bottom model runs unsharded, on rank 0 (it broadcasts its tokens)
             parts.append(Part(models["bottom"][0], True,
                               cfg.draft.bottom_budget + ring_extra_for(cfg.workload.gen_len, cfg.lookahead)))

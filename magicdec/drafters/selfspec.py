@@ -1,13 +1,14 @@
 """Self-speculation (MagicDec): the target's own weights draft over a small KV cache — a StreamingLLM ring (sinks +
 recent window, filled by its own prefill; `--reindex` for positions inside the cache), or a selection from the
 target's prefill (SnapKV, TriForce's retrieval), optionally selected again every N verifications from the attention
-the verification computed anyway (`--refresh`)."""
+the verification computed anyway (`--refresh`) — or over the target's whole KV through an 8- or 4-bit copy
+(`--draft_kv`, QuantSpec's draft: magicdec/quant_kv.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from magicdec import cost_model as cm
-from magicdec import draft_cache
+from magicdec import draft_cache, quant_kv
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import (DraftCacheOptions, DraftWeightOptions, ModelDraft, appended_for, own_prefill,
                                            refresh_slots)
@@ -20,9 +21,18 @@ class Config(DraftCacheOptions, DraftWeightOptions):
     refresh: int | None = option(None, "snapkv / retrieval: every N verifications select the draft's kept prompt "
                                        "positions again, from the attention that verification computed over the full "
                                        "cache (its side output)", parse=int, metavar="N")
+    draft_kv: str = option("bf16", "the KV the draft reads: bf16 (its cache of --draft_budget tokens, chosen by "
+                                   "--draft_policy) or int8 / int4: the target's whole KV through a quantized copy "
+                                   "(QuantSpec's draft; a scale and zero point per token and head, int4 the upper "
+                                   "nibble of int8: magicdec/quant_kv.py)", choices=quant_kv.FORMATS)
+
+    @property
+    def quantized_kv(self) -> bool:
+        return self.draft_kv != "bf16"
 
     def label(self) -> str:
-        return super().label() + (f" refresh {self.refresh}" if self.refresh else "") + self.weights_label()
+        cache = f" kv {self.draft_kv}" if self.quantized_kv else super().label()
+        return cache + (f" refresh {self.refresh}" if self.refresh else "") + self.weights_label()
 
 
 class SelfDraft(DrafterKind):
@@ -38,6 +48,9 @@ class SelfDraft(DrafterKind):
     def describe(self, cfg) -> str:
         d = cfg.draft
         weights = "" if d.draft_weights == "bf16" else f"; the target's weights in {d.draft_weights.upper()}"
+        if d.quantized_kv:
+            return (f"the target's whole KV through a {d.draft_kv.upper()} copy (QuantSpec), quantized from its "
+                    f"prefill, its own tokens' KV quantized as written{weights}")
         if not d.selected:
             return ("its own prefill through its cache" + (", positions inside the cache (--reindex)" if d.reindex
                                                            else "") + weights)
@@ -53,10 +66,10 @@ class SelfDraft(DrafterKind):
         cfg.draft.check_weight_shapes(target)
 
     def memory(self, cfg, target, models, rank) -> list[Part]:
-        return [Part(target, False, self_draft_slots(cfg.draft, cfg, target), cfg.draft.copy_bytes(target))]
+        return [self_draft_part(cfg.draft, cfg, target)]
 
     def prefill_queries(self, cfg) -> int:
-        return cfg.draft.policy().queries if cfg.draft.selected else 0
+        return cfg.draft.policy().queries if cfg.draft.selected and not cfg.draft.quantized_kv else 0
 
     def prepare(self, cfg, ctx) -> ModelDraft:
         return prepare_self_draft(cfg.draft, ctx)
@@ -66,7 +79,11 @@ class SelfDraft(DrafterKind):
 
 
 def check_self_draft(d: Config, cfg) -> None:
-    d.check(cfg.workload.prefix_len, full_allowed=False)
+    if d.quantized_kv and (d.selected or d.reindex):
+        raise MagicDecError(f"--draft_kv {d.draft_kv} reads the target's whole KV: --draft_policy and --reindex choose "
+                            "a bf16 draft cache (leave them out, or use --draft_kv bf16)")
+    if not d.quantized_kv:  # its budget is unused
+        d.check(cfg.workload.prefix_len, full_allowed=False)
     d.check_weights(cfg.runtime.torch_device)
     if d.refresh is not None and not d.selected:
         raise MagicDecError("--refresh re-selects a selected cache: use it with --draft_policy snapkv or retrieval")
@@ -77,18 +94,27 @@ def check_self_draft(d: Config, cfg) -> None:
                             "--offload (its prompt KV is on the host)")
 
 
-def self_draft_slots(d: Config, cfg, target) -> int:
-    slots = d.slots(cfg.workload.prefix_len, cfg.workload.gen_len, cfg.lookahead)
+def self_draft_part(d: Config, cfg, target) -> Part:
+    """The self-draft's memory: its cache's slots (or its quantized copy of the target's whole KV) and its weight
+    copy."""
+    w = cfg.workload
+    cache_len = w.prefix_len + appended_for(w.gen_len, cfg.lookahead)
+    if d.quantized_kv:
+        per_sequence = quant_kv.QuantizedKVCache.nbytes_for(target.n_layers, 1, target.n_kv_heads, cache_len,
+                                                            target.head_dim, quant_kv.BITS[d.draft_kv])
+        return Part(target, False, 0, d.copy_bytes(target), per_sequence)
+    slots = d.slots(w.prefix_len, w.gen_len, cfg.lookahead)
     if d.refresh:
-        cache_len = cfg.workload.prefix_len + appended_for(cfg.workload.gen_len, cfg.lookahead)
         slots += refresh_slots(target, cache_len, cfg.runtime.torch_dtype)
-    return slots
+    return Part(target, False, slots, d.copy_bytes(target))
 
 
 def prepare_self_draft(d: Config, ctx) -> ModelDraft:
     """The target over the draft's cache: selected from the target's prefill (its KV and the recorded queries),
     or filled by its own StreamingLLM prefill."""
     model = d.weights_for(ctx.target, ctx)
+    if d.quantized_kv:
+        return ModelDraft(model, quant_kv.QuantizedKVCache.of(ctx.cache, quant_kv.BITS[d.draft_kv]))
     if not d.selected:
         return ModelDraft(model, own_prefill(d, model, ctx, seed_offset=1))
     policy = d.policy()
@@ -101,12 +127,14 @@ def prepare_self_draft(d: Config, ctx) -> ModelDraft:
 
 
 def predict_self_draft(d: Config, cfg, target, device, alpha, gamma, lookahead) -> dict:
-    """The target over the draft's slots (a ring reads its spare slots too, masked); a refresh adds its bytes every
-    N verifications."""
+    """The target over the draft's slots (a ring reads its spare slots too, masked), or over its whole context in
+    the quantized copy's bytes; a refresh adds its bytes every N verifications."""
     w = cfg.workload
     context = w.prefix_len + w.gen_len // 2
-    p = cm.predict(target, device, w.B, context, gamma, alpha, d.read_slots(w.prefix_len, w.gen_len, lookahead), None,
-                   0, not cfg.decoding.greedy)
+    slots = 0 if d.quantized_kv else d.read_slots(w.prefix_len, w.gen_len, lookahead)
+    kv = quant_kv.kv_bytes_per_token(target, d.draft_kv) if d.quantized_kv else None
+    p = cm.predict(target, device, w.B, context, gamma, alpha, slots, None, 0, not cfg.decoding.greedy,
+                   draft_kv_per_token=kv)
     if d.refresh:
         p = cm.with_overhead(p, gamma, cm.refresh_seconds(target, device, w.B, context, d.policy()) / d.refresh)
     return p
