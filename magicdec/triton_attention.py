@@ -8,7 +8,7 @@ tile, so every K/V block is read from memory once for all of them: GQA keeps its
 several tokens costs about what one does.
 
 K and V may also be quantized codes (QuantSpec's draft, magicdec/quant_kv.py): 8 bits, or 4 bits packed two to a
-byte, each row (a token of one KV head) with a scale and zero point, x = code * scale + zero. The codes enter the
+byte (dims j and j + D/2), each row (a token of one KV head) with a scale and zero point, x = code * scale + zero. The codes enter the
 matmuls as they are and the scales are applied to the products: q . k = scale * (q . code) + zero * sum(q), and
 p @ v = (p * scale) @ code + sum(p * zero), so dequantizing costs no pass over a [keys, D] tile.
 
@@ -27,15 +27,16 @@ MAX_ROWS = 128  # beyond G*T rows (prefill chunks) a tiled prefill kernel is the
 
 
 @triton.jit
-def _rows(base, offs, stride, in_range, D: tl.constexpr, BLOCK_N: tl.constexpr, KV_BITS: tl.constexpr):
-    """[BLOCK_N, D] rows of K or V: as stored (16 bits), or their codes (8 bits; 4 bits: byte j holds dims 2j in
-    its low and 2j + 1 in its high nibble)."""
+def _halves(base, offs, stride, in_range, DH: tl.constexpr, KV_BITS: tl.constexpr):
+    """The codes of BLOCK_N rows as two [BLOCK_N, D/2] halves (dims below D/2, dims from D/2): 8 bits as stored;
+    4 bits from one byte per pair, dim j in its low and dim j + D/2 in its high nibble. Halves, not one tile: the
+    nibbles come apart with no shuffle across the tile (joining them back cost more than the bytes saved)."""
+    half = tl.arange(0, DH)
+    at = base + offs[:, None] * stride + half[None, :]
     if KV_BITS == 4:
-        half = tl.arange(0, D // 2)
-        byte = tl.load(base + offs[:, None] * stride + half[None, :], mask=in_range[:, None], other=0)
-        return tl.reshape(tl.join(byte & 15, byte >> 4), [BLOCK_N, D])
-    dims = tl.arange(0, D)
-    return tl.load(base + offs[:, None] * stride + dims[None, :], mask=in_range[:, None], other=0)
+        byte = tl.load(at, mask=in_range[:, None], other=0)
+        return byte & 15, byte >> 4
+    return tl.load(at, mask=in_range[:, None], other=0), tl.load(at + DH, mask=in_range[:, None], other=0)
 
 
 @triton.jit
@@ -51,13 +52,22 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ,
     h = pid_bh % n_kv_heads
     rows = tl.arange(0, BLOCK_M)
     dims = tl.arange(0, D)
+    DH: tl.constexpr = D // 2
+    half = tl.arange(0, DH)
     row_ok = rows < ROWS
     # Row r is query head (h * G + r // T) at token r % T. q is read through its strides: the model's q is a
     # transposed slice of the rotated q and k heads, which a contiguous copy would cost a kernel per layer.
     q_pos = tl.load(QPOS + b * T + rows % T, mask=row_ok, other=-1)
     q_row = b * stride_qb + (h * (ROWS // T) + rows // T) * stride_qh + (rows % T) * stride_qt
-    q = tl.load(Q + q_row[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
-    q_sum = tl.sum(q.to(tl.float32), axis=1)  # what a key's zero point adds to each row's logit, per unit
+    if KV_BITS == 16:
+        q = tl.load(Q + q_row[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+    else:  # codes: q and the output in halves of the head dimension
+        q_a = tl.load(Q + q_row[:, None] + half[None, :], mask=row_ok[:, None], other=0.0)
+        q_b = tl.load(Q + q_row[:, None] + DH + half[None, :], mask=row_ok[:, None], other=0.0)
+        q_sum = tl.sum(q_a.to(tl.float32), axis=1) + tl.sum(q_b.to(tl.float32), axis=1)  # a zero point's weight
+        acc_a = tl.zeros([BLOCK_M, DH], tl.float32)
+        acc_b = tl.zeros([BLOCK_M, DH], tl.float32)
 
     start = split * split_len
     end = tl.minimum(start + split_len, n_slots)
@@ -66,16 +76,18 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ,
 
     m_i = tl.full([BLOCK_M], NEG, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     z_base = b * stride_zb + h * stride_zh  # scale and zero point of slot s at 2s, 2s + 1
     for n in range(start, end, BLOCK_N):
         offs = n + tl.arange(0, BLOCK_N)
         in_range = offs < end
-        k = _rows(k_base, offs, stride_ks, in_range, D, BLOCK_N, KV_BITS).to(q.dtype)
-        s = tl.dot(q, tl.trans(k))
-        if KV_BITS < 16:
+        if KV_BITS == 16:
+            k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :], mask=in_range[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k))
+        else:
+            k_a, k_b = _halves(k_base, offs, stride_ks, in_range, DH, KV_BITS)
+            s = tl.dot(q_a, tl.trans(k_a.to(q_a.dtype))) + tl.dot(q_b, tl.trans(k_b.to(q_b.dtype)))
             k_scale = tl.load(KSZ + z_base + 2 * offs, mask=in_range, other=0.0).to(tl.float32)
             k_zero = tl.load(KSZ + z_base + 2 * offs + 1, mask=in_range, other=0.0).to(tl.float32)
             s = s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]
@@ -96,18 +108,25 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ,
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _rows(v_base, offs, stride_vs, in_range, D, BLOCK_N, KV_BITS).to(q.dtype)
-        if KV_BITS < 16:
+        if KV_BITS == 16:
+            v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :], mask=in_range[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        else:
+            v_a, v_b = _halves(v_base, offs, stride_vs, in_range, DH, KV_BITS)
             v_scale = tl.load(VSZ + z_base + 2 * offs, mask=in_range, other=0.0).to(tl.float32)
             v_zero = tl.load(VSZ + z_base + 2 * offs + 1, mask=in_range, other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(q.dtype), v) \
-                + tl.sum(p * v_zero[None, :], axis=1)[:, None]
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            pv = (p * v_scale[None, :]).to(q_a.dtype)
+            shift = tl.sum(p * v_zero[None, :], axis=1)[:, None]
+            acc_a = acc_a * alpha[:, None] + tl.dot(pv, v_a.to(q_a.dtype)) + shift
+            acc_b = acc_b * alpha[:, None] + tl.dot(pv, v_b.to(q_a.dtype)) + shift
         m_i = m_new
 
     out = (pid_bh * N_SPLITS + split) * ROWS + rows
-    tl.store(ACC + out[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+    if KV_BITS == 16:
+        tl.store(ACC + out[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+    else:
+        tl.store(ACC + out[:, None] * D + half[None, :], acc_a, mask=row_ok[:, None])
+        tl.store(ACC + out[:, None] * D + DH + half[None, :], acc_b, mask=row_ok[:, None])
     tl.store(M_OUT + out, m_i, mask=row_ok)
     tl.store(L_OUT + out, l_i, mask=row_ok)
 

@@ -171,3 +171,23 @@ TINY = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len"
 def test_bad_draft_kv_flags_are_one_line(flags, needle):
     p = run_cli(SELFSPEC, *TINY, *flags)
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_store_kernel_writes_what_the_plain_store_writes(bits):
+    """The Triton store (the GPU's) against the plain one, at ragged slots, from a strided [B, T, Hkv, D] view."""
+    g = torch.Generator().manual_seed(bits)
+    B, T, Hkv, D, S = 3, 2, 2, 32, 20
+    fused_kv = torch.randn(B, T, 2 * Hkv, D, generator=g) * 3  # k and v as halves of one tensor, as the model has
+    k, v = fused_kv[:, :, :Hkv], fused_kv[:, :, Hkv:]
+    slots = torch.tensor([[3, 4], [10, 11], [0, 1]])
+    rows = torch.arange(B)[:, None]
+    caches = []
+    for store in (quant_kv.store_quantized_kernel, quant_kv.store_quantized.__wrapped__):
+        c = quant_kv.QuantizedKVCache(1, B, Hkv, S, D, bits, torch.float32, "cpu")
+        store(c.k[0], c.v[0], c.k_sz[0], c.v_sz[0], rows, slots, k, v, bits)
+        caches.append(c)
+    for a, b in zip(caches[0].k + caches[0].v + caches[0].k_sz + caches[0].v_sz,
+                    caches[1].k + caches[1].v + caches[1].k_sz + caches[1].v_sz):
+        assert torch.equal(a, b)
+    assert caches[0].k[0][1, :, 10].any() and not caches[0].k[0][1, :, 12].any()
