@@ -143,7 +143,9 @@ def changed(cfg: RunConfig, **options) -> RunConfig:
 
 def measure(a) -> dict:
     work = [(P, skip) for P in a.prefix_lens for skip in a.skip_tokens]
-    engine = BookEngine(RunConfig.from_options(base_options(a, *work[0])), a.teacher)
+    # the engine's own config: the target, prompts and device (its drafts are the points')
+    engine = BookEngine(RunConfig.from_options(base_options(a, *work[0]) | {"drafter": "baseline"}, strict=False),
+                        a.teacher)
     points = {(P, skip): configs(a, P, skip, engine.target_config.head_dim) for P, skip in work}
     for cfg in (c for pts in points.values() for c in pts.values()):  # every draft's options, context and memory
         cfg.check()

@@ -47,3 +47,19 @@ def test_run_writes_json_table_and_plot(tmp_path):
     assert table.count("\n") == 2 + 3 and out.with_suffix(".png").stat().st_size > 0
     out.with_suffix(".md").unlink()
     assert draft_policies.main(["--report", str(out)]) == 0 and out.with_suffix(".md").read_text() == table
+
+
+@needs_llama_tokenizers
+def test_quantized_copies_and_the_windows_of_equal_bytes_are_rows(tmp_path):
+    """--draft_kv adds a row per copy (budget 0: the whole context); --equal_bytes the windows that read as many bytes
+    (llama-68m's 64-dim rows: 36 bytes at 4 bits, 68 at 8, against 128 in bf16; a 64-token prompt)."""
+    out = tmp_path / "kv.json"
+    argv = ["--random_weights", "--model_name", "JackFram/llama-68m", "--tokenizer", str(LLAMA2_TOKENIZER),
+            "--dataset", str(BOOKS), "--prefix_lens", "64", "--budgets", "40", "--policies", "streaming",
+            "--draft_kv", "int8", "int4", "--equal_bytes", "--sinks", "4", "--B", "2", "--skip_tokens", "0",
+            "--gen_len", "4", "--teacher", "4", "--device", "cpu", "--no_progress", "--output", str(out)]
+    assert draft_policies.main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["policy"], r["budget"]) for r in rows} == {("kv int8", 0), ("kv int4", 0), ("streaming", 40),
+                                                          ("streaming", 64 * 36 // 128), ("streaming", 64 * 68 // 128)}
+    assert all(r["positions"] == 8 for r in rows) and out.with_suffix(".png").stat().st_size > 0
