@@ -250,8 +250,8 @@ def plot(result: dict, path: Path) -> None:
 
     summary = summarize(result)
     prefixes = sorted({k[0] for k in summary})
-    order = lambda d: draft_cache.POLICIES.index(d.split()[0]) if d.split()[0] in draft_cache.POLICIES else 9  # noqa: E731
-    policies = sorted({k[1] for k in summary}, key=lambda d: (order(d), d))
+    rank = {p: i for i, p in enumerate(draft_cache.POLICIES)}  # then the quantized copies ("kv int8")
+    policies = sorted({k[1] for k in summary}, key=lambda d: (rank.get(d.split()[0], len(rank)), d))
     fig, axes = plt.subplots(len(METRICS), len(prefixes), figsize=(4 * len(prefixes), 3 * len(METRICS)), squeeze=False)
     for i, metric in enumerate(METRICS):
         for j, P in enumerate(prefixes):

@@ -57,8 +57,8 @@ def main(argv=None) -> int:
             for (fmt, bn), (fn, nbytes) in calls.items():
                 ms = sorted(times[fmt, bn])[1]
                 err = ((fn().float() - ref).norm() / ref.norm()).item()
-                rows.append({"B": B, "S": S, "T": T, "format": fmt, "block_n": bn, "ms": ms, "ms_rounds": times[fmt, bn],
-                             "bytes": nbytes, "fraction_of_copy": nbytes / (ms * 1e-3) / copy, "rel_err": err})
+                rows.append({"B": B, "S": S, "T": T, "format": fmt, "block_n": bn, "ms": ms,
+                             "ms_rounds": times[fmt, bn], "bytes": nbytes, "fraction_of_copy": nbytes / (ms * 1e-3) / copy, "rel_err": err})
                 print(f"B={B:3d} S={S:6d} T={T} {fmt:5s} block {bn:3d} {ms:7.3f} ms "
                       f"{rows[-1]['fraction_of_copy']:.2f} of copy  err {err:.1e}", flush=True)
         del k, v, codes

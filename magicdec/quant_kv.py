@@ -4,9 +4,8 @@ Each row (one token of one KV head, K or V alike) is quantized asymmetrically to
 the row's minimum as zero and (max - min) / 255 as scale, both kept in fp16 beside the codes. The 4-bit copy is the
 upper nibble of those 8-bit codes (QuantSpec's hierarchical layout: the 8-bit code is upper * 16 + lower), read as
 the middle of its 16 codes: x ~ upper * (16 scale) + (zero + 7.5 scale); two nibbles share a byte, dims j and j + D/2.
-Rows, not channels: on SmolLM2 at 4K, per-channel keys (groups of 128 tokens) agreed with the target no better than
-per-row ones (results/quant_kv), and a row is complete once its token is written, so no full-precision buffer of
-recent tokens is needed.
+Rows, not channels (KIVI's and QuantSpec's keys are quantized per channel over groups of tokens): a row is complete
+once its token is written, so no full-precision buffer of the latest tokens is needed.
 
 The draft writes its own tokens' KV into the copy as it drafts (quantized as they are written), as every self-draft
 here keeps its own KV for what it generated. The copy starts from the target's prefilled cache: no draft prefill.
@@ -118,7 +117,7 @@ class QuantizedKVCache(KVCache):
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int, bits: int,
                  dtype: torch.dtype, device, backend: str = "sdpa"):
-        self.bits, self.dtype, self.head_dim = bits, dtype, head_dim
+        self.bits, self.dtype = bits, dtype
         codes = (batch_size, n_kv_heads, max_len, head_dim * bits // 8)
         rows = (batch_size, n_kv_heads, max_len, 2)
         self.k = [torch.zeros(codes, dtype=torch.uint8, device=device) for _ in range(n_layers)]
@@ -132,10 +131,6 @@ class QuantizedKVCache(KVCache):
         if self.lengths.is_cuda:
             for t in (*self.k, *self.v, *self.k_sz, *self.v_sz, self.lengths):
                 torch._dynamo.mark_static_address(t)
-
-    @staticmethod
-    def nbytes_for(n_layers, batch_size, n_kv_heads, max_len, head_dim, bits: int) -> int:
-        return 2 * n_layers * batch_size * n_kv_heads * max_len * row_bytes(head_dim, bits)
 
     @classmethod
     def of(cls, target: KVCache, bits: int, max_len: int | None = None, chunk: int = 4096) -> "QuantizedKVCache":

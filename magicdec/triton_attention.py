@@ -8,9 +8,9 @@ tile, so every K/V block is read from memory once for all of them: GQA keeps its
 several tokens costs about what one does.
 
 K and V may also be quantized codes (QuantSpec's draft, magicdec/quant_kv.py): 8 bits, or 4 bits packed two to a
-byte (dims j and j + D/2), each row (a token of one KV head) with a scale and zero point, x = code * scale + zero. The codes enter the
-matmuls as they are and the scales are applied to the products: q . k = scale * (q . code) + zero * sum(q), and
-p @ v = (p * scale) @ code + sum(p * zero), so dequantizing costs no pass over a [keys, D] tile.
+byte (dims j and j + D/2), each row (a token of one KV head) with a scale and zero point, x = code * scale + zero.
+The codes enter the matmuls as they are and the scales are applied to the products: q . k = scale * (q . code) +
+zero * sum(q), and p @ v = (p * scale) @ code + sum(p * zero), so dequantizing costs no pass over a [keys, D] tile.
 
 Set TRITON_INTERPRET=1 before import to run it on the CPU (the tests do).
 """
@@ -153,13 +153,14 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     key_pos [B, S] or None (slot s holds position s); window > 0 limits each query to the `sinks` first positions
     plus its `window` most recent ones. Returns [B, H, T, D] in q's dtype. `scores` [B, H, S] fp32 (contiguous):
     also each head's scaled logits of the first query, -inf where it may not look. With kv_bits 8 or 4, k and v are
-    uint8 codes ([B, Hkv, S, D * kv_bits / 8]) and k_scale_zero, v_scale_zero [B, Hkv, S, 2] (contiguous) each row's scale
-    and zero point."""
+    uint8 codes ([B, Hkv, S, D * kv_bits / 8]) and k_scale_zero, v_scale_zero [B, Hkv, S, 2] (contiguous) each
+    row's scale and zero point."""
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rows = H // Hkv * T
     assert q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1
-    assert kv_bits == 16 or (k.shape[3] * 8 == D * kv_bits and k_scale_zero.is_contiguous() and v_scale_zero.is_contiguous())
+    assert kv_bits == 16 or (k.shape[3] * 8 == D * kv_bits and k_scale_zero.is_contiguous()
+                             and v_scale_zero.is_contiguous())
     zeros = (k_scale_zero, v_scale_zero) if kv_bits < 16 else (q_pos, q_pos)  # (unread)
     q_pos = q_pos.contiguous()  # read as [B, T] rows (a no-op for the caches' own positions)
     if n_splits is None:

@@ -69,7 +69,7 @@ class SelfDraft(DrafterKind):
         return [self_draft_part(cfg.draft, cfg, target)]
 
     def prefill_queries(self, cfg) -> int:
-        return cfg.draft.policy().queries if cfg.draft.selected and not cfg.draft.quantized_kv else 0
+        return cfg.draft.policy().queries if cfg.draft.selected else 0
 
     def prepare(self, cfg, ctx) -> ModelDraft:
         return prepare_self_draft(cfg.draft, ctx)
@@ -100,9 +100,8 @@ def self_draft_part(d: Config, cfg, target) -> Part:
     w = cfg.workload
     cache_len = w.prefix_len + appended_for(w.gen_len, cfg.lookahead)
     if d.quantized_kv:
-        per_sequence = quant_kv.QuantizedKVCache.nbytes_for(target.n_layers, 1, target.n_kv_heads, cache_len,
-                                                            target.head_dim, quant_kv.BITS[d.draft_kv])
-        return Part(target, False, 0, d.copy_bytes(target), per_sequence)
+        copy = cache_len * quant_kv.kv_bytes_per_token(target, d.draft_kv)  # per sequence
+        return Part(target, False, 0, d.copy_bytes(target), copy)
     slots = d.slots(w.prefix_len, w.gen_len, cfg.lookahead)
     if d.refresh:
         slots += refresh_slots(target, cache_len, cfg.runtime.torch_dtype)
