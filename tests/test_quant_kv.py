@@ -48,7 +48,7 @@ def test_quantization_matches_hand_written(bits):
     assert ((got - x).abs().amax(-1) <= 0.5 * step * 1.02 + 1e-3).all()
 
 
-def test_quantized_copy_is_the_targets_kv_quantized_and_writes_quantize_as_they_store():
+def test_quantized_copy_is_the_targets_kv_quantized_and_writes_and_takes_quantize_as_they_store():
     g = torch.Generator().manual_seed(0)
     target = KVCache(2, 2, 3, 40, 16, torch.float32, "cpu")
     for t in (*target.k, *target.v):
@@ -64,6 +64,10 @@ def test_quantized_copy_is_the_targets_kv_quantized_and_writes_quantize_as_they_
     for b, start in enumerate((30, 25)):
         torch.testing.assert_close(v[b, :, start:start + 2].transpose(0, 1),
                                    quant_kv.dequantize(*quant_kv.quantize(new_v[b], 4), 4))
+    copy.take(target, torch.tensor([32, 27]))  # the target's verified KV at one position per sequence
+    k, v = copy.layer_kv(1)
+    for b, pos in enumerate((32, 27)):  # past what the copy and the writes hold
+        torch.testing.assert_close(k[b, :, pos], quant_kv.dequantize(*quant_kv.quantize(target.k[1][b, :, pos], 4), 4))
 
 
 @pytest.mark.parametrize("bits", [8, 4])
