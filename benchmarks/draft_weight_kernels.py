@@ -37,11 +37,23 @@ def main(argv=None) -> int:
     p.add_argument("--M", type=int, nargs="+", default=[1, 2, 4, 8, 13, 16, 26, 32, 52, 64])
     p.add_argument("--formats", nargs="+", default=["int8", "fp8", "int4"], choices=dw.FORMATS[1:])
     p.add_argument("--group", type=int, default=128)
-    p.add_argument("--layers", nargs="+", default=None, help="these linear layers only (default: all)")
+    p.add_argument("--layers", nargs="+", default=None,
+                   help="these linear layers only (default: all; without w3, w1's times count for it: same shape)")
     p.add_argument("--autotune_from", type=int, default=None,
                    help="gemlite autotunes each M from this one up (its shipped configs below it)")
-    p.add_argument("--output", type=Path, required=True)
+    p.add_argument("--output", type=Path, help="the probe's JSON")
+    p.add_argument("--profile", type=Path, help="write the draft step's table (step_table) into this device profile")
+    p.add_argument("--from_probe", type=Path, nargs="+",
+                   help="time nothing: the rows of these probe outputs (with --profile)")
     a = p.parse_args(argv)
+    if a.from_probe:
+        if not a.profile:
+            p.error("--from_probe writes a profile's table: give --profile")
+        probes = [json.loads(f.read_text()) for f in a.from_probe]
+        return write_profile(a.profile, [r for pr in probes for r in pr["rows"]], probes[0]["model"],
+                             [str(f) for f in a.from_probe], probes[0]["group"])
+    if not a.output:
+        p.error("give --output (or --from_probe with --profile)")
     c, device = ModelArgs.from_name(a.model_name), torch.device("cuda")
     torch.manual_seed(0)
     out = {"model": c.name, "group": a.group, "M": a.M, "environment": dev.environment(device),
@@ -79,12 +91,48 @@ def main(argv=None) -> int:
             a.output.parent.mkdir(parents=True, exist_ok=True)
             a.output.write_text(json.dumps(out | {"partial": True}, indent=1))  # a time limit keeps what was done
             print(json.dumps({k: (round(v["vs_bf16"], 3) if isinstance(v, dict) and "vs_bf16" in v else v)
-                              for k, v in row.items()}), flush=True)
+                              for k, v in row.items()} | {"elapsed_s": round(time.time() - start)}), flush=True)
     out["per_layer"] = per_layer(out["rows"])
     out["seconds"] = time.time() - start
     a.output.parent.mkdir(parents=True, exist_ok=True)
     a.output.write_text(json.dumps(out, indent=1))
     print(json.dumps(out["per_layer"], indent=1))
+    if a.profile:
+        write_profile(a.profile, out["rows"], c.name, [str(a.output)], a.group)
+    return 0
+
+
+def step_table(rows: list[dict], n_layers: int) -> dict:
+    """Per format and M: a draft step's matmuls (n_layers decoder layers and the LM head) with the kernel the run
+    picks at M (draft_weights.kernel_choices), over bf16's; only the M at which every layer was timed."""
+    out = {}
+    for M in sorted({r["M"] for r in rows}):
+        at = {r["layer"]: r for r in rows if r["M"] == M}
+        at.setdefault("w3", at.get("w1"))  # same shape
+        if any(at.get(name) is None for name in dw.LINEARS):
+            continue
+        weight = {name: 1 if name == "output" else n_layers for name in dw.LINEARS}
+        bf16 = sum(weight[n] * at[n]["bf16_us"] for n in dw.LINEARS)
+        for fmt in dw.FORMATS[1:]:
+            kernel = dw.kernel_choices(fmt, M)[0]
+            if kernel == "full":
+                continue
+            times = [at[n].get(f"{fmt}_{kernel}", {}).get("us") for n in dw.LINEARS]
+            if None not in times:
+                out.setdefault(fmt, {})[str(M)] = round(sum(weight[n] * t for n, t in zip(dw.LINEARS, times)) / bf16, 3)
+    return out
+
+
+def write_profile(path: Path, rows: list[dict], model: str, sources: list[str], group: int) -> int:
+    """The step table into a device profile's weight_kernels (the cost model's weight_time_ratio reads it)."""
+    profile = json.loads(path.read_text())
+    profile["weight_kernels"] = {
+        "source": sources, "model_shapes": model, "int4_group": group,
+        "note": "a draft step's linear layers and LM head at M rows, each with the kernel the run picks at M, "
+                "timed in CUDA graphs, over bf16 F.linear at the same M (benchmarks/draft_weight_kernels.py)",
+        "matmul_time_vs_bf16": step_table(rows, ModelArgs.from_name(model).n_layers)}
+    path.write_text(json.dumps(profile, indent=1) + "\n")
+    print(json.dumps(profile["weight_kernels"]["matmul_time_vs_bf16"], indent=1))
     return 0
 
 
@@ -94,6 +142,8 @@ def per_layer(rows: list[dict]) -> dict:
     for M in sorted({r["M"] for r in rows}):
         at = [r for r in rows if r["M"] == M]
         block = [r for r in at if r["layer"] != "output"]
+        if not any(r["layer"] == "w3" for r in block):  # w3 has w1's shape: timed once (--layers), counted twice
+            block += [r for r in block if r["layer"] == "w1"]
         bf16 = sum(r["bf16_us"] for r in block)
         keys = {k for r in at for k, v in r.items() if isinstance(v, dict) and "us" in v}
         out[str(M)] = {"bf16_layer_us": bf16}

@@ -30,7 +30,7 @@ from magicdec.errors import MagicDecError
 from magicdec.run import write_record
 from magicdec.run_config import RunConfig, writable_folder
 
-PROFILES = Path(__file__).parent / "profiles"
+PROFILES = cm.PROFILES
 SAMPLED = {"temperature": 0.6, "top_p": 0.9}
 
 
@@ -58,7 +58,7 @@ def load_profile(path: Path) -> tuple[cm.Device, dict, dict]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MagicDecError(f"--profile {path}: cannot read it as a device profile ({e})") from None
     device = cm.Device(p["bandwidth"], p["matmul_flops"], p.get("layer_overhead_s", 0.0),
-                       sampling_s_per_logit=p.get("sampling_s_per_logit", 0.0))
+                       sampling_s_per_logit=p.get("sampling_s_per_logit", 0.0), weight_kernels=cm.weight_kernels_of(p))
     return device, p.get("verify_overhead_s", {}), p
 
 

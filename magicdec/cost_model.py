@@ -14,6 +14,11 @@ steps are short (a 135M model's); with it and the draft ring's real reads (predi
 10% of most SmolLM2 points that it missed without them (results/planner_sweeps/cost_model_refit.md).
 fit_verify_overhead fits it to a timed verification.
 
+A draft may read its own copy of the weights in 8 or 4 bits (draft_weights.py). What a step's matmuls then take is
+not their bytes over the copy bandwidth: each library kernel reaches its own fraction of it, which changes with the
+rows M per call (results/draft_weights/probe). The device profile holds that measured time over bf16's per format and
+M (weight_kernels); without it, the format's bytes over bf16's stand in (every kernel at copy bandwidth).
+
 Sampled decoding (temperature, top-p) turns every row of logits into probabilities: a softmax and a sort over the
 vocabulary per token position per sequence, B rows in a plain step, B * (gamma + 1) in a verification. At a large
 batch over a large vocabulary that is a visible part of a step, and more of a verification; left out, the model
@@ -22,9 +27,16 @@ times it per logit.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+import numpy as np
+
+from magicdec import draft_weights as dw
 from magicdec.config import ModelArgs
+
+PROFILES = Path(__file__).parent / "profiles"
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,8 @@ class Device:
     ranks: int = 1  # tensor-parallel ranks sharing the work
     verify_overhead_s: float = 0.0  # fixed seconds per verification beyond its draft and target steps (T_O)
     sampling_s_per_logit: float = 0.0  # sampled decoding: seconds per logit turned into top-p probabilities
+    # draft weight format -> {rows M: a step's matmul time over bf16's}, measured (weight_time_ratio)
+    weight_kernels: dict = field(default_factory=dict)
 
 
 def weight_bytes(c: ModelArgs, item: int = 2) -> int:
@@ -53,13 +67,30 @@ def step_flops(c: ModelArgs, B: int, context: int, T: int) -> float:
     return 2 * B * T * (weight_bytes(c, 1) + 2 * c.n_layers * c.n_heads * c.head_dim * context)
 
 
+def weight_time_ratio(c: ModelArgs, d: Device, fmt: str, M: int, group: int = 128) -> float:
+    """A step's weight matmuls at M rows in draft weight format `fmt`, over the same in bf16: the device's measured
+    ratio (linear in M between measured row counts, the nearest one beyond them), else the format's bytes over
+    bf16's. 1 for bf16, and where the run multiplies by the model's own weights (draft_weights.kernel_choices)."""
+    if fmt == "bf16" or dw.kernel_choices(fmt, M) == ["full"]:
+        return 1.0
+    table = d.weight_kernels.get(fmt)
+    if table:
+        rows = sorted(table, key=int)
+        return float(np.interp(M, [int(m) for m in rows], [table[m] for m in rows]))
+    shapes = dw.linear_shapes(c).values()
+    return sum(dw.format_bytes(N, K, fmt, group) for N, K in shapes) / sum(2 * N * K for N, K in shapes)
+
+
 def step_time(c: ModelArgs, d: Device, B: int, context: int, T: int = 1, sampled: bool = False,
-              kv_per_token: int | None = None) -> float:
+              kv_per_token: int | None = None, weights: str = "bf16", group: int = 128) -> float:
     """Seconds for one forward of T tokens per sequence over `context` cached tokens (`sampled`: and the B * T rows
     of logits turned into probabilities, which every rank does whole); `kv_per_token`: the cache's bytes per token
-    where it is not the model's bf16 (a quantized copy)."""
-    bytes_read = weight_bytes(c) + B * context * (kv_per_token or kv_bytes_per_token(c))
-    return (bytes_read / d.bandwidth + step_flops(c, B, context, T) / d.matmul_flops) / d.ranks \
+    where it is not the model's bf16 (a quantized copy); `weights`: a draft's weight format (its matmuls take
+    weight_time_ratio of bf16's)."""
+    matmuls = weight_bytes(c) / d.bandwidth + 2 * B * T * weight_bytes(c, 1) / d.matmul_flops
+    kv = B * context * (kv_per_token or kv_bytes_per_token(c)) / d.bandwidth \
+        + (step_flops(c, B, context, T) - 2 * B * T * weight_bytes(c, 1)) / d.matmul_flops
+    return (matmuls * weight_time_ratio(c, d, weights, B * T, group) + kv) / d.ranks \
         + c.n_layers * d.layer_overhead_s + (B * T * c.vocab_size * d.sampling_s_per_logit if sampled else 0.0)
 
 
@@ -79,14 +110,16 @@ def omega(alpha: float, gamma: int) -> float:
 
 def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha: float, budget: int,
             draft: ModelArgs | None = None, ring_extra: int = 0, sampled: bool = False,
-            draft_kv_per_token: int | None = None) -> dict:
+            draft_kv_per_token: int | None = None, draft_weights: str = "bf16", draft_group: int = 128) -> dict:
     """Predicted T_T, T_D, T_V and speedup; draft None means self-speculation (the target with a `budget` cache).
     `ring_extra`: the slots a StreamingLLM ring holds beyond its budget for what a forward writes ahead; the draft's
     attention reads them too (masked), which at budget 256 doubles its KV reads. `sampled`: every step also samples
     (the draft its B rows, the verification B * (gamma + 1)). `draft_kv_per_token`: the draft's cache bytes per
-    token where not bf16 (QuantSpec's quantized copy of the whole context: budget 0)."""
+    token where not bf16 (QuantSpec's quantized copy of the whole context: budget 0); `draft_weights`: the draft's
+    weight format (its group for int4)."""
     t_t = step_time(target, d, B, prefix, 1, sampled)
-    t_d = step_time(draft or target, d, B, budget + ring_extra if budget else prefix, 1, sampled, draft_kv_per_token)
+    t_d = step_time(draft or target, d, B, budget + ring_extra if budget else prefix, 1, sampled, draft_kv_per_token,
+                    draft_weights, draft_group)
     t_v = step_time(target, d, B, prefix, gamma + 1, sampled)
     p = {"T_T": t_t, "T_D": t_d, "T_V": t_v, "T_O": d.verify_overhead_s, "T_D_over_T_T": t_d / t_t,
          "T_V_over_T_T": t_v / t_t, "T_O_over_T_T": d.verify_overhead_s / t_t, "omega": omega(alpha, gamma)}
@@ -207,3 +240,19 @@ def fit_layer_overhead(c: ModelArgs, d: Device, B: int, context: int, step_s: fl
     (the count caught compilation's kernels on some runs), and even the low count missed most of the real cost."""
     work = step_time(c, replace(d, layer_overhead_s=0.0), B, context)
     return max(step_s - work, 0.0) / c.n_layers
+
+
+def profiled_weight_kernels(gpu: str | None) -> dict:
+    """The measured weight kernel table (Device.weight_kernels) of the committed profile of this GPU model, or {}
+    (then the formats' bytes stand in)."""
+    for path in sorted(PROFILES.glob("*.json")):
+        p = json.loads(path.read_text())
+        if gpu and p.get("device") == gpu:
+            return weight_kernels_of(p)
+    return {}
+
+
+def weight_kernels_of(profile: dict) -> dict:
+    """A profile's weight kernel table with integer row counts."""
+    table = (profile.get("weight_kernels") or {}).get("matmul_time_vs_bf16") or {}
+    return {fmt: {int(m): float(r) for m, r in by_m.items()} for fmt, by_m in table.items()}

@@ -32,10 +32,10 @@ LINEARS = ("wqkv", "wo", "w1", "w3", "w2", "output")  # every matmul of a decode
 FP8 = torch.float8_e4m3fn
 GEMLITE_INSTALL = "pip install gemlite (its Triton kernels run the 8- and 4-bit draft weights on a GPU)"
 # The GPU kernel per format, by the largest row count M (batch x tokens) it runs, read off the probe in
-# results/draft_weights. Past SMALL rows no low-bit kernel beat bf16: such calls (a prefill chunk) run the model's
-# own weights, which also spares gemlite an autotune of its GEMM at each new shape.
-SMALL = 32
-KERNELS = {"int8": ((SMALL, "gemlite"),), "fp8": ((SMALL, "gemlite"),), "int4": ((4, "tinygemm"), (SMALL, "gemlite"))}
+# results/draft_weights/probe. Past a format's last bound its kernels no longer beat bf16 on an H100: such calls (a
+# large batch, a prefill chunk) run the model's own weights, which also spares gemlite an autotune of its GEMM at
+# each new shape.
+KERNELS = {"int8": ((26, "gemlite"),), "fp8": ((32, "gemlite"),), "int4": ((4, "tinygemm"), (16, "gemlite"))}
 
 
 @dataclass(frozen=True)
@@ -154,10 +154,16 @@ def copy_bytes(config, fmt: str, group: int) -> int:
     return config.n_layers * (sum(sizes.values()) - sizes["output"]) + sizes["output"]
 
 
+def kernel_choices(fmt: str, M: int) -> list[str]:
+    """The GPU kernels a call of M rows tries, in order (KERNELS); past the format's last bound the model's own
+    weights ("full")."""
+    return [kernel for most, kernel in KERNELS[fmt] if M <= most] or ["full"]
+
+
 class QuantLinear(nn.Module):
-    """A linear layer over a Quantized weight. On a GPU a call of up to SMALL rows (a draft step) runs the kernel
-    KERNELS gives for its row count, built at its first use (a graph's eager warm-up) so that only the kernels a run
-    needs hold packed weights, else the reference; a longer call (a prefill chunk, or a batch past SMALL, where no
+    """A linear layer over a Quantized weight. On a GPU a call of a few rows (a draft step) runs the kernel KERNELS
+    gives for its row count, built at its first use (a graph's eager warm-up) so that only the kernels a run needs
+    hold packed weights, else the reference; a longer call (a prefill chunk, or a batch where no kernel of the
     format paid) runs the model's own weight `full`, shared with the model. On a CPU every call runs the reference,
     so the format is what its tests and acceptance runs see at any size. The quantized values stay on the host."""
 
@@ -170,12 +176,7 @@ class QuantLinear(nn.Module):
     def kernel_for(self, M: int) -> str:
         if self.full.device.type != "cuda":
             return "reference"
-        if M > SMALL:
-            return "full"
-        for most, kernel in KERNELS[self.q.fmt]:
-            if M <= most and kernel not in self.unbuilt:
-                return kernel
-        return "reference"
+        return next((k for k in kernel_choices(self.q.fmt, M) if k not in self.unbuilt), "reference")
 
     def kernel(self, name: str):
         """The named kernel, built (from the quantized values, packed by its library) at its first use."""

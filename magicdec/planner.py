@@ -144,22 +144,25 @@ class Choice:
     budget: int | None
     gamma: int
     speedup: float  # predicted, against the baseline
+    draft_weights: str | None = None  # the draft's weight format, where the planner chose among formats
 
 
-def plan(budgets, gammas, alpha: dict[int, float], predict, B: int, tokens: int = 64,
-         spread: dict[int, float] | None = None, method: str = "draft") -> tuple[Choice, list[Choice]]:
-    """The best choice for B sequences of `tokens` new tokens each, and every option considered; alpha maps each
-    budget to its expected acceptance rate, `spread` to its spread between sequences (fit_spread; none if not
-    given or unknown). `predict(budget, gamma)` is the drafter's cost-model prediction (its T_D/T_T, T_V/T_T,
-    T_O/T_T); finishing times as in AutoGamma."""
+def plan(drafts, gammas, alpha: dict, predict, B: int, tokens: int = 64, spread: dict | None = None,
+         method: str = "draft") -> tuple[Choice, list[Choice]]:
+    """The best choice for B sequences of `tokens` new tokens each, and every option considered. `drafts`: the draft
+    options, each a budget or a (budget, draft weight format) pair; alpha maps each to its expected acceptance rate
+    (a format's own: a 4-bit copy accepts less), `spread` to its spread between sequences (fit_spread; none if not
+    given or unknown). `predict(draft, gamma)` is the drafter's cost-model prediction (its T_D/T_T, T_V/T_T,
+    T_O/T_T, the format's kernel times in its T_D); finishing times as in AutoGamma."""
     options = [Choice("baseline", None, 0, 1.0)]
     gammas, remaining = sorted(gammas), np.full(B, tokens)
-    for budget in budgets:
-        alphas = spread_alphas(alpha[budget], (spread or {}).get(budget) or 0.0, B)
+    for draft in drafts:
+        budget, fmt = draft if isinstance(draft, tuple) else (draft, None)
+        alphas = spread_alphas(alpha[draft], (spread or {}).get(draft) or 0.0, B)
         verifications = finish_verifications(gammas, alphas, remaining).tolist()
         for g, n in zip(gammas, verifications):
-            p = predict(budget, g)
-            options.append(Choice(method, budget, g, tokens / (n * cm.verification_cost(p, g))))
+            p = predict(draft, g)
+            options.append(Choice(method, budget, g, tokens / (n * cm.verification_cost(p, g)), fmt))
     return max(options, key=lambda c: c.speedup), options
 
 

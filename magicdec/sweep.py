@@ -47,6 +47,7 @@ from tqdm import tqdm
 
 from magicdec import cost_model as cm
 from magicdec import device as dev
+from magicdec import draft_weights as dw
 from magicdec import drafters
 from magicdec import metrics as met
 from magicdec import options as opt
@@ -206,7 +207,14 @@ def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[st
             budgets, gammas = (budgets if isinstance(budgets, list) else [budgets],
                                gammas if isinstance(gammas, list) else [gammas])
             values |= {"gamma": ["auto"], "max_gamma": max(gammas), "draft_budget": min(budgets)}
-            candidates = {"budgets": sorted(budgets), "gammas": sorted(set(gammas))}
+            candidates = {"budgets": sorted(budgets), "gammas": sorted(set(gammas)), "formats": None}
+            if "draft_weights" in values:  # the planner chooses the format too; memory is checked for the largest copy
+                formats = values["draft_weights"] if isinstance(values["draft_weights"], list) else \
+                    [values["draft_weights"]]
+                values["draft_weights"] = max(formats, key=lambda f: 0 if f == "bf16" else dw.BITS[f])
+                candidates["formats"] = formats
+                if values["draft_weights"] != "int4" and "draft_group" in values:  # int4's, applied if chosen
+                    candidates["draft_group"] = values.pop("draft_group")
         for mode in cfg["decoding"]:
             for point_values in axes(none_words(values)):
                 point_values |= MODES[mode] | {"skip_tokens": batch_skips(cfg)[0], "progress": False} | (
@@ -365,7 +373,9 @@ class Sweep:
         self.engine.load_target()
         device, dtype = self.engine.device, self.engine.dtype
         self.env = dev.environment(device)
-        self.cost_device = cm.measure_device(device, dtype)
+        # the draft weight kernels' times: this GPU model's committed profile (the formats' bytes where none)
+        self.cost_device = replace(cm.measure_device(device, dtype),
+                                   weight_kernels=cm.profiled_weight_kernels(self.env.get("gpu")))
         prefix, n = PROBE
         step = self.probe(replace_options(cfg, B=1, prefix_len=prefix, gen_len=n, drafter="baseline"))
         overhead = cm.fit_layer_overhead(self.engine.target_config, self.cost_device, 1, prefix + n // 2, step)
@@ -475,7 +485,7 @@ class Sweep:
                     if point.method == "auto":  # planned and profiled on the first batch, as a server does
                         if "planner" not in partial:
                             partial["planner"] = self.plan_budget(point)
-                        cfg = replace_options(cfg, draft_budget=partial["planner"]["budget"])
+                        cfg = planned(cfg, partial["planner"])
                         policy = AutoGamma(self.gammas(point), partial["planner"]["alpha"],
                                            spread=partial["planner"]["spread"])
                     else:
@@ -558,7 +568,7 @@ class Sweep:
         and counts summed), each batch's own in "batches"."""
         cfg, w = point.cfg, point.cfg.workload
         if point.method == "auto":
-            cfg = replace_options(cfg, draft_budget=partial["planner"]["budget"])
+            cfg = planned(cfg, partial["planner"])
             point = replace(point, cfg=cfg)
         timings = partial["batches"]
         counts, secs, stats, round_s = combined(timings)
@@ -606,34 +616,47 @@ class Sweep:
         return pred | {"speedup_effective": m["omega_effective"] / cost, "device_model": vars(device)}
 
     def plan_budget(self, point: Point) -> dict:
-        """The planner's budget for an auto point: acceptance per budget as measured by earlier points of this sweep
-        and its `history` sweeps, else the prior; then the cost model's best option."""
+        """The planner's budget (and, where the point lists several, draft weight format) for an auto point:
+        acceptance per option as measured by earlier points of this sweep and its `history` sweeps, else the
+        prior; then the cost model's best option. Where the baseline wins, the drafter is still prepared at the best
+        speculative option, for AutoGamma to switch off."""
         cfg, method = point.cfg, point.cfg.drafter.name
         w = cfg.workload
-        budgets = self.budgets(point)
+        formats = point.candidates.get("formats")
+        drafts = [(b, f) for b in self.budgets(point) for f in formats] if formats else self.budgets(point)
         records = list(self.records())
         alpha, spread = {}, {}
-        for b in budgets:
+        for draft in drafts:
+            b, f = draft if formats else (draft, None)
             seen = [r for r in records if r.get("method") not in ("baseline", "auto", None)
                     and drafters.canonical(r["method"]) == method and r.get("budget") == b
                     and r.get("prefix_len") == w.prefix_len and r.get("decoding") == cfg.decoding.name
                     and r.get("draft_policy", cfg.draft.draft_policy) == cfg.draft.draft_policy
+                    and (f is None or (r.get("config") or {}).get("draft_weights", "bf16") == f)
                     and r.get("metrics", {}).get("alpha") is not None]
             synthetic = cfg.speculation.synthetic_acceptance
-            alpha[b] = synthetic if synthetic is not None else (
+            alpha[draft] = synthetic if synthetic is not None else (
                 sum(r["metrics"]["alpha"] for r in seen) / len(seen) if seen else cfg.speculation.alpha_prior)
-            spread[b] = spread_of(seen)
+            spread[draft] = spread_of(seen)
         device = replace(self.cost_device, verify_overhead_s=self.verify_overhead.get(method, 0.0))
         models = self.engine.plan(cfg)[0]
 
-        def predict(budget, gamma):
-            c = replace_options(cfg, draft_budget=budget, gamma=[gamma])
-            return cfg.drafter.predict(c, self.engine.target_config, models, device, alpha[budget], gamma,
+        group = point.candidates.get("draft_group")
+
+        def predict(draft, gamma):
+            b, f = draft if formats else (draft, None)
+            c = planned(replace_options(cfg, gamma=[gamma]), {"budget": b, "draft_weights": f, "draft_group": group})
+            return cfg.drafter.predict(c, self.engine.target_config, models, device, alpha[draft], gamma,
                                        c.lookahead)
-        best, options = plan(budgets, self.gammas(point), alpha, predict, w.B, w.gen_len - 1, spread, method)
-        budget = best.budget if best.budget is not None else min(budgets)
-        return {"predicted_best": vars(best), "budget": budget, "alpha": alpha[budget], "alpha_by_budget": alpha,
-                "spread": spread[budget], "spread_by_budget": spread, "options": [vars(o) for o in options]}
+        best, options = plan(drafts, self.gammas(point), alpha, predict, w.B, w.gen_len - 1, spread, method)
+        spec = best if best.budget is not None else max(options[1:], key=lambda o: o.speedup)
+        draft = (spec.budget, spec.draft_weights) if formats else spec.budget
+        name = lambda d: " ".join(map(str, d)) if formats else d  # noqa: E731  (JSON keys)
+        return {"predicted_best": vars(best), "budget": spec.budget, "draft_weights": spec.draft_weights,
+                "draft_group": group,
+                "alpha": alpha[draft], "alpha_by_option": {name(d): a for d, a in alpha.items()},
+                "spread": spread[draft], "spread_by_option": {name(d): v for d, v in spread.items()},
+                "options": [vars(o) for o in options]}
 
     @staticmethod
     def budgets(point: Point) -> list[int]:
@@ -668,6 +691,15 @@ def is_point_record(f: Path) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return isinstance(r, dict) and "point" in r
+
+
+def planned(cfg: RunConfig, planner: dict) -> RunConfig:
+    """An auto point's config at the planner's choice (its budget, and its weight format where it chose one)."""
+    fmt = planner.get("draft_weights")
+    chosen = {"draft_weights": fmt} if fmt else {}
+    if fmt == "int4" and planner.get("draft_group"):
+        chosen["draft_group"] = planner["draft_group"]
+    return replace_options(cfg, draft_budget=planner["budget"], **chosen)
 
 
 def replace_options(cfg: RunConfig, **changes) -> RunConfig:

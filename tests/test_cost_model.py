@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from magicdec import cost_model as cm
+from magicdec import draft_weights as dw
 from magicdec.config import ModelArgs
 
 RESULTS = Path(__file__).resolve().parent / "fixtures" / "records"
@@ -164,3 +165,36 @@ def test_offloaded_step_is_bound_by_the_host_link():
     assert cm.offloaded_step_time(l2, d, 1, 131072, 1, 2, 25e9) == pytest.approx(copy)
     assert copy == pytest.approx(2.58, rel=0.01)
     assert cm.offloaded_step_time(l2, d, 1, 131072, 1, 32, 25e9) == cm.step_time(l2, d, 1, 131072, 1)
+
+
+def test_draft_weight_formats_by_measured_kernel_time():
+    """A draft's weight matmuls in a low-bit format take the device's measured ratio to bf16's at the step's rows M
+    (linear between measured row counts, the nearest beyond them), the KV part unchanged; past 32 rows the run uses
+    the bf16 weights; without a measurement, the format's bytes over bf16's. Llama-3.1-8B per layer: qkv 6144 x 4096,
+    o 4096 x 4096, gate/up 2 x 14336 x 4096, down 4096 x 14336, and the 128256 x 4096 head once."""
+    d = cm.Device(bandwidth=3e12, matmul_flops=7e14, weight_kernels={"fp8": {1: 0.5, 13: 0.6, 26: 0.7}})
+    assert cm.weight_time_ratio(L31, d, "fp8", 7) == pytest.approx(0.55)
+    assert cm.weight_time_ratio(L31, d, "fp8", 30) == pytest.approx(0.7)
+    assert cm.weight_time_ratio(L31, d, "fp8", 33) == 1.0 and cm.weight_time_ratio(L31, d, "bf16", 1) == 1.0
+    shapes = [(6144, 4096), (4096, 4096), (14336, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
+    bf16 = sum(2 * n * k for n, k in shapes)
+    int4 = sum(n * k // 2 + 4 * n * k // 128 for n, k in shapes)  # half a byte, fp16 scale and zero per 128
+    assert cm.weight_time_ratio(L31, d, "int4", 1) == pytest.approx(int4 / bf16)
+    assert cm.weight_time_ratio(L31, d, "int8", 1) == pytest.approx(sum(n * k + 4 * n for n, k in shapes) / bf16)
+
+    matmuls = cm.weight_bytes(L31) / 3e12 + 2 * 13 * cm.weight_bytes(L31, 1) / 7e14
+    kv = 13 * 512 * 131072 / 3e12 + 2 * 13 * 2 * 32 * 32 * 128 * 512 / 7e14
+    assert cm.step_time(L31, d, 13, 512) == pytest.approx(matmuls + kv)
+    assert cm.step_time(L31, d, 13, 512, weights="fp8") == pytest.approx(0.6 * matmuls + kv)
+    p = cm.predict(L31, d, 13, 32768, 3, 0.8, 512, draft_weights="fp8")
+    assert p["T_D"] == pytest.approx(0.6 * matmuls + kv) and p["T_T"] == cm.step_time(L31, d, 13, 32768)
+
+
+def test_committed_profile_holds_the_measured_weight_kernels():
+    """The H100 profile's table covers each low-bit format at the draft step's row counts, and the sweep finds it
+    by the GPU's name."""
+    profile = json.loads((cm.PROFILES / "h100.json").read_text())
+    table = cm.weight_kernels_of(profile)
+    assert set(table) == {"int8", "fp8", "int4"} and all({1, 13} <= set(t) for t in table.values())
+    assert {fmt: max(t) for fmt, t in table.items()} == {fmt: k[-1][0] for fmt, k in dw.KERNELS.items()}
+    assert cm.profiled_weight_kernels(profile["device"]) == table and cm.profiled_weight_kernels("a CPU") == {}

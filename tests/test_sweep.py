@@ -104,7 +104,7 @@ def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
                 r["gamma"] * pred["T_D_over_T_T"] + pred["T_V_over_T_T"] + pred["T_O_over_T_T"]))
         if r["method"] == "auto":
             assert r["planner"]["budget"] in (24, 64) and r["budget"] == r["planner"]["budget"]
-            assert r["planner"]["spread"] >= 0 and set(r["planner"]["spread_by_budget"]) == {"24", "64"} & {
+            assert r["planner"]["spread"] >= 0 and set(r["planner"]["spread_by_option"]) == {"24", "64"} & {
                 str(b) for b in (24, 64) if b < r["prefix_len"]}
             used = m["speculation"]["auto_gamma"]["iterations_per_gamma"]
             assert sum(used.values()) == m["iterations"] and set(map(int, used)) <= {0, 1, 2}
@@ -346,9 +346,39 @@ def test_history_feeds_the_planner(tmp_path):
     sw = make(tmp_path, text + f'history = ["{hist}"]\n' + AUTO, name="h.toml")
     sw.load(sw.points[0].cfg)
     auto = next(p for p in sw.points if p.method == "auto")
-    assert sw.plan_budget(auto)["alpha_by_budget"] == {24: 0.6}
+    assert sw.plan_budget(auto)["alpha_by_option"] == {24: 0.6}
     sw.cfg = sw.cfg | {"history": []}
-    assert sw.plan_budget(auto)["alpha_by_budget"] == {24: auto.cfg.speculation.alpha_prior}
+    assert sw.plan_budget(auto)["alpha_by_option"] == {24: auto.cfg.speculation.alpha_prior}
+
+
+def test_planner_chooses_the_draft_weight_format(tmp_path):
+    """An auto point listing draft weight formats plans over (budget, format): each option's acceptance from its
+    own earlier records; a copy that reads a quarter of the bytes but accepts nothing loses to bf16, one that accepts
+    as much wins; the point then runs at the chosen format."""
+    hist = tmp_path / "hist"
+    hist.mkdir()
+    text = TINY_SWEEP + 'methods = ["baseline", "auto"]\n'
+    auto = AUTO + 'draft_weights = ["bf16", "int4"]\n'
+    sw = make(tmp_path, text + auto)
+    sw.load(sw.points[0].cfg)
+    name = sw.engine.target_config.name
+    point = next(p for p in sw.points if p.method == "auto")
+    assert point.candidates["formats"] == ["bf16", "int4"] and point.cfg.draft.draft_weights == "int4"  # its memory
+
+    def planned_with(alphas):
+        for fmt, alpha in alphas.items():
+            (hist / f"{fmt}.json").write_text(json.dumps({
+                "model": name, "method": "selfspec", "budget": 24, "prefix_len": 48, "decoding": "greedy", "B": 2,
+                "gamma": 2, "gen_len": 8, "config": {"draft_weights": fmt}, "metrics": {"alpha": alpha, "iterations": 4}}))
+        s = make(tmp_path, text + f'history = ["{hist}"]\n' + auto, name="h.toml")
+        s.load(s.points[0].cfg)
+        return s.plan_budget(next(p for p in s.points if p.method == "auto"))
+
+    lossy = planned_with({"bf16": 0.9, "int4": 0.0})
+    assert lossy["alpha_by_option"] == {"24 bf16": 0.9, "24 int4": 0.0} and lossy["draft_weights"] == "bf16"
+    assert planned_with({"bf16": 0.9, "int4": 0.9})["draft_weights"] == "int4"
+    cfg = sweep.planned(point.cfg, lossy)
+    assert (cfg.draft.draft_weights, cfg.draft.draft_budget) == ("bf16", 24)
 
 
 POLICY_SWEEP = """

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from magicdec import cost_model as cm
+from magicdec import quant_kv
 from magicdec.config import check_context
 from magicdec.drafters import lookup, selfspec
 from magicdec.drafters.base import DrafterKind, ModelRef, OnRanks, Part, raise_auto
@@ -263,8 +264,12 @@ class TriForce(DrafterKind):
         if "bottom" in models:
             t_bottom = cm.step_time(models["bottom"][0], device, w.B,
                                     d.bottom_budget + ring_extra_for(w.gen_len, lookahead), 1, sampled)
-        middle_verify = cm.step_time(target, device, w.B, d.read_slots(w.prefix_len, w.gen_len, lookahead), gb + 1,
-                                     sampled)
+        if d.quantized_kv:  # the middle reads the whole context through its quantized copy
+            middle_context, kv = context, quant_kv.kv_bytes_per_token(target, d.draft_kv)
+        else:
+            middle_context, kv = d.read_slots(w.prefix_len, w.gen_len, lookahead), None
+        middle_verify = cm.step_time(target, device, w.B, middle_context, gb + 1, sampled, kv, d.draft_weights,
+                                     d.draft_group)
         t_d = (gb * t_bottom + middle_verify) / cm.omega(alpha_b, gb)  # seconds per token handed to the target
         p = cm.predict(target, device, w.B, context, gamma, alpha, 0, None, 0, sampled)
         p = p | {"T_D": t_d, "T_D_over_T_T": t_d / p["T_T"]}

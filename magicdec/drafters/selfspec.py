@@ -133,7 +133,7 @@ def predict_self_draft(d: Config, cfg, target, device, alpha, gamma, lookahead) 
     slots = 0 if d.quantized_kv else d.read_slots(w.prefix_len, w.gen_len, lookahead)
     kv = quant_kv.kv_bytes_per_token(target, d.draft_kv) if d.quantized_kv else None
     p = cm.predict(target, device, w.B, context, gamma, alpha, slots, None, 0, not cfg.decoding.greedy,
-                   draft_kv_per_token=kv)
+                   draft_kv_per_token=kv, draft_weights=d.draft_weights, draft_group=d.draft_group)
     if d.refresh:
         p = cm.with_overhead(p, gamma, cm.refresh_seconds(target, device, w.B, context, d.policy()) / d.refresh)
     return p

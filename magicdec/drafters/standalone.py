@@ -126,7 +126,7 @@ class Standalone(DrafterKind):
         d, w = cfg.draft, cfg.workload
         return cm.predict(target, device, w.B, w.prefix_len + w.gen_len // 2, gamma, alpha,
                           d.read_slots(w.prefix_len, w.gen_len, lookahead), models["draft"][0], 0,
-                          not cfg.decoding.greedy)
+                          not cfg.decoding.greedy, draft_weights=d.draft_weights, draft_group=d.draft_group)
 
 
 def check_same_vocabulary(draft, target, what: str) -> None:
