@@ -304,6 +304,11 @@ def draft_copy(model: nn.Module, fmt: str, group: int) -> nn.Module:
     return made
 
 
+def forget_copies() -> None:
+    """Let go of the kept copies (a sweep's next group of points checks its memory without the last one's)."""
+    _copies.clear()
+
+
 def quantized_copy(model: nn.Module, fmt: str, group: int) -> nn.Module:
     # A deep copy of the module tree whose memo already holds every tensor (and the shard's process group): new
     # modules, the same parameters; then each linear layer swapped for its quantized one.

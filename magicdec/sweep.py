@@ -428,6 +428,7 @@ class Sweep:
         """Why each point of this group that does not fit in memory does not (point key -> reason): the target's
         cache beside the point's drafter share (a batch holds one drafter at a time), weights loaded already
         counted as free. A point too big for its baseline's cache takes its group's baseline with it."""
+        dw.forget_copies()  # the last group's quantized weight copy, kept for its batches
         dev.release_memory(self.engine.device)
         free = dev.memory(self.engine.device)[0] - dev.headroom(self.engine.device)
         out = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import weakref
 
 import pytest
 import torch
@@ -90,7 +91,12 @@ def test_the_copy_shares_all_but_its_linears_and_leaves_the_model_alone(tiny, fm
     assert draft.layers[0].attention.wqkv.full is tiny.layers[0].attention.wqkv.weight  # long calls run it
     names = [n for n, m in draft.named_modules() if isinstance(m, dw.QuantLinear)]
     assert len(names) == 5 * tiny.args.n_layers + 1 and "output" in names
-    assert dw.draft_copy(tiny, fmt, GROUP) is dw.draft_copy(tiny, fmt, GROUP)  # made once per model and format
+    kept = dw.draft_copy(tiny, fmt, GROUP)
+    assert dw.draft_copy(tiny, fmt, GROUP) is kept  # made once per model and format
+    gone = weakref.ref(kept)
+    del kept
+    dw.forget_copies()  # a sweep's next group: the copy goes with its last reference
+    assert gone() is None
     prompts = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(0))
     logits = []
     for model in (tiny, draft):
