@@ -52,8 +52,12 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
-def _visible(q_pos, key_pos, n_slots, sinks=0, window=0) -> torch.Tensor:
+def _visible(q_pos, key_pos, n_slots, sinks=0, window=0, tree=None) -> torch.Tensor:
     """Boolean [B, T, S] mask of the slots each query may attend to."""
+    if tree is not None:
+        from magicdec.tree import visible
+
+        return visible(tree.ancestors, q_pos[:, 0], n_slots)
     if key_pos is None:
         key_pos = torch.arange(n_slots, device=q_pos.device)[None, :]
     kp, qp = key_pos[:, None, :], q_pos[:, :, None]
@@ -71,9 +75,9 @@ def first_query_logits(out: torch.Tensor, q, k, visible) -> None:
     out.copy_(s.reshape(B, H, -1).masked_fill(~visible[:, None, 0], float("-inf")))
 
 
-def sdpa_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Attend:
+def sdpa_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None, tree=None) -> Attend:
     """Plain PyTorch (scaled_dot_product_attention with a boolean mask): the reference, and the CPU path."""
-    visible = _visible(q_pos, key_pos, n_slots, sinks, window)
+    visible = _visible(q_pos, key_pos, n_slots, sinks, window, tree)
 
     def attend(q, k, v, layer=None):
         if scores is not None:
@@ -102,7 +106,7 @@ def _flex():
     return _compiled_flex
 
 
-def flex_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Attend:
+def flex_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None, tree=None) -> Attend:
     """torch FlexAttention with a block mask that skips the KV blocks past each sequence's end."""
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -111,7 +115,15 @@ def flex_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Atte
     n_q_blocks = -(-T // Q_BLOCK)
     if key_pos is None and window:
         key_pos = torch.arange(n_slots, device=q_pos.device).expand(B, n_slots)
-    if key_pos is None:
+    if tree is not None:  # the committed slots, then the tree's nodes from slot base on: their ancestors only
+        base, anc = q_pos[:, 0], tree.ancestors
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            rel = kv_idx - base[b]
+            return (rel < 0) | ((rel < T) & anc[q_idx, rel.clamp(0, T - 1)])
+        kv_num_blocks = torch.clamp((base + T - 1) // KV_BLOCK + 1, max=n_kv_blocks).to(torch.int32)
+        kv_num_blocks = kv_num_blocks[:, None].expand(B, n_q_blocks).contiguous()
+    elif key_pos is None:
         def mask_mod(b, h, q_idx, kv_idx):
             return kv_idx <= q_pos[b, q_idx]
         # Last position queried inside each Q block bounds the KV blocks it needs.
@@ -131,7 +143,7 @@ def flex_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Atte
     block_mask = BlockMask.from_kv_blocks(kv_num_blocks[:, None], kv_indices, BLOCK_SIZE=(Q_BLOCK, KV_BLOCK),
                                           mask_mod=mask_mod, seq_lengths=(T, n_slots))
 
-    visible = _visible(q_pos, key_pos, n_slots, sinks, window) if scores is not None else None
+    visible = _visible(q_pos, key_pos, n_slots, sinks, window, tree) if scores is not None else None
 
     def attend(q, k, v, layer=None):
         if scores is not None:
@@ -141,11 +153,11 @@ def flex_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Atte
     return attend
 
 
-def flash_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Attend:
-    """flash-attn's flash_attn_with_kvcache (when importable) for the full cache; other caches, and scores, use the
-    Triton kernel, whose mask handles scattered slots."""
-    if key_pos is not None or scores is not None:
-        return triton_attend(q_pos, key_pos, n_slots, sinks, window, scores)
+def flash_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None, tree=None) -> Attend:
+    """flash-attn's flash_attn_with_kvcache (when importable) for the full cache; other caches, scores and token
+    trees use the Triton kernel, whose mask handles scattered slots."""
+    if key_pos is not None or scores is not None or tree is not None:
+        return triton_attend(q_pos, key_pos, n_slots, sinks, window, scores, tree)
     from flash_attn import flash_attn_with_kvcache
 
     seqlens = (q_pos[:, -1] + 1).to(torch.int32)  # keys 0..last query position; causal aligns queries at the end
@@ -158,15 +170,16 @@ def flash_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Att
     return attend
 
 
-def triton_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> Attend:
+def triton_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None, tree=None) -> Attend:
     """Split-KV Triton kernel for decode/verify (few query tokens); flex (GPU) or sdpa (CPU) for prefill chunks."""
     if q_pos.shape[1] > TRITON_MAX_T:
-        return (flex_attend if q_pos.is_cuda else sdpa_attend)(q_pos, key_pos, n_slots, sinks, window, scores)
+        return (flex_attend if q_pos.is_cuda else sdpa_attend)(q_pos, key_pos, n_slots, sinks, window, scores, tree)
     from magicdec.triton_attention import split_kv_attention
 
     def attend(q, k, v, layer=None):
         return split_kv_attention(q, k, v, q_pos, key_pos, sinks=sinks, window=window,
-                                  scores=None if scores is None else scores[layer])
+                                  scores=None if scores is None else scores[layer],
+                                  tree_bits=None if tree is None else tree.bits)
 
     return attend
 
@@ -174,5 +187,8 @@ def triton_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None) -> At
 MAKERS = {"sdpa": sdpa_attend, "flex": flex_attend, "triton": triton_attend, "flash": flash_attend}
 
 
-def make_attend(backend: str, q_pos, key_pos, n_slots, sinks: int = 0, window: int = 0, scores=None) -> Attend:
-    return MAKERS[backend](q_pos, key_pos, n_slots, sinks, window, scores)
+def make_attend(backend: str, q_pos, key_pos, n_slots, sinks: int = 0, window: int = 0, scores=None,
+                tree=None) -> Attend:
+    """`tree` (tree.TreeOnDevice): the forward's T tokens are a token tree's nodes, written from slot q_pos[:, 0]
+    on (the root's position is its slot), each seeing the committed slots and its ancestors' only (a full cache)."""
+    return MAKERS[backend](q_pos, key_pos, n_slots, sinks, window, scores, tree)

@@ -31,6 +31,7 @@ class KVCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # tokens held per sequence
         self.max_len, self.backend = max_len, backend
         self.scores = None  # per layer [B, H, max_len] fp32: the next forward's first-query logits go there (--refresh)
+        self.tree = None  # tree.TreeOnDevice while a forward verifies a token tree (its nodes' positions and mask)
         self._rows = torch.arange(batch_size, device=device)[:, None]
         self._slots = None  # where the forward in progress writes (write_slots)
         if self.lengths.is_cuda:  # CUDA graphs must not copy the cache: its address stays fixed across replays
@@ -42,6 +43,9 @@ class KVCache:
         return 2 * n_layers * batch_size * n_kv_heads * max_len * head_dim * torch.empty((), dtype=dtype).element_size()
 
     def positions(self, T: int) -> torch.Tensor:
+        """[B, T] positions of the next T tokens (a token tree's: the root's plus each node's depth)."""
+        if self.tree is not None:
+            return self.lengths[:, None] + self.tree.depths[None]
         return self.lengths[:, None] + torch.arange(T, device=self.lengths.device)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -58,11 +62,23 @@ class KVCache:
         run in order): per layer, the index arithmetic was several small kernels, a measurable part of an 8B
         self-draft's step (results/quant)."""
         if layer == 0 or self._slots is None or self._slots.shape[1] != T:
-            self._slots = self.slots(self.positions(T))
+            # a tree's nodes take the slots after the committed ones in node order, whatever their positions
+            at = self.positions(T) if self.tree is None else \
+                self.lengths[:, None] + torch.arange(T, device=self.lengths.device)
+            self._slots = self.slots(at)
         return self._slots
 
     def attend(self, T: int):
-        return make_attend(self.backend, self.positions(T), None, self.max_len, scores=self.scores)
+        return make_attend(self.backend, self.positions(T), None, self.max_len, scores=self.scores, tree=self.tree)
+
+    def keep_path(self, path: torch.Tensor) -> None:
+        """After a token tree's verification: the KV of each sequence's accepted nodes path [B, D + 1] (the root
+        first; node j in slot lengths + j) moved to the slots their positions take, lengths + 0..D."""
+        at = self.lengths[:, None]
+        src, dst = at + path, at + torch.arange(path.shape[1], device=path.device)
+        for layer in range(len(self.k)):
+            for buf in (self.k[layer], self.v[layer]):
+                buf[self._rows, :, dst] = buf[self._rows, :, src]
 
     def layer_kv(self, layer: int):
         """A layer's K and V [B, Hkv, S, D] on the cache's device, outside a forward (a selection reads them)."""

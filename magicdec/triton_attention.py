@@ -40,12 +40,12 @@ def _halves(base, offs, stride, in_range, DH: tl.constexpr, KV_BITS: tl.constexp
 
 
 @triton.jit
-def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ,
+def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, TREE_BITS,
                      stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                      stride_zb, stride_zh, n_kv_heads, n_slots, split_len, sinks, window,
                      SCALE: tl.constexpr, T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KPOS: tl.constexpr, N_SPLITS: tl.constexpr,
-                     HAS_SCORES: tl.constexpr, KV_BITS: tl.constexpr):
+                     HAS_SCORES: tl.constexpr, KV_BITS: tl.constexpr, TREE: tl.constexpr):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b = pid_bh // n_kv_heads
@@ -71,7 +71,11 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ,
 
     start = split * split_len
     end = tl.minimum(start + split_len, n_slots)
-    if not HAS_KPOS:  # full cache: slots past the last query position are never visible
+    if TREE:  # a token tree's nodes sit in slots base..base + T - 1 (base: the root's position and slot)
+        base = tl.load(QPOS + b * T)
+        bits = tl.load(TREE_BITS + rows % T, mask=row_ok, other=0)  # each row's ancestors, one bit per node
+        end = tl.minimum(end, base + T)
+    elif not HAS_KPOS:  # full cache: slots past the last query position are never visible
         end = tl.minimum(end, tl.load(QPOS + b * T + T - 1) + 1)
 
     m_i = tl.full([BLOCK_M], NEG, tl.float32)
@@ -96,7 +100,13 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ,
             k_pos = tl.load(KPOS + b * n_slots + offs, mask=in_range, other=0)
         else:
             k_pos = offs
-        visible = in_range[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        if TREE:
+            rel = offs - base
+            node = tl.where((rel >= 0) & (rel < T), rel, 0)
+            ancestor = ((bits[:, None] >> node[None, :].to(tl.int64)) & 1) != 0
+            visible = in_range[None, :] & ((rel[None, :] < 0) | ((rel[None, :] < T) & ancestor))
+        else:
+            visible = in_range[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if window > 0:  # StreamingLLM: sink tokens plus the most recent `window` positions
             visible = visible & ((k_pos[None, :] < sinks) | (k_pos[None, :] > q_pos[:, None] - window))
         s = tl.where(visible, s, float("-inf"))
@@ -148,13 +158,14 @@ def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
 
 def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int = 0, n_splits: int | None = None,
                        block_n: int = 128, num_warps: int = 4, num_stages: int = 2, scores=None, k_scale_zero=None,
-                       v_scale_zero=None, kv_bits: int = 16):
+                       v_scale_zero=None, kv_bits: int = 16, tree_bits=None):
     """q [B, H, T, D]; k, v [B, Hkv, S, D] (each last dim contiguous); q_pos [B, T] (increasing in T);
     key_pos [B, S] or None (slot s holds position s); window > 0 limits each query to the `sinks` first positions
     plus its `window` most recent ones. Returns [B, H, T, D] in q's dtype. `scores` [B, H, S] fp32 (contiguous):
     also each head's scaled logits of the first query, -inf where it may not look. With kv_bits 8 or 4, k and v are
     uint8 codes ([B, Hkv, S, D * kv_bits / 8]) and k_scale_zero, v_scale_zero [B, Hkv, S, 2] (contiguous) each
-    row's scale and zero point."""
+    row's scale and zero point. `tree_bits` [T] int64 (a full cache): the T queries are a token tree's nodes in
+    slots q_pos[:, 0] + 0..T-1, query t seeing the committed slots before them and the nodes set in its bits."""
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rows = H // Hkv * T
@@ -174,10 +185,11 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
         scores.fill_(float("-inf"))  # a full cache's blocks past the last query are never read
     _split_kv_kernel[(B * Hkv, n_splits)](
         q, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l, scores if scores is not None else m,
-        *zeros, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+        *zeros, tree_bits if tree_bits is not None else q_pos, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), zeros[0].stride(0), zeros[0].stride(1), Hkv, S, split_len, sinks, window,
         SCALE=D ** -0.5, T=T, ROWS=rows, D=D, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
         HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, HAS_SCORES=scores is not None, KV_BITS=kv_bits,
+        TREE=tree_bits is not None,
         num_warps=num_warps,
         num_stages=num_stages)
     return merge_splits(acc, m, l, q.dtype, T)

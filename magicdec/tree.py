@@ -1,0 +1,196 @@
+"""Token trees: a verification of several candidate continuations at once (SpecInfer, Sequoia, Medusa's trees).
+
+A tree's node 0 is the root, the last committed token (what a chain's verification feeds first); every other node
+is a drafted token whose parent comes before it. Its shape is static (the same for every sequence of a batch, one
+CUDA graph per shape): `parents`, and each node's depth, the position offset its RoPE takes. In a verification node
+i attends to the committed cache and to its ancestors (itself included) only; the tree's nodes are written to the
+cache slots after the committed ones in node order, and once a path is accepted its nodes' KV moves to the
+contiguous slots that path's positions take (KVCache.keep_path). A chain is the tree whose every node has one
+child: its verification is today's.
+
+Acceptance walks from the root: greedy keeps the child equal to the target's argmax at its parent (the longest
+matching path); sampling tries a node's children in order (SpecInfer's multi-candidate rule, in Sequoia's form for
+candidates drawn without replacement): child c, proposed from q_c, is kept with probability min(1, p(c) / q_c(c));
+after a rejection p becomes norm(max(0, p - q_c)) and the next child is tried against it; after the last rejection,
+the next token is drawn from what p has become. Every step keeps the output distributed exactly as the target's
+own sampling. A deterministic candidate (a greedy draft's top-k) has q_c = one-hot at c: rejecting it zeroes c in p.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from magicdec.errors import MagicDecError
+from magicdec.sampling import sample_from
+
+MAX_NODES = 64  # a node's ancestors are one 64-bit mask in the attention kernel
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A static token tree: parents[i] < i for every node i > 0, parents[0] = -1 (the root)."""
+    parents: tuple[int, ...]
+
+    def __post_init__(self):
+        p = self.parents
+        if not p or p[0] != -1 or any(not 0 <= p[i] < i for i in range(1, len(p))):
+            raise MagicDecError(f"a token tree's parents must be -1 for the root, then each node's parent before it; "
+                                f"got {list(p)}")
+        if len(p) > MAX_NODES:
+            raise MagicDecError(f"a token tree of {len(p)} nodes: at most {MAX_NODES} (the root included)")
+
+    @staticmethod
+    def chain(gamma: int) -> "Tree":
+        return Tree((-1, *range(gamma)))
+
+    @staticmethod
+    def chain_with_siblings(gamma: int, width: int) -> "Tree":
+        """A chain of gamma drafted tokens, each depth also holding width - 1 alternatives as leaves (a draft's next
+        candidates at the positions its chain drafts): per depth the chain's node first, then its siblings."""
+        parents, at = [-1], 0
+        for _ in range(gamma):
+            parents += [at] * width
+            at = len(parents) - width
+        return Tree(tuple(parents))
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @functools.cached_property
+    def depths(self) -> tuple[int, ...]:
+        d = [0]
+        for i in range(1, self.size):
+            d.append(d[self.parents[i]] + 1)
+        return tuple(d)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths)
+
+    @functools.cached_property
+    def is_chain(self) -> bool:
+        return self.parents == Tree.chain(self.size - 1).parents
+
+    @functools.cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        out = [[] for _ in self.parents]
+        for i in range(1, self.size):
+            out[self.parents[i]].append(i)
+        return tuple(tuple(c) for c in out)
+
+    @functools.cached_property
+    def ancestors(self) -> torch.Tensor:
+        """[N, N] bool: ancestors[i, j] iff node j is node i or one of its ancestors (what node i attends to)."""
+        a = torch.eye(self.size, dtype=torch.bool)
+        for i in range(1, self.size):
+            a[i] |= a[self.parents[i]]
+        return a
+
+    @functools.cached_property
+    def ancestor_bits(self) -> torch.Tensor:
+        """[N] int64: bit j of node i's entry set iff ancestors[i, j] (the attention kernel's mask)."""
+        weights = torch.tensor([1 << j if j < 63 else -(1 << 63) for j in range(self.size)], dtype=torch.long)
+        return (self.ancestors.long() * weights).sum(1)
+
+    def on_device(self, device) -> "TreeOnDevice":
+        return _on_device(self, str(device))
+
+
+@dataclass(frozen=True)
+class TreeOnDevice:
+    """A tree's tensors on one device, made once (a graph's capture bakes them in)."""
+    tree: Tree
+    depths: torch.Tensor  # [N] long
+    ancestors: torch.Tensor  # [N, N] bool
+    bits: torch.Tensor  # [N] int64
+    parents: torch.Tensor  # [N] long, the root's 0
+    children: torch.Tensor  # [N, W] long: each node's children in order, -1 past them
+
+
+@functools.lru_cache(maxsize=64)
+def _on_device(tree: Tree, device: str) -> TreeOnDevice:
+    width = max(len(c) for c in tree.children)
+    children = [list(c) + [-1] * (width - len(c)) for c in tree.children]
+    return TreeOnDevice(tree, torch.tensor(tree.depths, device=device), tree.ancestors.to(device),
+                        tree.ancestor_bits.to(device), torch.tensor((0, *tree.parents[1:]), device=device),
+                        torch.tensor(children, dtype=torch.long, device=device).reshape(tree.size, width))
+
+
+def visible(tree: torch.Tensor, base: torch.Tensor, n_slots: int) -> torch.Tensor:
+    """[B, N, S] bool: node i of sequence b sees the committed slots s < base[b] and the slots base[b] + j of its
+    ancestors j (tree: the [N, N] ancestors mask)."""
+    N = tree.shape[0]
+    rel = torch.arange(n_slots, device=base.device)[None, :] - base[:, None]  # [B, S]
+    in_tree = (rel >= 0) & (rel < N)
+    anc = tree[:, rel.clamp(0, N - 1)].permute(1, 0, 2)  # [B, N, S]
+    return (rel < 0)[:, None, :] | (in_tree[:, None, :] & anc)
+
+
+def greedy_tree_verify(best: torch.Tensor, tokens: torch.Tensor, tree: TreeOnDevice):
+    """best [B, N]: the target's argmax at each node; tokens [B, N]: the nodes' tokens (the root's unused). Keep the
+    deepest node whose every ancestor, itself included, equals the target's argmax at its parent. Returns (path
+    [B, D + 1] node indices from the root, padded with the last kept node; accepted [B] drafted tokens kept; next
+    [B], the target's argmax after them)."""
+    match = tokens == best.gather(1, tree.parents[None].expand_as(tokens))
+    match[:, 0] = True
+    kept = ~((~match).float() @ tree.ancestors.T.float()).bool()  # no failing node on the way from the root
+    depth = torch.where(kept, tree.depths[None], -1)
+    last = depth.argmax(1)  # the deepest kept node (the first of equal depth)
+    return _path(tree, last), depth.max(1).values, best.gather(1, last[:, None])[:, 0]
+
+
+def sampling_tree_verify(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.Tensor, tree: TreeOnDevice,
+                         correct: bool = True):
+    """p [B, N, V]: the target's probabilities at each node; q [B, N, V]: the distribution each node's token was
+    proposed from (None: every candidate deterministic, a one-hot at its token); tokens [B, N]. Walks from the
+    root, trying each node's children in order (module docstring). `correct=False` leaves p as it was after a
+    rejection: NOT lossless (the test that catches it). Returns (path, accepted, next) as greedy_tree_verify."""
+    B, N, V = p.shape
+    rows = torch.arange(B, device=p.device)
+    at = torch.zeros(B, dtype=torch.long, device=p.device)  # the node each sequence stands on
+    done = torch.zeros(B, dtype=torch.bool, device=p.device)  # no child kept at `at`: its next token is drawn
+    residual = p[:, 0].clone()
+    t = tree.tree
+    for d in range(t.depth):
+        moved = torch.zeros_like(done)
+        width = max((len(t.children[i]) for i in range(t.size) if t.depths[i] == d), default=0)
+        for r in range(width):  # the r-th child of the node each sequence stands on
+            child = tree.children[at, r]
+            trying = ~done & ~moved & (child >= 0)
+            c = child.clamp(min=0)
+            tok = tokens[rows, c]
+            q_c = torch.nn.functional.one_hot(tok, V).to(p.dtype) if q is None else q[rows, c]
+            p_tok, q_tok = residual[rows, tok], q_c[rows, tok]
+            keep = trying & (torch.rand(B, device=p.device) * q_tok < p_tok)
+            if correct:
+                left = torch.clamp(residual - q_c, min=0)
+                mass = left.sum(-1, keepdim=True)
+                left = torch.where(mass > 0, left / mass.clamp_min(1e-30), residual)
+                residual = torch.where((trying & ~keep)[:, None], left, residual)
+            at = torch.where(keep, c, at)
+            moved |= keep
+            residual = torch.where(keep[:, None], p[rows, c], residual)
+        done |= ~moved
+    return _path(tree, at), tree.depths[at], sample_from(residual)
+
+
+def _path(tree: TreeOnDevice, last: torch.Tensor) -> torch.Tensor:
+    """[B, D + 1]: the nodes from the root to `last` [B] by depth, padded after it with `last`."""
+    D = tree.tree.depth
+    B = last.shape[0]
+    path = torch.zeros(B, D + 1, dtype=torch.long, device=last.device)
+    depth = tree.depths[last]
+    node = last
+    for d in range(D, 0, -1):  # walk up: at step d the node at depth d (or `last` itself while deeper than it)
+        here = depth >= d
+        path[:, d] = torch.where(here, node, last)
+        node = torch.where(depth >= d, tree.parents[node], node)
+    return path
+
+
+def path_tokens(tokens: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
+    """The drafted tokens along each path [B, D] (the root left out), as a chain's drafted tokens."""
+    return tokens.gather(1, path[:, 1:])

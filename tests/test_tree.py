@@ -1,0 +1,220 @@
+"""Token trees (magicdec/tree.py): shapes and masks against hand-built ones, greedy acceptance against a hand-written
+walk, and sampled acceptance against the exact distributions it must keep (and failing without the correction)."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the split-KV kernel on the CPU, set before triton is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from conftest import chi_square  # noqa: E402
+from magicdec.attention import make_attend  # noqa: E402
+from magicdec.errors import MagicDecError  # noqa: E402
+from magicdec.kv_cache import KVCache  # noqa: E402
+from magicdec.tree import Tree, greedy_tree_verify, path_tokens, sampling_tree_verify, visible  # noqa: E402
+
+# root; two children; the first with two children, the second with one; one grandchild below node 3
+BRANCHY = Tree((-1, 0, 0, 1, 1, 2, 3))
+
+
+def test_shapes_by_hand():
+    assert Tree.chain(3).parents == (-1, 0, 1, 2) and Tree.chain(3).is_chain
+    t = Tree.chain_with_siblings(2, 3)
+    assert t.parents == (-1, 0, 0, 0, 1, 1, 1) and t.depths == (0, 1, 1, 1, 2, 2, 2) and t.depth == 2
+    assert BRANCHY.children == ((1, 2), (3, 4), (5,), (6,), (), (), ())
+    anc = BRANCHY.ancestors
+    assert anc[6].nonzero().flatten().tolist() == [0, 1, 3, 6] and anc[5].nonzero().flatten().tolist() == [0, 2, 5]
+    assert BRANCHY.ancestor_bits.tolist() == [1, 3, 5, 11, 19, 37, 75]
+
+
+@pytest.mark.parametrize("parents, needle", [((0, 0), "-1 for the root"), ((-1, 1), "before it"),
+                                             ((-1, *[0] * 64), "at most 64")])
+def test_bad_trees_are_one_line(parents, needle):
+    with pytest.raises(MagicDecError, match=needle) as e:
+        Tree(tuple(parents))
+    assert "\n" not in str(e.value)
+
+
+def test_visible_by_hand():
+    """Sequence 0 has 2 committed tokens, sequence 1 has 4; the tree's nodes sit right after them."""
+    v = visible(BRANCHY.ancestors, torch.tensor([2, 4]), 12)
+    for b, base in enumerate((2, 4)):
+        for i in range(BRANCHY.size):
+            want = [s < base or (0 <= s - base < 7 and bool(BRANCHY.ancestors[i, s - base])) for s in range(12)]
+            assert v[b, i].tolist() == want
+
+
+def walk(best, tokens, tree):
+    """The greedy rule by hand: from the root, step to the child whose token is the target's argmax at its parent."""
+    path, node = [0], 0
+    while True:
+        step = [c for c in tree.children[node] if tokens[c] == best[node]]
+        if not step:
+            return path, best[node]
+        node = step[0]
+        path.append(node)
+
+
+@pytest.mark.parametrize("tree", [BRANCHY, Tree.chain(4), Tree.chain_with_siblings(3, 3)])
+def test_greedy_keeps_the_longest_matching_path(tree):
+    g = torch.Generator().manual_seed(0)
+    B, V = 200, 3
+    best = torch.randint(0, V, (B, tree.size), generator=g)
+    tokens = torch.zeros(B, tree.size, dtype=torch.long)
+    for i in range(tree.size):  # siblings distinct, as a draft's top-k are
+        for c_rank, c in enumerate(tree.children[i]):
+            tokens[:, c] = (torch.randint(0, V, (B,), generator=g) + c_rank) % V if c_rank == 0 else \
+                (tokens[:, tree.children[i][0]] + c_rank) % V
+    path, accepted, nxt = greedy_tree_verify(best, tokens, tree.on_device("cpu"))
+    for b in range(B):
+        want, want_next = walk(best[b].tolist(), tokens[b].tolist(), tree)
+        assert accepted[b] == len(want) - 1 and nxt[b] == want_next
+        assert path[b, :len(want)].tolist() == want and (path[b, len(want):] == want[-1]).all()
+        assert path_tokens(tokens, path)[b, :len(want) - 1].tolist() == tokens[b, want[1:]].tolist()
+    assert accepted.max() >= 2  # the test reached past the first level
+
+
+def tables(seed, V=6):
+    g = torch.Generator().manual_seed(seed)
+    norm = lambda x: x / x.sum(-1, keepdim=True)  # noqa: E731
+    p1, p2 = norm(torch.rand(V, generator=g) ** 3), norm(torch.rand(V, V, generator=g) ** 3)
+    q1, q2 = norm(torch.rand(V, generator=g) ** 3), norm(torch.rand(V, V, generator=g) ** 3)
+    return p1, p2, q1, q2
+
+
+def without(q, taken):
+    """q with the tokens already drawn removed, renormalized (sampling without replacement)."""
+    q = q.clone()
+    q[torch.arange(q.shape[0])[:, None], taken] = 0
+    return q / q.sum(-1, keepdim=True)
+
+
+def sampled_tree_run(seed, correct=True, deterministic=False, B=40_000):
+    """Root with three children, each with two: candidates drawn without replacement from the draft's q (or, with
+    `deterministic`, the draft's three / two likeliest, q one-hot). The target's p at the root is p1, at a child
+    with token x p2[x]; returns (first token, second token or -1 where only one was produced)."""
+    torch.manual_seed(seed)
+    tree = Tree((-1, 0, 0, 0, 1, 1, 2, 2, 3, 3))
+    p1, p2, q1, q2 = tables(seed)
+    V = p1.shape[0]
+    tokens = torch.zeros(B, tree.size, dtype=torch.long)
+    q = torch.zeros(B, tree.size, V)
+
+    def propose(parent_q, children):
+        drawn = []
+        for c in children:
+            qc = without(parent_q, torch.stack(drawn, 1)) if drawn else parent_q
+            tokens[:, c] = qc.argmax(-1) if deterministic else torch.multinomial(qc, 1)[:, 0]
+            q[:, c] = qc
+            drawn.append(tokens[:, c])
+    propose(q1.expand(B, V), tree.children[0])
+    for i in tree.children[0]:
+        propose(q2[tokens[:, i]], tree.children[i])
+    p = torch.zeros(B, tree.size, V)
+    p[:, 0] = p1
+    for i in range(1, tree.size):
+        p[:, i] = p2[tokens[:, i]] if tree.depths[i] == 1 else p1  # depth 2: the third token, not checked
+    path, accepted, nxt = sampling_tree_verify(p, None if deterministic else q, tokens, tree.on_device("cpu"),
+                                               correct)
+    kept = path_tokens(tokens, path)  # the drafted tokens kept (padded past them), then the next one
+    first = torch.where(accepted >= 1, kept[:, 0], nxt)
+    second = torch.where(accepted >= 2, kept[:, 1], torch.where(accepted == 1, nxt, -1))
+    return first, second, p1, p2
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tree_sampling_keeps_the_targets_distribution(seed, deterministic):
+    first, second, p1, p2 = sampled_tree_run(seed, deterministic=deterministic)
+    stat, bound = chi_square(first, p1)
+    assert stat < bound, (stat, bound)
+    x = int(torch.bincount(first[second >= 0]).argmax())  # the first token most often followed by a kept one
+    stat, bound = chi_square(second[(first == x) & (second >= 0)], p2[x])
+    assert stat < bound, (stat, bound)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_tree_sampling_check_fails_without_the_correction(deterministic):
+    first, _, p1, _ = sampled_tree_run(0, correct=False, deterministic=deterministic)
+    stat, bound = chi_square(first, p1)
+    assert stat > 5 * bound, (stat, bound)
+
+
+def reference_attention(q, k, v, base, tree):
+    """Float64 softmax attention, one (sequence, head, node) at a time: node i of sequence b over the slots before
+    base[b] and the slots base[b] + j of its ancestors j, picked by walking up the parents."""
+    B, H, T, D = q.shape
+    G = H // k.shape[1]
+    out = torch.zeros(B, H, T, D, dtype=torch.float64)
+    for b in range(B):
+        for i in range(T):
+            up, chain = i, []
+            while up >= 0:
+                chain.append(up)
+                up = tree.parents[up]
+            slots = list(range(int(base[b]))) + [int(base[b]) + j for j in sorted(chain)]
+            for h in range(H):
+                kh, vh = k[b, h // G, slots].double(), v[b, h // G, slots].double()
+                w = torch.softmax(kh @ q[b, h, i].double() / D ** 0.5, 0)
+                out[b, h, i] = w @ vh
+    return out
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "triton"])
+def test_every_backend_masks_a_tree_as_the_float64_reference(backend):
+    g = torch.Generator().manual_seed(0)
+    B, H, Hkv, D, S = 2, 8, 2, 16, 300
+    tree = Tree.chain_with_siblings(3, 3)
+    T = tree.size
+    q, k, v = torch.randn(B, H, T, D, generator=g), torch.randn(B, Hkv, S, D, generator=g), \
+        torch.randn(B, Hkv, S, D, generator=g)
+    base = torch.tensor([130, 7])  # ragged: the nodes' slots start after each sequence's committed ones
+    td = tree.on_device("cpu")
+    q_pos = base[:, None] + td.depths[None]
+    out = make_attend(backend, q_pos, None, S, tree=td)(q, k, v)
+    ref = reference_attention(q, k, v, base, tree)
+    assert (out.double() - ref).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "triton"])
+def test_tree_verification_through_the_model_equals_transformers_on_each_path(tiny_hf, backend):
+    """Each node's logits from one tree forward equal transformers' Llama on the prompt followed by that node's
+    path; after keep_path and a rollback to the accepted path, the next step equals transformers on prompt + path
+    + next token (the path's KV is where its positions say)."""
+    from magicdec.model import load_model
+
+    hf, path = tiny_hf("llama", seed=3, num_hidden_layers=4, max_position_embeddings=1024)
+    model = load_model(path, "cpu", torch.float32)
+    a = model.args
+    g = torch.Generator().manual_seed(1)
+    B, P = 2, 37
+    prompts = torch.randint(0, a.vocab_size, (B, P), generator=g)
+    tree = BRANCHY
+    nodes = torch.randint(0, a.vocab_size, (B, tree.size), generator=g)
+    nodes[:, 0] = prompts[:, -1]  # the root: the last committed token, fed first
+    cache = KVCache(a.n_layers, B, model.n_kv_heads, 64, a.head_dim, torch.float32, "cpu", backend)
+    model(prompts[:, :-1], cache, logits="none")
+    cache.advance(P - 1)
+    cache.tree = tree.on_device("cpu")
+    logits = model(nodes, cache)
+    cache.tree = None
+    for b in range(B):
+        for i in range(tree.size):
+            up, chain = i, []
+            while up > 0:
+                chain.append(up)
+                up = tree.parents[up]
+            ids = torch.cat([prompts[b], nodes[b, sorted(chain)]])
+            want = hf(ids[None]).logits[0, -1]
+            assert torch.allclose(logits[b, i], want, atol=2e-4), (b, i)
+    path = torch.tensor([[0, 1, 3, 6], [0, 2, 5, 5]])  # sequence 1 kept two nodes
+    kept = torch.tensor([3, 2])
+    cache.keep_path(path)
+    cache.advance(kept + 1)  # the root and the kept nodes
+    nxt = torch.randint(0, a.vocab_size, (B, 1), generator=g)
+    step = model(nxt, cache)
+    for b in range(B):
+        ids = torch.cat([prompts[b], nodes[b, path[b, 1:int(kept[b]) + 1]], nxt[b]])
+        assert torch.allclose(step[b, -1], hf(ids[None]).logits[0, -1], atol=2e-4), b
