@@ -356,6 +356,8 @@ class Engine:
 
     def decoder(self, cfg: RunConfig, drafter=None, gamma: int = 0, policy: AutoGamma | None = None) -> Decoder:
         d, rt = cfg.decoding, cfg.runtime
+        if drafter is not None:
+            drafter.width = cfg.speculation.tree_width  # a prepared drafter serves points of any width
         return Decoder(self.target, Sampling(d.temperature, d.top_p, d.top_k), drafter=drafter, gamma=gamma,
                        step_mode=rt.step_mode, graph_target=not rt.offload,
                        synthetic_acceptance=cfg.speculation.synthetic_acceptance if drafter else None, policy=policy)

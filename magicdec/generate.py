@@ -18,6 +18,7 @@ from magicdec.model import Transformer
 from magicdec.planner import AutoGamma
 from magicdec.sampling import probabilities
 from magicdec.stats import Counts, PhaseTimer, Stats
+from magicdec.tree import greedy_tree_verify, path_tokens, sampling_tree_verify
 from magicdec.verify import acceptance_landscape, greedy_verify, speculative_sampling_verify, synthetic_verify
 
 
@@ -62,6 +63,14 @@ class Drafter:
     # True where a verification's length varies from one to the next (prompt lookup): timing then warms up over a
     # whole run, so that no CUDA-graph capture lands in a timed one
     varying_lengths = False
+    # candidates per drafted position (--tree_width): above 1 a drafter proposes a token tree (tree_for), and a
+    # greedy draft step returns the draft's `width` likeliest ids [B, width] instead of its argmax
+    width = 1
+
+    def tree_for(self, gamma: int):
+        """The token tree (tree.Tree) a proposal of `gamma` fills, its tokens in node order after the root; None:
+        a chain of gamma tokens."""
+        return None
 
     def begin(self) -> None:
         """A generation starts (each timed run starts alike)."""
@@ -251,6 +260,7 @@ class Decoder:
                  step_mode: str = "eager", graph_target: bool = True, synthetic_acceptance: float | None = None,
                  policy: AutoGamma | None = None, trace: bool = False):
         self.model, self.sampling, self.drafter = model, sampling, drafter
+        self.width = drafter.width if drafter is not None else 1
         self.trace = [] if trace else None  # per-iteration accepted counts (a host sync each: tests only)
         self.policy = policy if drafter is not None else None
         self.gamma = (policy.max_gamma if self.policy else gamma) if drafter is not None else 0  # the largest gamma
@@ -259,8 +269,9 @@ class Decoder:
         if step_mode == "compile":
             wrap = lambda f: torch.compile(f, mode="reduce-overhead", fullgraph=True, dynamic=False)  # noqa: E731
         elif step_mode == "cuda_graphs":
-            # a refresh's verification also writes its attention scores: a graph of its own
-            wrap = lambda f: GraphedStep(f, key=lambda *args: (args[-1].scores is not None,))  # noqa: E731
+            # a refresh's verification also writes its attention scores, and a tree's masks another way: a graph each
+            wrap = lambda f: GraphedStep(f, key=lambda *args: (args[-1].scores is not None,  # noqa: E731
+                                                               getattr(args[-1].tree, "tree", None)))
         else:
             wrap = lambda f: f  # noqa: E731
         self.verify_step = wrap(self._verify_step) if graph_target else self._verify_step
@@ -295,12 +306,15 @@ class Decoder:
         while not self._all_done(batch, schedule):
             gamma = schedule.next()
             t0 = timer.stamp()
-            drafted, q = self._propose(batch, gamma)  # draft gamma tokens
+            drafted, q = self._propose(batch, gamma)  # draft gamma tokens (or a tree gamma deep)
+            tree = drafter.tree_for(gamma) if gamma else None
             gamma = drafted.shape[1]  # a draft may propose fewer (prompt lookup: as many as it found)
             t1 = timer.stamp()
             if gamma:
                 drafter.before_verify(cache, gamma)
-            accepted, nxt, verified = self._verify(cache, batch, drafted, q)  # verify gamma + 1 in one pass, accept
+            # verify them in one pass and accept: `drafted` becomes the chain it kept from (a tree's accepted path)
+            accepted, nxt, verified, drafted = self._verify(cache, batch, drafted, q, tree)
+            gamma = drafted.shape[1]
             t2 = timer.stamp()
             self.after_verify(batch, verified, accepted)
             active = batch.commit(drafted, accepted, nxt)
@@ -356,6 +370,8 @@ class Decoder:
         return self._distribution(self.model, tokens, cache, "all")
 
     def _draft_step(self, model, tokens, cache):
+        if self._greedy and self.width > 1:  # a tree's candidates: the draft's likeliest ids, best first
+            return torch.topk(model(tokens, cache, logits="last")[:, -1], self.width).indices
         return self._distribution(model, tokens, cache, "last")[:, -1]
 
     def _propose(self, batch: Batch, gamma: int):
@@ -364,10 +380,13 @@ class Decoder:
             return batch.hist[:, :0], None
         return self.drafter.propose(self.draft_step, batch.hist, batch.m, batch.position(2), gamma)
 
-    def _verify(self, cache, batch: Batch, drafted: torch.Tensor, q):
-        """The target's pass over the last committed token and the drafted ones: (accepted [B], next token [B], what
-        the pass returned: argmax ids [B, g+1], or probabilities [B, g+1, V])."""
+    def _verify(self, cache, batch: Batch, drafted: torch.Tensor, q, tree=None):
+        """The target's pass over the last committed token and the drafted ones (a chain, or `tree`'s nodes):
+        (accepted [B], next token [B], what the pass returned: argmax ids [B, g+1], or probabilities [B, g+1, V];
+        the drafted chain kept from)."""
         tokens = torch.cat([batch.hist.gather(1, (batch.m - 1)[:, None]), drafted], 1)
+        if tree is not None:
+            return self._verify_tree(cache, tokens, q, tree.on_device(tokens.device))
         verified = self.verify_step(tokens, cache).clone()
         if self.synthetic is not None:
             at = batch.drafted_columns(drafted.shape[1])
@@ -381,7 +400,27 @@ class Decoder:
             # there): rank 0 decides, everyone follows, so no rank can diverge or wait on another.
             dist.broadcast(accepted, src=0)
             dist.broadcast(nxt, src=0)
-        return accepted, nxt, verified
+        return accepted, nxt, verified, drafted
+
+    def _verify_tree(self, cache, tokens: torch.Tensor, q, tree):
+        """A token tree's verification: every node over the committed cache and its ancestors in one pass, the
+        longest accepted path (greedy) or the multi-candidate rule's (sampled, tree.py), its KV moved to the slots
+        its positions take. Returns what _verify does, the drafted chain being the path's tokens."""
+        cache.tree = tree
+        try:
+            verified = self.verify_step(tokens, cache).clone()
+        finally:
+            cache.tree = None
+        if verified.dim() == 2:
+            path, accepted, nxt = greedy_tree_verify(verified, tokens, tree)
+        else:
+            q = None if q is None else torch.cat([q[:, :1], q], 1)  # the root's row, unread
+            path, accepted, nxt = sampling_tree_verify(verified, q, tokens, tree)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            for t in (path, accepted, nxt):
+                dist.broadcast(t, src=0)
+        cache.keep_path(path)
+        return accepted, nxt, verified, path_tokens(tokens, path)
 
 
 def decode(decoder: Decoder, cache, first: torch.Tensor, n_new: int, eos_ids=(), progress: bool = False,

@@ -25,6 +25,7 @@ from magicdec import drafters
 from magicdec import options as opt
 from magicdec.errors import MagicDecError
 from magicdec.options import option
+from magicdec.tree import MAX_NODES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 STEP_MODES = ("eager", "cuda_graphs", "compile")
@@ -123,6 +124,10 @@ class Speculation:
     alpha_prior: float = option(0.8, "--gamma auto: acceptance rate assumed at the start")
     synthetic_acceptance: float | None = option(None, "random-weight runs: accept each drafted token with this "
                                                       "probability instead of comparing", parse=float)
+    tree_width: int = option(1, "candidates per drafted position: above 1 a model draft proposes a token tree, its "
+                                "chain of gamma tokens with the draft's next width - 1 candidates beside each "
+                                "(greedy: its likeliest; sampled: drawn without replacement), verified in one pass "
+                                "(magicdec/tree.py)")
 
     @property
     def speculative(self) -> bool:
@@ -144,6 +149,11 @@ class Speculation:
         """The longest draft a verification can carry: what caches are sized for."""
         return max(self.gammas, default=0)
 
+    @property
+    def nodes(self) -> int:
+        """Drafted tokens a verification writes into the target's cache (a tree's, or the chain's)."""
+        return self.largest * self.tree_width
+
     def check(self) -> None:
         if "auto" in self.gamma and len(self.gamma) > 1:
             raise MagicDecError(f"--gamma auto takes no other values, got {' '.join(map(str, self.gamma))}")
@@ -154,6 +164,16 @@ class Speculation:
             raise MagicDecError(f"--alpha_prior must be in (0, 1), got {self.alpha_prior}")
         if self.synthetic_acceptance is not None and not 0 <= self.synthetic_acceptance <= 1:
             raise MagicDecError(f"--synthetic_acceptance must be in [0, 1], got {self.synthetic_acceptance}")
+        if self.tree_width < 1:
+            raise MagicDecError(f"--tree_width {self.tree_width}: must be at least 1 (1 = a chain)")
+        if self.tree_width > 1 and self.synthetic_acceptance is not None:
+            raise MagicDecError("--tree_width with --synthetic_acceptance: synthetic acceptance draws a chain's; "
+                                "trees verify by comparing (leave one out)")
+        if self.tree_width > 1 and self.auto:
+            raise MagicDecError("--tree_width with --gamma auto: the planner chooses chains only (give --gamma N)")
+        if self.tree_width > 1 and self.nodes + 1 > MAX_NODES:
+            raise MagicDecError(f"--gamma {self.largest} x --tree_width {self.tree_width}: a tree of "
+                                f"{self.nodes + 1} nodes; at most {MAX_NODES} (the attention kernel's mask)")
 
 
 @dataclass(frozen=True)
@@ -329,7 +349,7 @@ class RunConfig:
     def lookahead(self) -> int:
         """The longest draft a verification carries, with what the drafter runs ahead beyond it: what caches hold
         past the prompt."""
-        return self.speculation.largest + (self.drafter.lookahead(self) if self.drafter else 0)
+        return self.speculation.nodes + (self.drafter.lookahead(self) if self.drafter else 0)
 
     def options(self) -> dict:
         """Every option this run ran with, resolved (device-dependent defaults filled in): what a record keeps
@@ -374,8 +394,11 @@ class RunConfig:
         return out
 
     def describe(self) -> str:
-        """What ran, in a few words (the drafter's own label)."""
-        return self.drafter.label(self.draft) if self.drafter else BASELINE
+        """What ran, in a few words (the drafter's own label, and a tree's width)."""
+        if not self.drafter:
+            return BASELINE
+        width = self.speculation.tree_width
+        return self.drafter.label(self.draft) + (f" tree w{width}" if width > 1 else "")
 
     @classmethod
     def from_record(cls, path: Path, overrides: dict | None = None) -> "RunConfig":

@@ -215,6 +215,28 @@ def test_model_drafters_run_each_draft_weight_format_losslessly(tiny, jsonl, tin
     assert record["drafter_notes"]["draft_weights"]["kernels"][0]["layers_by_kernel"] == {"reference": 5 * layers + 1}
 
 
+@pytest.mark.parametrize("name", ["selfspec", "standalone"])
+def test_model_drafters_proposing_trees_are_lossless(tiny, jsonl, tiny_baseline, name):
+    """--tree_width 3 (each drafted position with the draft's two next candidates beside it) gives the baseline's
+    ids, greedy; sampled runs and stays seeded; the label says tree."""
+    argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", str(GAMMA), *example_args(name, tiny),
+                     "--tree_width", "3")
+    record = run_record(argv)
+    assert_lossless(record, tiny_baseline)
+    assert record["config"]["tree_width"] == 3 and record["label"].endswith("tree w3")
+    assert 0 < record["metrics"]["alpha"] <= 1
+    sampled = run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])
+    assert run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])["generated_ids"] == sampled["generated_ids"]
+
+
+@pytest.mark.parametrize("flags,needle", [(("--drafter", "lookup", "--tree_width", "2"), "drafts chains only"),
+                                          (("--tree_width", "0"), "at least 1"),
+                                          (("--gamma", "8", "--tree_width", "8"), "at most 64"),
+                                          (("--tree_width", "2", "--synthetic_acceptance", "0.8"), "synthetic")])
+def test_bad_tree_flags_are_one_line(flags, needle):
+    one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", *flags), needle)
+
+
 @pytest.mark.parametrize("name,kv", [("selfspec", "int4"), ("hierarchy", "int8")])
 def test_self_drafts_over_a_quantized_copy_of_the_targets_kv_are_lossless(tiny, jsonl, tiny_baseline, name, kv):
     """--draft_kv (QuantSpec's draft; the hierarchy's middle level) gives the baseline's ids; the record says so."""

@@ -218,3 +218,59 @@ def test_tree_verification_through_the_model_equals_transformers_on_each_path(ti
     for b in range(B):
         ids = torch.cat([prompts[b], nodes[b, path[b, 1:int(kept[b]) + 1]], nxt[b]])
         assert torch.allclose(step[b, -1], hf(ids[None]).logits[0, -1], atol=2e-4), b
+
+
+def tree_speculation(model, draft_model, prompts, n_new, gamma, width, sampling=None, first=None):
+    """Speculation whose draft (over a StreamingLLM ring of its own prefill) proposes a tree `width` wide."""
+    from magicdec.drafters.model_draft import ModelDraft
+    from magicdec.generate import Decoder, Sampling, decode, prefill
+    from magicdec.kv_cache import StreamingCache
+
+    a, (B, P) = model.args, prompts.shape
+    cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma * width + 2, a.head_dim, torch.float32, "cpu")
+    logits = prefill(model, cache, prompts, 64, False)
+    d = draft_model.args
+    ring = StreamingCache(d.n_layers, B, d.n_kv_heads, 24, 4, 64 + n_new, d.head_dim, torch.float32, "cpu", "sdpa")
+    prefill(draft_model, ring, prompts, 32, False)
+    draft = ModelDraft(draft_model, ring)
+    draft.width = width
+    decoder = Decoder(model, sampling or Sampling(), drafter=draft, gamma=gamma)
+    first = logits.argmax(-1) if first is None else first
+    return decode(decoder, cache, first, n_new, prev=prompts[:, -1])[0], decoder
+
+
+@pytest.mark.parametrize("standalone", [False, True])
+def test_greedy_tree_speculation_equals_plain_greedy(tiny, standalone):
+    """The self-draft (the target over a small ring) and a standalone draft (its first layer) proposing trees 3
+    wide: the output is plain greedy decoding's, token for token, past the draft's budget."""
+    from test_generate_speculative import first_layers, plain_greedy
+
+    prompts = torch.randint(0, 256, (3, 80), generator=torch.Generator().manual_seed(4))
+    draft = first_layers(tiny, 1) if standalone else tiny
+    out, decoder = tree_speculation(tiny, draft, prompts, 40, 3, 3)
+    assert out.tolist() == plain_greedy(tiny, prompts, 40).tolist()
+    assert decoder.stats.alpha > 0
+
+
+def test_sampled_tree_speculation_keeps_the_targets_distribution(tiny, monkeypatch):
+    """N copies of one prompt, a tree one level deep and 3 wide drawn without replacement from the draft: the
+    first generated token after the fixed one follows the target's own distribution (T 0.6, top-p 0.9); trying
+    the next candidate against p instead of the residual fails the same check."""
+    from conftest import fixed_first_token
+    from magicdec import generate, tree
+    from magicdec.generate import Sampling
+    from test_generate_speculative import first_layers
+
+    N, sampling = 4_000, Sampling(0.6, 0.9)
+    prompt, first, p = fixed_first_token(tiny, N)
+    draft = first_layers(tiny, 1)
+    torch.manual_seed(0)
+    out, decoder = tree_speculation(tiny, draft, prompt.expand(N, -1), 2, 1, 3, sampling, first)
+    stat, bound = chi_square(out[:, 1], p)
+    assert stat < bound and 0.05 < decoder.stats.alpha < 0.99, (stat, bound, decoder.stats.alpha)
+    wrong = lambda *args: tree.sampling_tree_verify(*args, correct=False)  # noqa: E731
+    monkeypatch.setattr(generate, "sampling_tree_verify", wrong)
+    torch.manual_seed(0)
+    out, _ = tree_speculation(tiny, draft, prompt.expand(N, -1), 2, 1, 3, sampling, first)
+    stat, bound = chi_square(out[:, 1], p)
+    assert stat > 2 * bound, (stat, bound)

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from magicdec.config import ModelArgs
+from magicdec.errors import MagicDecError
 from magicdec.generate import Drafter
 
 
@@ -63,6 +64,8 @@ class DrafterKind:
     # --gamma auto times the drafter's steps per candidate gamma: a drafter whose proposals vary in length runs
     # none it could time
     supports_auto_gamma: bool = True
+    # --tree_width above 1: the drafter proposes token trees (Drafter.tree_for)
+    supports_trees: bool = False
     # a flag of the seed's scripts that selects this drafter (--hierarchy), or None
     switch: str | None = None
     # options of a small valid run over a 64-token prompt (with a draft model where its Config takes `draft`): the
@@ -83,6 +86,11 @@ class DrafterKind:
         """Checks that need no file, on the run config (cfg.draft is this kind's Config)."""
         if cfg.speculation.auto and not self.supports_auto_gamma:
             raise_auto(self.name)
+        if cfg.speculation.tree_width > 1 and not self.supports_trees:
+            raise MagicDecError(f"--tree_width {cfg.speculation.tree_width}: drafter {self.name} drafts chains only "
+                                "(trees: selfspec, standalone)")
+        if cfg.speculation.tree_width > 1 and cfg.runtime.offload:
+            raise MagicDecError("--tree_width with --offload: an offloaded cache verifies chains only")
 
     def models(self, cfg) -> dict[str, ModelRef]:
         """Models besides the target it loads, by a name of its own."""
@@ -115,8 +123,6 @@ class DrafterKind:
 
 
 def raise_auto(name: str):
-    from magicdec.errors import MagicDecError
-
     raise MagicDecError(f"--gamma auto times a draft's steps per candidate gamma, and drafter {name} has no fixed "
                         "draft steps to time: pass --gamma N (several values time each)")
 

@@ -13,6 +13,7 @@ from magicdec.generate import Drafter, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.options import option
 from magicdec.sampling import sample_from
+from magicdec.tree import Tree
 
 DRAFT_PREFILL_CHUNK = 256  # the draft's ring must hold one prefill chunk: small chunks keep the ring (and its reads) small
 
@@ -166,7 +167,14 @@ class ModelDraft(Drafter):
         if self.refresh is not None:
             self.refresh.begin()
 
+    def tree_for(self, gamma: int):
+        """Above width 1: the chain this draft runs, each depth also holding its next width - 1 candidates."""
+        return None if self.width == 1 else Tree.chain_with_siblings(gamma, self.width)
+
     def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
+        """gamma tokens of a chain; above width 1, each of the gamma draft steps gives a tree level of `width`
+        candidates in node order (the chain's token first): greedy, the draft's likeliest; sampled, drawn without
+        replacement, each with the distribution it was drawn from."""
         # Re-feed the last two committed tokens: after full acceptance the draft has not yet seen its own last
         # token, otherwise re-writing it is a no-op. Always two keeps the shapes fixed (CUDA graphs, no host sync).
         self.cache.rollback(start)
@@ -175,12 +183,14 @@ class ModelDraft(Drafter):
         for _ in range(gamma):
             out = step(self.model, inp, self.cache)
             self.cache.advance(inp.shape[1])
-            if out.dim() == 2:  # probabilities: sample, keep q for verification
-                qs.append(out.clone())
-                out = sample_from(out)
-            tokens.append(out.clone())  # a graph's output is overwritten by its next replay
-            inp = tokens[-1][:, None]
-        return torch.stack(tokens, 1), (torch.stack(qs, 1) if qs else None)
+            if out.is_floating_point():  # probabilities: sample, keep q for verification
+                picks, q = without_replacement(out, self.width)
+                qs.append(q)
+            else:
+                picks = out.clone().view(out.shape[0], -1)  # a graph's output is overwritten by its next replay
+            tokens.append(picks)
+            inp = picks[:, :1]
+        return torch.cat(tokens, 1), (torch.cat(qs, 1) if qs else None)
 
     def before_verify(self, cache, gamma: int) -> None:
         if self.refresh is not None:  # every Nth verification also writes its attention, to select from
@@ -193,6 +203,19 @@ class ModelDraft(Drafter):
 
     def summary(self) -> dict | None:
         return None if self.refresh is None else {"refreshes": self.refresh.count // self.refresh.every}
+
+
+def without_replacement(probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n draws from probs [B, V] without replacement: ids [B, n] and the distribution each was drawn from
+    [B, n, V] (probs with the earlier draws removed, renormalized)."""
+    ids, qs, q = [], [], probs.clone()
+    for j in range(n):
+        if j:
+            q = q.scatter(1, ids[-1][:, None], 0.0)
+            q = q / q.sum(-1, keepdim=True).clamp_min(1e-30)
+        qs.append(q)
+        ids.append(sample_from(q))
+    return torch.stack(ids, 1), torch.stack(qs, 1)
 
 
 def new_cache(opts: DraftCacheOptions, model, B: int, prefix_len: int, gen_len: int, lookahead: int, dtype, device,

@@ -39,6 +39,7 @@ class SelfDraft(DrafterKind):
     name = "selfspec"
     description = "self-speculation: the target drafts with a small KV cache (--draft_policy) and verifies with its full one"
     Config = Config
+    supports_trees = True
     example = {"draft_budget": 24, "sinks": 4}
     variants = ({}, {"draft_policy": "snapkv"}, {"draft_policy": "retrieval"})
 
