@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 Attend = Callable[..., torch.Tensor]  # (q, k, v, layer=None) -> out
 BACKENDS = ("auto", "sdpa", "flex", "triton", "flash")
-TRITON_MAX_T = 16  # decode and verification; longer chunks (prefill) go to flex/sdpa
+TRITON_MAX_T = 64  # decode and verification (a 64-node tree); longer chunks (prefill) go to flex/sdpa
 KV_BLOCK = 128
 Q_BLOCK = 128
 

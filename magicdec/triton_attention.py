@@ -23,7 +23,8 @@ import triton.language as tl
 from magicdec import fused
 
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": an empty split must give weight 0, not NaN
-MAX_ROWS = 128  # beyond G*T rows (prefill chunks) a tiled prefill kernel is the better tool
+MAX_ROWS = 512  # beyond G*T rows (prefill chunks) a tiled prefill kernel is the better tool
+ROW_BLOCK = 128  # rows per program: more (a 64-node tree's) go to more programs, each reading its split's K/V
 
 
 @triton.jit
@@ -50,7 +51,7 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
     split = tl.program_id(1)
     b = pid_bh // n_kv_heads
     h = pid_bh % n_kv_heads
-    rows = tl.arange(0, BLOCK_M)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # this program's block of the G * T rows
     dims = tl.arange(0, D)
     DH: tl.constexpr = D // 2
     half = tl.arange(0, DH)
@@ -183,11 +184,12 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     l = torch.empty_like(m)
     if scores is not None:
         scores.fill_(float("-inf"))  # a full cache's blocks past the last query are never read
-    _split_kv_kernel[(B * Hkv, n_splits)](
+    block_m = min(max(16, triton.next_power_of_2(rows)), ROW_BLOCK)
+    _split_kv_kernel[(B * Hkv, n_splits, -(-rows // block_m))](
         q, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l, scores if scores is not None else m,
         *zeros, tree_bits if tree_bits is not None else q_pos, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), zeros[0].stride(0), zeros[0].stride(1), Hkv, S, split_len, sinks, window,
-        SCALE=D ** -0.5, T=T, ROWS=rows, D=D, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
+        SCALE=D ** -0.5, T=T, ROWS=rows, D=D, BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, HAS_SCORES=scores is not None, KV_BITS=kv_bits,
         TREE=tree_bits is not None,
         num_warps=num_warps,

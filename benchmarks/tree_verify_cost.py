@@ -1,0 +1,115 @@
+"""What a token tree's verification costs against a decode step, over the number of nodes, at a model's shape over a
+long cache (random weights, random KV): the verification-cost curve the cost model and a tree's size are fitted to.
+
+Each point is the target's forward over N tokens per sequence, as the decoding loop runs it (one CUDA graph per
+shape, the argmax of every position's logits), replayed in turns with a 1-token decode step on the same cache, in
+`--rounds` rounds: T_V/T_T = its median time over the step's. Shapes: a chain of N tokens (today's verification) and
+a token tree of N nodes (the chain with siblings, as --tree_width drafts, and the tree's mask in the attention
+kernel). `--max_t` sets where the attention leaves the split-KV kernel for flex (the kernel took up to 16 query
+tokens before token trees; 64 now), so one call compares both.
+
+    python benchmarks/tree_verify_cost.py --prefix_lens 32768 100000 --batch_sizes 1 4 --output results/trees/verify_cost_h100.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from magicdec import attention
+from magicdec import device as dev
+from magicdec import tp
+from magicdec.config import ModelArgs
+from magicdec.generate import GraphedStep
+from magicdec.kv_cache import KVCache
+from magicdec.model import build_model
+from magicdec.tree import Tree
+
+
+def shapes(nodes: list[int]) -> list[tuple[str, int, Tree | None]]:
+    """(label, tokens per sequence, tree or None for a chain) for every node count: a chain, and the tree of that
+    many nodes that --tree_width drafts (its width the smallest that reaches the count at depth <= 8)."""
+    out = []
+    for n in nodes:
+        out.append((f"chain {n}", n, None))
+        width = next((w for w in range(2, 65) if (n - 1) % w == 0 and (n - 1) // w <= 8), None)
+        if n > 2 and width:
+            out.append((f"tree {n} ({(n - 1) // width} x {width})", n, Tree.chain_with_siblings((n - 1) // width,
+                                                                                                  width)))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model_name", default="meta-llama/Meta-Llama-3.1-8B")
+    p.add_argument("--prefix_lens", type=int, nargs="+", default=[32768, 100000])
+    p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 8, 16, 17, 25, 32, 33, 49, 64])
+    p.add_argument("--max_t", type=int, nargs="+", default=[64, 16], help="split-KV kernel up to this many tokens")
+    p.add_argument("--flex_nodes", type=int, nargs="+", default=[32],
+                   help="node counts timed past a --max_t (through flex: compiled per shape, slow to start)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reps", type=int, default=20, help="graph replays per timing")
+    p.add_argument("--output", type=Path, required=True)
+    a = p.parse_args(argv)
+    device = torch.device("cuda")
+    c = ModelArgs.from_name(a.model_name)
+    model = build_model(c, device, torch.bfloat16, random_seed=0)
+    out = {"model": c.name, "environment": dev.environment(device), "copy_GBps": dev.copy_bandwidth(device) / 1e9,
+           "rounds": a.rounds, "reps": a.reps, "points": []}
+    step = GraphedStep(lambda tokens, cache: tp.vocab_argmax(model(tokens, cache, logits="all", gather=False), None),
+                       key=lambda tokens, cache: (getattr(cache.tree, "tree", None), attention.TRITON_MAX_T))
+
+    def timed(tokens, cache, tree) -> float:
+        cache.tree = tree
+        try:
+            step(tokens, cache)  # captured at first use
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(a.reps):
+                step(tokens, cache)
+            torch.cuda.synchronize()
+            return (time.perf_counter() - t0) / a.reps
+        finally:
+            cache.tree = None
+
+    start = time.time()
+    for prefix in a.prefix_lens:
+        for B in a.batch_sizes:
+            cache = KVCache(c.n_layers, B, c.n_kv_heads, prefix + max(a.nodes) + 8, c.head_dim, torch.bfloat16,
+                            device, "triton")
+            cache.fill_random(prefix, 0)
+            one = torch.zeros(B, 1, dtype=torch.long, device=device)
+            for max_t in a.max_t:
+                attention.TRITON_MAX_T = max_t
+                for label, n, tree in shapes(a.nodes):
+                    if n > max_t and n not in a.flex_nodes or max_t < max(a.max_t) and n <= max_t:
+                        continue  # the other --max_t times what this one would repeat
+                    tokens = torch.randint(0, c.vocab_size, (B, n), device=device)
+                    tree_dev = tree.on_device(device) if tree else None
+                    rounds = []
+                    for _ in range(a.rounds):  # in turns with the decode step
+                        t_step = timed(one, cache, None)
+                        rounds.append(timed(tokens, cache, tree_dev) / t_step)
+                    row = {"prefix": prefix, "B": B, "max_t": max_t, "shape": label, "tokens": n,
+                           "tree": list(tree.parents) if tree else None, "T_V_over_T_T": statistics.median(rounds),
+                           "rounds": rounds, "decode_step_ms": t_step * 1e3}
+                    out["points"].append(row)
+                    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
+                                      if k not in ("tree", "rounds")} | {"elapsed_s": round(time.time() - start)}),
+                          flush=True)
+                    a.output.parent.mkdir(parents=True, exist_ok=True)
+                    a.output.write_text(json.dumps(out | {"partial": True}, indent=1))
+            del cache
+            step.graphs.clear()
+            torch.cuda.empty_cache()
+    a.output.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
