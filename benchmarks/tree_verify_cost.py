@@ -61,8 +61,8 @@ def main(argv=None) -> int:
     model = build_model(c, device, torch.bfloat16, random_seed=0)
     out = {"model": c.name, "environment": dev.environment(device), "copy_GBps": dev.copy_bandwidth(device) / 1e9,
            "rounds": a.rounds, "reps": a.reps, "points": []}
-    step = GraphedStep(lambda tokens, cache: tp.vocab_argmax(model(tokens, cache, logits="all", gather=False), None),
-                       key=lambda tokens, cache: (getattr(cache.tree, "tree", None), attention.TRITON_MAX_T))
+    def verify(tokens, cache):
+        return tp.vocab_argmax(model(tokens, cache, logits="all", gather=False), None)
 
     def timed(tokens, cache, tree) -> float:
         cache.tree = tree
@@ -84,6 +84,9 @@ def main(argv=None) -> int:
                             device, "triton")
             cache.fill_random(prefix, 0)
             one = torch.zeros(B, 1, dtype=torch.long, device=device)
+            # graphs of their own per cache (a pool whose graphs were freed cannot take a new capture)
+            step = GraphedStep(verify, key=lambda tokens, cache: (getattr(cache.tree, "tree", None),
+                                                                  attention.TRITON_MAX_T))
             for max_t in a.max_t:
                 attention.TRITON_MAX_T = max_t
                 for label, n, tree in shapes(a.nodes):
@@ -104,8 +107,7 @@ def main(argv=None) -> int:
                           flush=True)
                     a.output.parent.mkdir(parents=True, exist_ok=True)
                     a.output.write_text(json.dumps(out | {"partial": True}, indent=1))
-            del cache
-            step.graphs.clear()
+            del cache, step
             torch.cuda.empty_cache()
     a.output.write_text(json.dumps(out, indent=1))
     return 0
