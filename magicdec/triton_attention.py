@@ -102,10 +102,13 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
         else:
             k_pos = offs
         if TREE:
-            rel = offs - base
-            node = tl.where((rel >= 0) & (rel < T), rel, 0)
-            ancestor = ((bits[:, None] >> node[None, :].to(tl.int64)) & 1) != 0
-            visible = in_range[None, :] & ((rel[None, :] < 0) | ((rel[None, :] < T) & ancestor))
+            if n + BLOCK_N > base:  # a block reaching the tree's slots: each row's ancestors among them
+                rel = offs - base
+                node = tl.where((rel >= 0) & (rel < T), rel, 0)
+                ancestor = ((bits[:, None] >> node[None, :].to(tl.int64)) & 1) != 0
+                visible = in_range[None, :] & ((rel[None, :] < 0) | ((rel[None, :] < T) & ancestor))
+            else:  # committed slots only: all visible (no per-element mask work on the long part of the cache)
+                visible = in_range[None, :] & (rows[:, None] >= 0)
         else:
             visible = in_range[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if window > 0:  # StreamingLLM: sink tokens plus the most recent `window` positions
