@@ -54,8 +54,11 @@ def main(argv=None) -> int:
                    help="node counts timed past a --max_t (through flex: compiled per shape, slow to start)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=20, help="graph replays per timing")
-    p.add_argument("--output", type=Path, required=True)
+    p.add_argument("--output", type=Path, required=True, help="the JSON (with --plot: the PNG)")
+    p.add_argument("--plot", type=Path, nargs="+", help="time nothing: plot these outputs' curves")
     a = p.parse_args(argv)
+    if a.plot:
+        return plot(a.plot, a.output)
     device = torch.device("cuda")
     c = ModelArgs.from_name(a.model_name)
     model = build_model(c, device, torch.bfloat16, random_seed=0)
@@ -110,6 +113,36 @@ def main(argv=None) -> int:
             del cache, step
             torch.cuda.empty_cache()
     a.output.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def plot(paths: list[Path], out: Path) -> int:
+    """T_V/T_T over tokens per sequence, one line per (prefix, B, chain or tree, kernel bound)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [r for f in paths for r in json.loads(f.read_text())["points"]]
+    gpu = json.loads(paths[0].read_text())["environment"].get("gpu", "")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    keys = sorted({(r["prefix"], r["B"], r["tree"] is not None, r["max_t"]) for r in points})
+    groups = sorted({k[:2] for k in keys})
+    for prefix, B, is_tree, max_t in keys:
+        at = sorted((r["tokens"], r["T_V_over_T_T"]) for r in points if (r["prefix"], r["B"], r["tree"] is not None,
+                                                                         r["max_t"]) == (prefix, B, is_tree, max_t))
+        if len(at) < 2 and not max_t < 64:
+            continue
+        label = f"{prefix // 1000}K x {B}, {'tree' if is_tree else 'chain'}" + (f", flex past {max_t}" if max_t < 64
+                                                                                 else "")
+        style = ("s" if max_t < 64 else "o") + ("--" if is_tree else "-")
+        ax.plot(*zip(*at), style, color=f"C{groups.index((prefix, B))}", label=label)
+    ax.set_xlabel("tokens verified per sequence (chain length or tree nodes)")
+    ax.set_ylabel("verification / decode step")
+    ax.set_yscale("log")
+    ax.set_title(f"Verification cost, random-weight Llama-3.1-8B, {gpu}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
     return 0
 
 
