@@ -67,9 +67,9 @@ class Drafter:
     # greedy draft step returns the draft's `width` likeliest ids [B, width] instead of its argmax
     width = 1
 
-    def tree_for(self, gamma: int):
-        """The token tree (tree.Tree) a proposal of `gamma` fills, its tokens in node order after the root; None:
-        a chain of gamma tokens."""
+    def tree_for(self, tokens: int):
+        """The token tree (tree.Tree) a proposal of `tokens` drafted tokens fills, in node order after the root;
+        None: they are a chain."""
         return None
 
     def begin(self) -> None:
@@ -307,8 +307,8 @@ class Decoder:
             gamma = schedule.next()
             t0 = timer.stamp()
             drafted, q = self._propose(batch, gamma)  # draft gamma tokens (or a tree gamma deep)
-            tree = drafter.tree_for(gamma) if gamma else None
             gamma = drafted.shape[1]  # a draft may propose fewer (prompt lookup: as many as it found)
+            tree = drafter.tree_for(gamma) if gamma else None
             t1 = timer.stamp()
             if gamma:
                 drafter.before_verify(cache, gamma)

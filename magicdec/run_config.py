@@ -384,6 +384,11 @@ class RunConfig:
             raise MagicDecError("--random_weights needs --model_name to pick the shapes")
         if self.draft is not None:
             self.drafter.check(self)
+        if self.speculation.tree_width > 1 and self.drafter and not self.drafter.supports_trees:
+            raise MagicDecError(f"--tree_width {self.speculation.tree_width}: drafter {self.drafter.name} drafts "
+                                "chains only (trees: selfspec, standalone, lookup)")
+        if self.speculation.tree_width > 1 and self.runtime.offload:
+            raise MagicDecError("--tree_width with --offload: an offloaded cache verifies chains only")
 
     def warnings(self) -> list[str]:
         """What a user should know before the run starts, though nothing is wrong with the input."""

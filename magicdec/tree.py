@@ -55,6 +55,14 @@ class Tree:
             at = len(parents) - width
         return Tree(tuple(parents))
 
+    @staticmethod
+    def branches(length: int, width: int) -> "Tree":
+        """`width` chains of `length` tokens from the root (prompt lookup's earlier occurrences), branch by branch."""
+        parents = [-1]
+        for _ in range(width):
+            parents += [0] + list(range(len(parents), len(parents) + length - 1))
+        return Tree(tuple(parents))
+
     @property
     def size(self) -> int:
         return len(self.parents)

@@ -63,6 +63,32 @@ def test_rows_are_independent():
     assert tokens.tolist() == [[3, 1], [4, 4]] and proposed.tolist() == [2, 1]  # row 2: only one token follows [4]
 
 
+def test_branches_are_the_latest_occurrences_first():
+    """[1, 2] occurred at 0 (-> 3, 4), at 3 (-> 5, 1) and ends the sequence: two branches, the latest first; a
+    third branch where there is no third occurrence repeats the latest."""
+    ctx = torch.tensor([[1, 2, 3, 4, 1, 2, 5, 1, 2, 9, 9]])
+    tokens, proposed = propose_ngram(ctx, torch.tensor([9]), 2, 2, branches=3)
+    assert tokens.tolist() == [[[5, 1], [3, 4], [5, 1]]] and proposed.tolist() == [2]
+    one, _ = propose_ngram(ctx, torch.tensor([9]), 2, 2)
+    assert one.tolist() == tokens[:, 0].tolist()  # the first branch is the chain's proposal
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_lookup_branches_equal_plain_greedy(tiny, gamma):
+    """Three earlier occurrences proposed as a tree's branches: the output is plain greedy decoding's."""
+    prompts, n_new = repetitive_prompts(), 48
+    a, B = tiny.args, prompts.shape[0]
+    cache = KVCache(a.n_layers, B, a.n_kv_heads, 96 + n_new + 3 * gamma + 2, a.head_dim, torch.float32, "cpu")
+    logits = tiny(prompts, cache, logits="last")[:, -1]
+    cache.advance(96)
+    lookup = PromptLookup(prompts, 3)
+    lookup.width = 3
+    decoder = Decoder(tiny, Sampling(), drafter=lookup, gamma=gamma)
+    out, _ = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
+    assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
+    assert 0 < decoder.stats.alpha <= 1
+
+
 def repetitive_prompts(B=3, P=96, seed=0):
     """Prompts made of a few repeated phrases, so suffixes recur and proposals are often right."""
     g = torch.Generator().manual_seed(seed)

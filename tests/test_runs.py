@@ -215,10 +215,11 @@ def test_model_drafters_run_each_draft_weight_format_losslessly(tiny, jsonl, tin
     assert record["drafter_notes"]["draft_weights"]["kernels"][0]["layers_by_kernel"] == {"reference": 5 * layers + 1}
 
 
-@pytest.mark.parametrize("name", ["selfspec", "standalone"])
-def test_model_drafters_proposing_trees_are_lossless(tiny, jsonl, tiny_baseline, name):
-    """--tree_width 3 (each drafted position with the draft's two next candidates beside it) gives the baseline's
-    ids, greedy; sampled runs and stays seeded; the label says tree."""
+@pytest.mark.parametrize("name", ["selfspec", "standalone", "lookup"])
+def test_drafters_proposing_trees_are_lossless(tiny, jsonl, tiny_baseline, name):
+    """--tree_width 3 (a model draft: each drafted position with the draft's two next candidates beside it; lookup:
+    three earlier occurrences as branches) gives the baseline's ids, greedy; sampled runs and stays seeded; the
+    label says tree."""
     argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", str(GAMMA), *example_args(name, tiny),
                      "--tree_width", "3")
     record = run_record(argv)
@@ -229,7 +230,8 @@ def test_model_drafters_proposing_trees_are_lossless(tiny, jsonl, tiny_baseline,
     assert run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])["generated_ids"] == sampled["generated_ids"]
 
 
-@pytest.mark.parametrize("flags,needle", [(("--drafter", "lookup", "--tree_width", "2"), "drafts chains only"),
+@pytest.mark.parametrize("flags,needle", [(("--drafter", "hierarchy", "--draft", "ngram", "--draft_budget", "32", "--tree_width", "2"),
+                                           "drafts chains only"),
                                           (("--tree_width", "0"), "at least 1"),
                                           (("--gamma", "8", "--tree_width", "8"), "at most 64"),
                                           (("--tree_width", "2", "--synthetic_acceptance", "0.8"), "synthetic")])

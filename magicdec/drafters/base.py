@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 
 from magicdec.config import ModelArgs
-from magicdec.errors import MagicDecError
 from magicdec.generate import Drafter
 
 
@@ -86,11 +85,6 @@ class DrafterKind:
         """Checks that need no file, on the run config (cfg.draft is this kind's Config)."""
         if cfg.speculation.auto and not self.supports_auto_gamma:
             raise_auto(self.name)
-        if cfg.speculation.tree_width > 1 and not self.supports_trees:
-            raise MagicDecError(f"--tree_width {cfg.speculation.tree_width}: drafter {self.name} drafts chains only "
-                                "(trees: selfspec, standalone)")
-        if cfg.speculation.tree_width > 1 and cfg.runtime.offload:
-            raise MagicDecError("--tree_width with --offload: an offloaded cache verifies chains only")
 
     def models(self, cfg) -> dict[str, ModelRef]:
         """Models besides the target it loads, by a name of its own."""
@@ -123,6 +117,8 @@ class DrafterKind:
 
 
 def raise_auto(name: str):
+    from magicdec.errors import MagicDecError
+
     raise MagicDecError(f"--gamma auto times a draft's steps per candidate gamma, and drafter {name} has no fixed "
                         "draft steps to time: pass --gamma N (several values time each)")
 

@@ -20,29 +20,38 @@ from magicdec.drafters.base import DrafterKind
 from magicdec.errors import MagicDecError
 from magicdec.generate import Drafter, GraphedStep
 from magicdec.options import option
+from magicdec.tree import Tree
 
 
-def propose_ngram(ctx: torch.Tensor, length: torch.Tensor, gamma: int, ngram_max: int):
+def propose_ngram(ctx: torch.Tensor, length: torch.Tensor, gamma: int, ngram_max: int, branches: int = 1):
     """ctx [B, L] token ids, of which the first length[b] are sequence b's; returns (tokens [B, gamma], proposed [B]):
     the gamma tokens after the latest earlier occurrence of the longest matching suffix (n = ngram_max..1) of each
     sequence, and how many of them are real: the copy stops at the sequence's end (the last token repeated past it),
-    and a sequence with no match proposes none (proposed 0, its last token repeated)."""
+    and a sequence with no match proposes none (proposed 0, its last token repeated). `branches` K > 1: tokens
+    [B, K, gamma], the continuations of the K latest occurrences of that suffix (the latest first; where it occurred
+    fewer times, the latest again); `proposed` is the latest's."""
     B, L = ctx.shape
-    start = torch.zeros(B, dtype=torch.long, device=ctx.device)  # where the proposal is copied from
+    K = branches
+    start = torch.zeros(B, K, dtype=torch.long, device=ctx.device)  # where each branch is copied from
     found = torch.zeros(B, dtype=torch.bool, device=ctx.device)
     for n in range(min(ngram_max, L - 1), 0, -1):
         tail = ctx.gather(1, (length[:, None] - n + torch.arange(n, device=ctx.device)).clamp(min=0))  # [B, n]
         match = (ctx.unfold(1, n, 1) == tail[:, None, :]).all(-1)  # [B, L - n + 1]: window at s equals the tail
         s = torch.arange(L - n + 1, device=ctx.device)
         earlier = match & (s[None, :] + n < length[:, None]) & (length[:, None] > n)  # a token follows, not the tail
-        latest = torch.where(earlier, s[None, :], -1).amax(1)
-        new = ~found & (latest >= 0)
-        start = torch.where(new, latest + n, start)
+        at = torch.where(earlier, s[None, :], -1)
+        latest = at.amax(1, keepdim=True) if K == 1 else at.topk(min(K, at.shape[1]), 1).values  # [B, <= K]
+        latest = torch.where(latest >= 0, latest, latest[:, :1])  # fewer occurrences: the latest again
+        if latest.shape[1] < K:
+            latest = torch.cat([latest, latest[:, :1].expand(B, K - latest.shape[1])], 1)
+        new = ~found & (latest[:, 0] >= 0)
+        start = torch.where(new[:, None], latest + n, start)
         found = found | new
-    last = (length - 1).clamp(min=0)
-    idx = torch.where(found[:, None], start[:, None] + torch.arange(gamma, device=ctx.device), last[:, None])
-    proposed = torch.where(found, (length - start).clamp(max=gamma), 0)
-    return ctx.gather(1, torch.minimum(idx, last[:, None])), proposed
+    last = (length - 1).clamp(min=0)[:, None, None]
+    idx = torch.where(found[:, None, None], start[:, :, None] + torch.arange(gamma, device=ctx.device), last)
+    proposed = torch.where(found, (length - start[:, 0]).clamp(max=gamma), 0)
+    tokens = ctx.gather(1, torch.minimum(idx, last).view(B, K * gamma)).view(B, K, gamma)
+    return (tokens[:, 0] if K == 1 else tokens), proposed
 
 
 class PromptLookup(Drafter):
@@ -64,14 +73,21 @@ class PromptLookup(Drafter):
     def _propose(self, hist: torch.Tensor, m: torch.Tensor, gamma: int):
         P = self.prompts.shape[1]
         ctx = torch.cat([self.prompts[:, :P - 1], hist], 1)
-        return propose_ngram(ctx, P - 1 + m, gamma, self.ngram_max)
+        return propose_ngram(ctx, P - 1 + m, gamma, self.ngram_max, self.width)
+
+    def tree_for(self, tokens: int):
+        """Above width 1: a branch per earlier occurrence, each as long as the proposal."""
+        return None if self.width == 1 else Tree.branches(tokens // self.width, self.width)
 
     def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
         """Up to gamma tokens per sequence after its committed tokens hist[:, :m] (hist[:, 0] is the prompt's last
         token): [B, n] with n the longest real proposal (0: nothing matched anywhere), and their one-hot
-        distributions when sampling."""
+        distributions when sampling (deterministic candidates: verification needs no q). Above width 1, [B, width
+        * n]: a branch of n per occurrence, in node order."""
         tokens, self.proposed = (self._graphed or self._propose)(hist, m, gamma)
         n = int(self.proposed.max())  # the loop's host read: its verification's length
+        if self.width > 1:
+            return tokens[:, :, :n].reshape(tokens.shape[0], -1).clone(), None
         tokens = tokens[:, :n].clone()  # a replay's output is overwritten by the next one
         q = None if self.vocab_size is None else F.one_hot(tokens, self.vocab_size).float()
         return tokens, q
@@ -89,6 +105,7 @@ class Lookup(DrafterKind):
     Config = Config
     example = {"ngram_max": 2}
     supports_auto_gamma = False
+    supports_trees = True
 
     def label(self, draft) -> str:
         return f"{self.name} n{draft.ngram_max}"

@@ -167,9 +167,9 @@ class ModelDraft(Drafter):
         if self.refresh is not None:
             self.refresh.begin()
 
-    def tree_for(self, gamma: int):
+    def tree_for(self, tokens: int):
         """Above width 1: the chain this draft runs, each depth also holding its next width - 1 candidates."""
-        return None if self.width == 1 else Tree.chain_with_siblings(gamma, self.width)
+        return None if self.width == 1 else Tree.chain_with_siblings(tokens // self.width, self.width)
 
     def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
         """gamma tokens of a chain; above width 1, each of the gamma draft steps gives a tree level of `width`
