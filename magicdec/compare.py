@@ -58,7 +58,8 @@ def load_profile(path: Path) -> tuple[cm.Device, dict, dict]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MagicDecError(f"--profile {path}: cannot read it as a device profile ({e})") from None
     device = cm.Device(p["bandwidth"], p["matmul_flops"], p.get("layer_overhead_s", 0.0),
-                       sampling_s_per_logit=p.get("sampling_s_per_logit", 0.0), weight_kernels=cm.weight_kernels_of(p))
+                       sampling_s_per_logit=p.get("sampling_s_per_logit", 0.0), weight_kernels=cm.weight_kernels_of(p),
+                       attention_flops=p.get("attention_flops", 0.0))
     return device, p.get("verify_overhead_s", {}), p
 
 

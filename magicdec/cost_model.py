@@ -28,6 +28,7 @@ times it per logit.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -49,6 +50,9 @@ class Device:
     sampling_s_per_logit: float = 0.0  # sampled decoding: seconds per logit turned into top-p probabilities
     # draft weight format -> {rows M: a step's matmul time over bf16's}, measured (weight_time_ratio)
     weight_kernels: dict = field(default_factory=dict)
+    # FLOP/s of attention's matmuls in the decode kernel, fitted to verifications of many tokens (fit_attention_flops);
+    # 0: attention's FLOPs at matmul_flops, added to its reads
+    attention_flops: float = 0.0
 
 
 def weight_bytes(c: ModelArgs, item: int = 2) -> int:
@@ -88,8 +92,10 @@ def step_time(c: ModelArgs, d: Device, B: int, context: int, T: int = 1, sampled
     where it is not the model's bf16 (a quantized copy); `weights`: a draft's weight format (its matmuls take
     weight_time_ratio of bf16's)."""
     matmuls = weight_bytes(c) / d.bandwidth + 2 * B * T * weight_bytes(c, 1) / d.matmul_flops
-    kv = B * context * (kv_per_token or kv_bytes_per_token(c)) / d.bandwidth \
-        + (step_flops(c, B, context, T) - 2 * B * T * weight_bytes(c, 1)) / d.matmul_flops
+    reads = B * context * (kv_per_token or kv_bytes_per_token(c)) / d.bandwidth
+    attention = step_flops(c, B, context, T) - 2 * B * T * weight_bytes(c, 1)
+    # the decode kernel overlaps its dots with its reads: the longer of the two, once its dot rate is measured
+    kv = max(reads, attention / d.attention_flops) if d.attention_flops else reads + attention / d.matmul_flops
     return (matmuls * weight_time_ratio(c, d, weights, B * T, group) + kv) / d.ranks \
         + c.n_layers * d.layer_overhead_s + (B * T * c.vocab_size * d.sampling_s_per_logit if sampled else 0.0)
 
@@ -231,6 +237,19 @@ def fit_verify_overhead(target: ModelArgs, d: Device, B: int, prefix: int, gamma
     (gamma+1)-token step) take as long as a measured one; d carries the fitted fixed cost per layer already."""
     p = predict(target, replace(d, verify_overhead_s=0.0), B, prefix, gamma, 0.5, budget, draft, ring_extra)
     return max(verification_s - gamma * p["T_D"] - p["T_V"], 0.0)
+
+
+def fit_attention_flops(c: ModelArgs, d: Device, points, grid=None) -> float:
+    """The attention dot rate (Device.attention_flops) that best predicts measured verifications over one decode
+    step: `points` are (B, context, T, measured T_V/T_T); least squares on the log of the ratio, over a grid of rates
+    (a verification of T tokens reads what a step reads, its attention does T times the dots)."""
+    grid = grid if grid is not None else [r * 1e12 for r in range(20, 801, 5)]
+
+    def misfit(rate):
+        e = replace(d, attention_flops=rate)
+        return sum(math.log(step_time(c, e, B, ctx, T) / step_time(c, e, B, ctx, 1) / ratio) ** 2
+                   for B, ctx, T, ratio in points)
+    return float(min(grid, key=misfit))
 
 
 def fit_layer_overhead(c: ModelArgs, d: Device, B: int, context: int, step_s: float) -> float:

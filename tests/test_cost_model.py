@@ -198,3 +198,34 @@ def test_committed_profile_holds_the_measured_weight_kernels():
     assert set(table) == {"int8", "fp8", "int4"} and all({1, 13} <= set(t) for t in table.values())
     assert {fmt: max(t) for fmt, t in table.items()} == {fmt: k[-1][0] for fmt, k in dw.KERNELS.items()}
     assert cm.profiled_weight_kernels(profile["device"]) == table and cm.profiled_weight_kernels("a CPU") == {}
+
+
+def test_attention_dots_overlap_the_reads_once_their_rate_is_measured():
+    """With a measured dot rate, a step's attention takes the longer of its KV reads and its dots: Llama-3.1-8B,
+    100K x 4, 64 tokens does 2 * 4 * 64 * 2 * 32 layers * 32 heads * 128 * 100K = 13.4 TFLOP of attention (103 ms at
+    130 TFLOP/s) against 52.4 GB of KV (17.5 ms at 3 TB/s); one token's 0.21 TFLOP hide under the same reads. The
+    fit recovers the rate that made a set of points."""
+    d = cm.Device(bandwidth=3e12, matmul_flops=7e14, attention_flops=130e12)
+    attn = 2 * 4 * 64 * 2 * 32 * 32 * 128 * 100_000
+    weights = cm.weight_bytes(L31) / 3e12 + 2 * 4 * 64 * cm.weight_bytes(L31, 1) / 7e14
+    assert cm.step_time(L31, d, 4, 100_000, 64) == pytest.approx(weights + attn / 130e12)
+    reads = 4 * 100_000 * 131072 / 3e12
+    one = cm.weight_bytes(L31) / 3e12 + 2 * 4 * cm.weight_bytes(L31, 1) / 7e14 + reads
+    assert cm.step_time(L31, d, 4, 100_000, 1) == pytest.approx(one)
+    points = [(B, ctx, T, cm.step_time(L31, d, B, ctx, T) / cm.step_time(L31, d, B, ctx, 1))
+              for B in (1, 4) for ctx in (32768, 100_000) for T in (8, 32, 64)]
+    assert cm.fit_attention_flops(L31, cm.Device(3e12, 7e14), points) == 130e12
+
+
+def test_the_h100_profile_predicts_its_measured_verifications_within_15_percent():
+    """The committed profile against the committed measurements it was fitted to (chains of 1-64 tokens)."""
+    from magicdec.compare import load_profile
+
+    d = load_profile(cm.PROFILES / "h100.json")[0]
+    rows = [r for f in sorted((RESULTS.parents[2] / "results" / "trees").glob("verify_cost_h100*.json"))
+            for r in json.loads(f.read_text())["points"] if r["tree"] is None and r["max_t"] == 64]
+    assert len(rows) >= 20
+    for r in rows:
+        B, ctx, T = r["B"], r["prefix"], r["tokens"]
+        predicted = cm.step_time(L31, d, B, ctx, T) / cm.step_time(L31, d, B, ctx, 1)
+        assert abs(predicted / r["T_V_over_T_T"] - 1) < 0.15, r
