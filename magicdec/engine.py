@@ -360,7 +360,8 @@ class Engine:
             drafter.width = cfg.speculation.tree_width  # a prepared drafter serves points of any width
         return Decoder(self.target, Sampling(d.temperature, d.top_p, d.top_k), drafter=drafter, gamma=gamma,
                        step_mode=rt.step_mode, graph_target=not rt.offload,
-                       synthetic_acceptance=cfg.speculation.synthetic_acceptance if drafter else None, policy=policy)
+                       synthetic_acceptance=cfg.speculation.synthetic_acceptance if drafter else None, policy=policy,
+                       synthetic_siblings=cfg.speculation.synthetic_siblings)
 
 
 def first_tokens(cfg: RunConfig, batch: Prefilled) -> tuple[torch.Tensor, torch.Tensor]:

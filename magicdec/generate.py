@@ -18,7 +18,7 @@ from magicdec.model import Transformer
 from magicdec.planner import AutoGamma
 from magicdec.sampling import probabilities
 from magicdec.stats import Counts, PhaseTimer, Stats
-from magicdec.tree import greedy_tree_verify, path_tokens, sampling_tree_verify
+from magicdec.tree import greedy_tree_verify, path_tokens, rank_counts, sampling_tree_verify, synthetic_tree_verify
 from magicdec.verify import acceptance_landscape, greedy_verify, speculative_sampling_verify, synthetic_verify
 
 
@@ -258,13 +258,14 @@ class Decoder:
 
     def __init__(self, model: Transformer, sampling: Sampling, drafter: Drafter | None = None, gamma: int = 0,
                  step_mode: str = "eager", graph_target: bool = True, synthetic_acceptance: float | None = None,
-                 policy: AutoGamma | None = None, trace: bool = False):
+                 policy: AutoGamma | None = None, trace: bool = False, synthetic_siblings: tuple[float, ...] = ()):
         self.model, self.sampling, self.drafter = model, sampling, drafter
         self.width = drafter.width if drafter is not None else 1
         self.trace = [] if trace else None  # per-iteration accepted counts (a host sync each: tests only)
         self.policy = policy if drafter is not None else None
         self.gamma = (policy.max_gamma if self.policy else gamma) if drafter is not None else 0  # the largest gamma
         self.synthetic = synthetic_acceptance
+        self.synthetic_siblings = tuple(synthetic_siblings)  # a tree's later candidates' rates (rank 1, 2, ...)
         self.landscape_seed = 0  # a decoder run many times (a hierarchy's middle level) draws a new one each run
         if step_mode == "compile":
             wrap = lambda f: torch.compile(f, mode="reduce-overhead", fullgraph=True, dynamic=False)  # noqa: E731
@@ -299,6 +300,7 @@ class Decoder:
         self.before_loop(batch)
         if self.synthetic is not None:  # hist column i holds position base + i; stopped rows read inside it
             self.landscape = acceptance_landscape(B, batch.hist.shape[1], dev, self.landscape_seed)
+            self.tree_draws = torch.Generator(device=dev).manual_seed(self.landscape_seed)  # a tree's per-node draws
         drafter = self.drafter if self.gamma else None
         if drafter is not None:
             drafter.begin()
@@ -313,7 +315,7 @@ class Decoder:
             if gamma:
                 drafter.before_verify(cache, gamma)
             # verify them in one pass and accept: `drafted` becomes the chain it kept from (a tree's accepted path)
-            accepted, nxt, verified, drafted = self._verify(cache, batch, drafted, q, tree)
+            accepted, nxt, verified, drafted, path = self._verify(cache, batch, drafted, q, tree)
             gamma = drafted.shape[1]
             t2 = timer.stamp()
             self.after_verify(batch, verified, accepted)
@@ -322,6 +324,8 @@ class Decoder:
             if gamma:
                 drafter.after_commit(cache)
             taken, examined = counts.add(gamma, accepted, active, batch.cols, batch.m - 1, n_new)
+            if tree is not None:
+                counts.add_ranks(*rank_counts(tree.on_device(dev), path, accepted, active))
             schedule.stage(batch, taken, examined)
             if self.trace is not None:
                 self.trace.append(torch.where(active, accepted, -1).tolist())
@@ -383,7 +387,7 @@ class Decoder:
     def _verify(self, cache, batch: Batch, drafted: torch.Tensor, q, tree=None):
         """The target's pass over the last committed token and the drafted ones (a chain, or `tree`'s nodes):
         (accepted [B], next token [B], what the pass returned: argmax ids [B, g+1], or probabilities [B, g+1, V];
-        the drafted chain kept from)."""
+        the drafted chain kept from; a tree's accepted path of nodes, or None)."""
         tokens = torch.cat([batch.hist.gather(1, (batch.m - 1)[:, None]), drafted], 1)
         if tree is not None:
             return self._verify_tree(cache, tokens, q, tree.on_device(tokens.device))
@@ -400,7 +404,7 @@ class Decoder:
             # there): rank 0 decides, everyone follows, so no rank can diverge or wait on another.
             dist.broadcast(accepted, src=0)
             dist.broadcast(nxt, src=0)
-        return accepted, nxt, verified, drafted
+        return accepted, nxt, verified, drafted, None
 
     def _verify_tree(self, cache, tokens: torch.Tensor, q, tree):
         """A token tree's verification: every node over the committed cache and its ancestors in one pass, the
@@ -411,7 +415,11 @@ class Decoder:
             verified = self.verify_step(tokens, cache).clone()
         finally:
             cache.tree = None
-        if verified.dim() == 2:
+        if self.synthetic is not None:
+            draws = torch.rand(tokens.shape, device=tokens.device, generator=self.tree_draws)
+            path, accepted, nxt = synthetic_tree_verify(verified, tree, (self.synthetic, *self.synthetic_siblings),
+                                                        draws)
+        elif verified.dim() == 2:
             path, accepted, nxt = greedy_tree_verify(verified, tokens, tree)
         else:
             q = None if q is None else torch.cat([q[:, :1], q], 1)  # the root's row, unread
@@ -420,7 +428,7 @@ class Decoder:
             for t in (path, accepted, nxt):
                 dist.broadcast(t, src=0)
         cache.keep_path(path)
-        return accepted, nxt, verified, path_tokens(tokens, path)
+        return accepted, nxt, verified, path_tokens(tokens, path), path
 
 
 def decode(decoder: Decoder, cache, first: torch.Tensor, n_new: int, eos_ids=(), progress: bool = False,

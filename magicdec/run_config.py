@@ -126,8 +126,13 @@ class Speculation:
                                                       "probability instead of comparing", parse=float)
     tree_width: int = option(1, "candidates per drafted position: above 1 a model draft proposes a token tree, its "
                                 "chain of gamma tokens with the draft's next width - 1 candidates beside each "
-                                "(greedy: its likeliest; sampled: drawn without replacement), verified in one pass "
-                                "(magicdec/tree.py)")
+                                "(greedy: its likeliest; sampled: drawn without replacement), prompt lookup that many "
+                                "earlier occurrences as branches; verified in one pass (magicdec/tree.py)")
+    synthetic_siblings: tuple = option((), "random-weight runs with --tree_width: the rate at which a tree's "
+                                           "candidate of rank 1, 2, ... is kept once those before it were not (the "
+                                           "last for every rank past it; rank 0 takes --synthetic_acceptance): "
+                                           "Sequoia's acceptance vector, e.g. a real run's per_rank_acceptance",
+                                       parse=float, nargs="+")
 
     @property
     def speculative(self) -> bool:
@@ -166,9 +171,15 @@ class Speculation:
             raise MagicDecError(f"--synthetic_acceptance must be in [0, 1], got {self.synthetic_acceptance}")
         if self.tree_width < 1:
             raise MagicDecError(f"--tree_width {self.tree_width}: must be at least 1 (1 = a chain)")
-        if self.tree_width > 1 and self.synthetic_acceptance is not None:
-            raise MagicDecError("--tree_width with --synthetic_acceptance: synthetic acceptance draws a chain's; "
-                                "trees verify by comparing (leave one out)")
+        if self.tree_width > 1 and self.synthetic_acceptance is not None and not self.synthetic_siblings:
+            raise MagicDecError("--tree_width with --synthetic_acceptance: give --synthetic_siblings too (the rates "
+                                "of a tree's later candidates, e.g. a real run's per_rank_acceptance)")
+        if self.synthetic_siblings and (self.tree_width == 1 or self.synthetic_acceptance is None):
+            raise MagicDecError("--synthetic_siblings: the rates of a tree's later candidates, for random-weight "
+                                "runs with --tree_width above 1 and --synthetic_acceptance")
+        if any(not 0 <= r <= 1 for r in self.synthetic_siblings):
+            raise MagicDecError(f"--synthetic_siblings {' '.join(map(str, self.synthetic_siblings))}: each rate "
+                                "must be in [0, 1]")
         if self.tree_width > 1 and self.auto:
             raise MagicDecError("--tree_width with --gamma auto: the planner chooses chains only (give --gamma N)")
         if self.tree_width > 1 and self.nodes + 1 > MAX_NODES:

@@ -116,15 +116,22 @@ class TreeOnDevice:
     bits: torch.Tensor  # [N] int64
     parents: torch.Tensor  # [N] long, the root's 0
     children: torch.Tensor  # [N, W] long: each node's children in order, -1 past them
+    rank: torch.Tensor  # [N] long: each node's place among its siblings (0: its parent's first child)
+    n_children: torch.Tensor  # [N] long
 
 
 @functools.lru_cache(maxsize=64)
 def _on_device(tree: Tree, device: str) -> TreeOnDevice:
     width = max(len(c) for c in tree.children)
     children = [list(c) + [-1] * (width - len(c)) for c in tree.children]
+    rank = [0] * tree.size
+    for c in tree.children:
+        for r, node in enumerate(c):
+            rank[node] = r
     return TreeOnDevice(tree, torch.tensor(tree.depths, device=device), tree.ancestors.to(device),
                         tree.ancestor_bits.to(device), torch.tensor((0, *tree.parents[1:]), device=device),
-                        torch.tensor(children, dtype=torch.long, device=device).reshape(tree.size, width))
+                        torch.tensor(children, dtype=torch.long, device=device).reshape(tree.size, width),
+                        torch.tensor(rank, device=device), torch.tensor([len(c) for c in tree.children], device=device))
 
 
 def visible(tree: torch.Tensor, base: torch.Tensor, n_slots: int) -> torch.Tensor:
@@ -183,6 +190,42 @@ def sampling_tree_verify(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.
             residual = torch.where(keep[:, None], p[rows, c], residual)
         done |= ~moved
     return _path(tree, at), tree.depths[at], sample_from(residual)
+
+
+def synthetic_tree_verify(best: torch.Tensor, tree: TreeOnDevice, rates: tuple[float, ...], uniforms: torch.Tensor):
+    """For random-weight speed runs: from the root, each node's children are tried in order and the one of rank r
+    is kept with probability rates[r] (the last rate for every rank past it) once the ones before it were not, as
+    Sequoia's acceptance vector says; uniforms [B, N] one draw per node. Returns (path, accepted, next), next the
+    target's argmax at the last kept node."""
+    B = best.shape[0]
+    rate = torch.tensor(rates, device=best.device)[tree.rank.clamp(max=len(rates) - 1)]  # [N]: each node's rate
+    at = torch.zeros(B, dtype=torch.long, device=best.device)
+    for _ in range(tree.tree.depth):
+        moved = torch.zeros(B, dtype=torch.bool, device=best.device)
+        for r in range(tree.children.shape[1]):
+            child = tree.children[at, r]
+            c = child.clamp(min=0)
+            keep = ~moved & (child >= 0) & (uniforms.gather(1, c[:, None])[:, 0] < rate[c])
+            at = torch.where(keep, c, at)
+            moved |= keep
+    return _path(tree, at), tree.depths[at], best.gather(1, at[:, None])[:, 0]
+
+
+def rank_counts(tree: TreeOnDevice, path: torch.Tensor, accepted: torch.Tensor, active: torch.Tensor):
+    """Sequoia's acceptance vector's counts from one verification of the active rows: per sibling rank r, how often
+    a candidate of that rank was tried (its parent kept, the ones before it not) and kept ([W] each)."""
+    W = max(tree.children.shape[1], 1)
+    ranks = torch.arange(W, device=path.device)
+    tried = torch.zeros(W, dtype=torch.long, device=path.device)
+    kept = torch.zeros_like(tried)
+    for d in range(1, path.shape[1]):
+        on = (d <= accepted) & active
+        r = tree.rank[path[:, d]]
+        tried += ((ranks[None] <= r[:, None]) & on[:, None]).sum(0)
+        kept += ((ranks[None] == r[:, None]) & on[:, None]).sum(0)
+    n = tree.n_children[path.gather(1, accepted[:, None])[:, 0]]  # the last kept node's children: all rejected
+    tried += ((ranks[None] < n[:, None]) & active[:, None]).sum(0)
+    return tried, kept
 
 
 def _path(tree: TreeOnDevice, last: torch.Tensor) -> torch.Tensor:

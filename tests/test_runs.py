@@ -226,15 +226,31 @@ def test_drafters_proposing_trees_are_lossless(tiny, jsonl, tiny_baseline, name)
     assert_lossless(record, tiny_baseline)
     assert record["config"]["tree_width"] == 3 and record["label"].endswith("tree w3")
     assert 0 < record["metrics"]["alpha"] <= 1
+    per_rank = record["metrics"]["speculation"]["per_rank"]
+    assert len(per_rank["reached"]) == 3 and per_rank["reached"][0] >= per_rank["reached"][1] > 0
     sampled = run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])
     assert run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])["generated_ids"] == sampled["generated_ids"]
+
+
+def test_synthetic_tree_acceptance_at_random_weights():
+    """A random-weight tree run keeps each tree level's first candidate at --synthetic_acceptance and a later one at
+    --synthetic_siblings once the earlier ones were not: the record's per-rank rates come back near them."""
+    argv = [*LLAMA68M, "--prefix_len", "64", "--B", "8", "--gen_len", "96", "--device", "cpu", "--drafter", "selfspec",
+            "--draft_budget", "32", "--sinks", "4", "--gamma", "3", "--tree_width", "2", "--synthetic_acceptance", "0.8",
+            "--synthetic_siblings", "0.5", "--no_progress"]
+    m = run_record(argv)["metrics"]
+    rates = m["speculation"]["per_rank_acceptance"]
+    assert abs(rates[0] - 0.8) < 0.08 and abs(rates[1] - 0.5) < 0.15, rates
+    assert m["alpha"] > 0.8  # a level is kept more often than its first candidate alone
 
 
 @pytest.mark.parametrize("flags,needle", [(("--drafter", "hierarchy", "--draft", "ngram", "--draft_budget", "32", "--tree_width", "2"),
                                            "drafts chains only"),
                                           (("--tree_width", "0"), "at least 1"),
                                           (("--gamma", "8", "--tree_width", "8"), "at most 64"),
-                                          (("--tree_width", "2", "--synthetic_acceptance", "0.8"), "synthetic")])
+                                          (("--tree_width", "2", "--synthetic_acceptance", "0.8"),
+                                           "--synthetic_siblings"),
+                                          (("--synthetic_siblings", "0.3"), "--tree_width above 1")])
 def test_bad_tree_flags_are_one_line(flags, needle):
     one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", *flags), needle)
 

@@ -13,7 +13,8 @@ from conftest import chi_square  # noqa: E402
 from magicdec.attention import make_attend  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
 from magicdec.kv_cache import KVCache  # noqa: E402
-from magicdec.tree import Tree, greedy_tree_verify, path_tokens, sampling_tree_verify, visible  # noqa: E402
+from magicdec.tree import (Tree, greedy_tree_verify, path_tokens, rank_counts, sampling_tree_verify,  # noqa: E402
+                           synthetic_tree_verify, visible)
 
 # root; two children; the first with two children, the second with one; one grandchild below node 3
 BRANCHY = Tree((-1, 0, 0, 1, 1, 2, 3))
@@ -276,3 +277,26 @@ def test_sampled_tree_speculation_keeps_the_targets_distribution(tiny, monkeypat
     out, _ = tree_speculation(tiny, draft, prompt.expand(N, -1), 2, 1, 3, sampling, first)
     stat, bound = chi_square(out[:, 1], p)
     assert stat > 2 * bound, (stat, bound)
+
+
+def test_rank_counts_by_hand():
+    """Tree 3 deep, 2 wide. Row 0 kept node 2 (rank 1 at depth 1) then node 3 (rank 0), then both of node 3's
+    children failed; row 1 kept nothing (both root children failed); row 2 is done (not counted)."""
+    tree = Tree.chain_with_siblings(3, 2).on_device("cpu")  # root -> 1, 2; node 1 -> 3, 4; node 3 -> 5, 6
+    path = torch.tensor([[0, 2, 2, 2], [0, 0, 0, 0], [0, 1, 3, 5]])
+    tried, kept = rank_counts(tree, path, torch.tensor([1, 0, 3]), torch.tensor([True, True, False]))
+    # row 0: depth 1 tried ranks 0, 1, kept rank 1; node 2 has no children. row 1: tried ranks 0, 1 at the root
+    assert tried.tolist() == [2, 2] and kept.tolist() == [0, 1]
+
+
+def test_synthetic_tree_acceptance_follows_its_rates():
+    """Root with three candidates kept at 0.5, then 0.3, then 0.2 once the earlier ones were not: the share of rows
+    keeping one is 1 - 0.5 * 0.7 * 0.8 = 0.72, and per rank the kept over tried counts give back the rates."""
+    B = 40_000
+    tree = Tree.chain_with_siblings(1, 3).on_device("cpu")
+    u = torch.rand(B, tree.tree.size, generator=torch.Generator().manual_seed(0))
+    best = torch.zeros(B, tree.tree.size, dtype=torch.long)
+    path, accepted, _ = synthetic_tree_verify(best, tree, (0.5, 0.3, 0.2), u)
+    assert abs(accepted.float().mean().item() - 0.72) < 0.01
+    tried, kept = rank_counts(tree, path, accepted, torch.ones(B, dtype=torch.bool))
+    assert torch.allclose(kept / tried, torch.tensor([0.5, 0.3, 0.2]), atol=0.015)
