@@ -1,6 +1,6 @@
 """The `magicdec` command: `run` (one run), `compare` (every drafter side by side on one prefill: the default job),
 `sweep` (a grid from a TOML file), `report` (records to tables and plots), `reproduce` (a headline claim, PASS or
-FAIL). The run flags are the run config's options (magicdec/run_config.py and each drafter's own)."""
+FAIL), `datastore` (REST's). The run flags are the run config's options (magicdec/run_config.py and each drafter's own)."""
 from __future__ import annotations
 
 import argparse
@@ -87,6 +87,7 @@ COMMANDS = {
     "sweep": "a grid of runs from a TOML file, one record per point, resumable",
     "report": "sweep records to tables, plots and a results page",
     "reproduce": "run a headline experiment (experiments/*.toml) and print PASS or FAIL",
+    "datastore": "REST's datastore: books tokenized with the target's tokenizer, and a suffix array over them",
 }
 
 

@@ -349,7 +349,7 @@ class Engine:
         ctx = PrepareContext(cfg=cfg, target=self.target, cache=batch.cache, prompts=batch.prompts,
                              queries=batch.queries, lookahead=cfg.lookahead if ahead is None else ahead,
                              backend=self.backend, models=models, load=self.load, target_shard=self.target_shard,
-                             rank=self.rank, world=self.world)
+                             rank=self.rank, world=self.world, tokenizer=self.tokenizer)
         with torch.inference_mode():
             drafter, seconds = dev.timed(lambda: cfg.drafter.prepare(cfg, ctx), self.device)
         return drafter, seconds, ctx.notes

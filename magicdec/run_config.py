@@ -397,7 +397,7 @@ class RunConfig:
             self.drafter.check(self)
         if self.speculation.tree_width > 1 and self.drafter and not self.drafter.supports_trees:
             raise MagicDecError(f"--tree_width {self.speculation.tree_width}: drafter {self.drafter.name} drafts "
-                                "chains only (trees: selfspec, standalone, lookup)")
+                                "chains only (trees: selfspec, standalone, lookup, rest)")
         if self.speculation.tree_width > 1 and self.runtime.offload:
             raise MagicDecError("--tree_width with --offload: an offloaded cache verifies chains only")
 

@@ -178,19 +178,37 @@ def test_selfspec_tiny_end_to_end(tiny, jsonl, tiny_baseline, tmp_path):
     assert 0.1 < record["metrics"]["alpha"] < 1  # some tokens accepted, some rejected
 
 
-def example_args(name: str, tiny) -> list[str]:
-    """A registered drafter's example options as flags, with the tiny 1-layer draft where it takes a draft model."""
+@pytest.fixture(scope="module")
+def datastore(tiny, tiny_baseline, tmp_path_factory) -> Path:
+    """A REST datastore in the tiny tokenizer: the baseline's own output for the first prompt (so that sequence's
+    lookups are right, the others' mostly not) and noise."""
+    from magicdec.datastore import Datastore
+    from magicdec.tokenizer import load_tokenizer
+
+    first = tiny_baseline["prompt_ids"][0][-8:] + tiny_baseline["generated_ids"][0]
+    noise = torch.randint(3, 256, (400,), generator=torch.Generator().manual_seed(0)).tolist()
+    path = tmp_path_factory.mktemp("rest") / "store.npz"
+    Datastore.build([first, noise], load_tokenizer(tiny["target"].parent), ["baseline", "noise"]).save(path)
+    return path
+
+
+def example_args(name: str, tiny, datastore: Path | None = None) -> list[str]:
+    """A registered drafter's example options as flags, with the tiny 1-layer draft where it takes a draft model
+    (and the tiny datastore where it takes one)."""
     kind = drafters.get(name)
-    given = dict(kind.example) | ({"draft": str(tiny["draft"])} if "draft" in options.keys(kind.Config) else {})
+    keys = options.keys(kind.Config)
+    given = dict(kind.example) | ({"draft": str(tiny["draft"])} if "draft" in keys else {}) | (
+        {"datastore": str(datastore)} if "datastore" in keys and datastore else {})
     return ["--drafter", name] + [x for k, v in given.items() for x in (f"--{k}", str(v))]
 
 
 @pytest.mark.parametrize("name", drafters.names())
-def test_every_registered_drafter_is_lossless(tiny, jsonl, tiny_baseline, name):
+def test_every_registered_drafter_is_lossless(tiny, jsonl, tiny_baseline, datastore, name):
     """Every drafter the registry finds, with its own example options, through `magicdec run`: greedy speculation
     gives exactly the baseline script's ids, some drafted tokens kept and some not, its record names it; sampled,
     the same command gives the same tokens (seeded) and only tokens of the vocabulary."""
-    argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", str(GAMMA), *example_args(name, tiny))
+    argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", str(GAMMA),
+                     *example_args(name, tiny, datastore))
     record = run_record(argv)
     check_spec_record(record, name, B, GEN, GAMMA, with_baseline=False)
     assert_lossless(record, tiny_baseline)
@@ -215,13 +233,13 @@ def test_model_drafters_run_each_draft_weight_format_losslessly(tiny, jsonl, tin
     assert record["drafter_notes"]["draft_weights"]["kernels"][0]["layers_by_kernel"] == {"reference": 5 * layers + 1}
 
 
-@pytest.mark.parametrize("name", ["selfspec", "standalone", "lookup"])
-def test_drafters_proposing_trees_are_lossless(tiny, jsonl, tiny_baseline, name):
+@pytest.mark.parametrize("name", ["selfspec", "standalone", "lookup", "rest"])
+def test_drafters_proposing_trees_are_lossless(tiny, jsonl, tiny_baseline, datastore, name):
     """--tree_width 3 (a model draft: each drafted position with the draft's two next candidates beside it; lookup:
     three earlier occurrences as branches) gives the baseline's ids, greedy; sampled runs and stays seeded; the
     label says tree."""
-    argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", str(GAMMA), *example_args(name, tiny),
-                     "--tree_width", "3")
+    argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", str(GAMMA),
+                     *example_args(name, tiny, datastore), "--tree_width", "3")
     record = run_record(argv)
     assert_lossless(record, tiny_baseline)
     assert record["config"]["tree_width"] == 3 and record["label"].endswith("tree w3")

@@ -47,6 +47,7 @@ class PrepareContext:
     rank: int = 0
     world: int = 1
     notes: dict = field(default_factory=dict)  # what the record should say about the preparation
+    tokenizer: object = None  # the tokenizer that cut the prompts (None: random prompt ids)
 
     @property
     def random_kv(self) -> int | None:
