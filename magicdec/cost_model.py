@@ -116,19 +116,27 @@ def omega(alpha: float, gamma: int) -> float:
 
 def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha: float, budget: int,
             draft: ModelArgs | None = None, ring_extra: int = 0, sampled: bool = False,
-            draft_kv_per_token: int | None = None, draft_weights: str = "bf16", draft_group: int = 128) -> dict:
+            draft_kv_per_token: int | None = None, draft_weights: str = "bf16", draft_group: int = 128,
+            tree=None, sibling_rates: tuple[float, ...] = ()) -> dict:
     """Predicted T_T, T_D, T_V and speedup; draft None means self-speculation (the target with a `budget` cache).
     `ring_extra`: the slots a StreamingLLM ring holds beyond its budget for what a forward writes ahead; the draft's
     attention reads them too (masked), which at budget 256 doubles its KV reads. `sampled`: every step also samples
     (the draft its B rows, the verification B * (gamma + 1)). `draft_kv_per_token`: the draft's cache bytes per
     token where not bf16 (QuantSpec's quantized copy of the whole context: budget 0); `draft_weights`: the draft's
-    weight format (its group for int4)."""
+    weight format (its group for int4). `tree` (tree.Tree, gamma deep): the verification takes its nodes, and
+    yields tree.expected_tokens at alpha for a level's first candidate and `sibling_rates` for the later ones."""
     t_t = step_time(target, d, B, prefix, 1, sampled)
     t_d = step_time(draft or target, d, B, budget + ring_extra if budget else prefix, 1, sampled, draft_kv_per_token,
                     draft_weights, draft_group)
-    t_v = step_time(target, d, B, prefix, gamma + 1, sampled)
+    t_v = step_time(target, d, B, prefix, gamma + 1 if tree is None else tree.size, sampled)
+    if tree is None:
+        tokens = omega(alpha, gamma)
+    else:
+        from magicdec.tree import expected_tokens
+
+        tokens = expected_tokens(tree, (alpha, *sibling_rates))
     p = {"T_T": t_t, "T_D": t_d, "T_V": t_v, "T_O": d.verify_overhead_s, "T_D_over_T_T": t_d / t_t,
-         "T_V_over_T_T": t_v / t_t, "T_O_over_T_T": d.verify_overhead_s / t_t, "omega": omega(alpha, gamma)}
+         "T_V_over_T_T": t_v / t_t, "T_O_over_T_T": d.verify_overhead_s / t_t, "omega": tokens}
     return p | {"speedup": p["omega"] / verification_cost(p, gamma)}
 
 

@@ -134,6 +134,21 @@ def _on_device(tree: Tree, device: str) -> TreeOnDevice:
                         torch.tensor(rank, device=device), torch.tensor([len(c) for c in tree.children], device=device))
 
 
+def expected_tokens(tree: Tree, rates: tuple[float, ...]) -> float:
+    """Tokens a verification of `tree` yields on average (the next token included) when a node's child of sibling
+    rank r is kept with probability rates[r] once those before it were not (the last rate for every rank past it;
+    Sequoia's acceptance vector, independent of depth): for a chain at rate alpha, (1 - alpha^(gamma+1)) / (1 -
+    alpha)."""
+    kept = [0.0] * tree.size  # expected drafted tokens kept below each node
+    for v in reversed(range(tree.size)):
+        missed = 1.0
+        for r, c in enumerate(tree.children[v]):
+            rate = rates[min(r, len(rates) - 1)]
+            kept[v] += missed * rate * (1 + kept[c])
+            missed *= 1 - rate
+    return 1 + kept[0]
+
+
 def visible(tree: torch.Tensor, base: torch.Tensor, n_slots: int) -> torch.Tensor:
     """[B, N, S] bool: node i of sequence b sees the committed slots s < base[b] and the slots base[b] + j of its
     ancestors j (tree: the [N, N] ancestors mask)."""

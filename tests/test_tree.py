@@ -13,8 +13,8 @@ from conftest import chi_square  # noqa: E402
 from magicdec.attention import make_attend  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
 from magicdec.kv_cache import KVCache  # noqa: E402
-from magicdec.tree import (Tree, greedy_tree_verify, path_tokens, rank_counts, sampling_tree_verify,  # noqa: E402
-                           synthetic_tree_verify, visible)
+from magicdec.tree import (Tree, expected_tokens, greedy_tree_verify, path_tokens, rank_counts,  # noqa: E402
+                           sampling_tree_verify, synthetic_tree_verify, visible)
 
 # root; two children; the first with two children, the second with one; one grandchild below node 3
 BRANCHY = Tree((-1, 0, 0, 1, 1, 2, 3))
@@ -300,3 +300,28 @@ def test_synthetic_tree_acceptance_follows_its_rates():
     assert abs(accepted.float().mean().item() - 0.72) < 0.01
     tried, kept = rank_counts(tree, path, accepted, torch.ones(B, dtype=torch.bool))
     assert torch.allclose(kept / tried, torch.tensor([0.5, 0.3, 0.2]), atol=0.015)
+
+
+@pytest.mark.parametrize("tree", [Tree.chain(4), Tree.chain_with_siblings(3, 3), BRANCHY, Tree.branches(3, 2)],
+                         ids=["chain", "siblings", "branchy", "branches"])
+def test_expected_tokens_against_simulation(tree):
+    """The closed form against 200,000 simulated verifications (the synthetic rule), and a chain's against
+    (1 - alpha^(gamma + 1)) / (1 - alpha)."""
+    rates = (0.7, 0.4, 0.25)
+    B = 200_000
+    u = torch.rand(B, tree.size, generator=torch.Generator().manual_seed(1))
+    _, accepted, _ = synthetic_tree_verify(torch.zeros(B, tree.size, dtype=torch.long), tree.on_device("cpu"), rates, u)
+    assert abs(expected_tokens(tree, rates) - (1 + accepted.double().mean().item())) < 0.01
+    assert expected_tokens(Tree.chain(4), (0.7,)) == pytest.approx((1 - 0.7 ** 5) / 0.3)
+
+
+def test_the_cost_model_verifies_a_trees_nodes():
+    from magicdec import cost_model as cm
+    from magicdec.config import ModelArgs
+
+    c, d = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B"), cm.Device(3e12, 7e14, attention_flops=130e12)
+    tree = Tree.chain_with_siblings(3, 4)
+    p = cm.predict(c, d, 1, 100_000, 3, 0.8, 512, tree=tree, sibling_rates=(0.5, 0.3))
+    assert p["T_V"] == cm.step_time(c, d, 1, 100_000, tree.size)
+    assert p["omega"] == expected_tokens(tree, (0.8, 0.5, 0.3))
+    assert p["T_D"] == cm.predict(c, d, 1, 100_000, 3, 0.8, 512)["T_D"]  # the same draft steps as the chain's

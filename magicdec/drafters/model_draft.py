@@ -131,6 +131,15 @@ class DraftWeightOptions:
         return draft
 
 
+def tree_of(cfg, gamma: int):
+    """The tree a model draft verifies at --tree_width (None: a chain), for the cost model; False where it cannot
+    predict one: a tree's later candidates need their rates (--synthetic_siblings)."""
+    width = cfg.speculation.tree_width
+    if width == 1:
+        return None
+    return Tree.chain_with_siblings(gamma, width) if cfg.speculation.synthetic_siblings else False
+
+
 def ring_extra_for(gen_len: int, gamma: int) -> int:
     """Ring slots beyond the window: a draft prefill chunk, or what generating gen_len tokens (and a warm-up of
     4*(gamma+1)) writes before rolling back to the prompt — never overwriting a prompt key the window still needs."""

@@ -11,7 +11,7 @@ from magicdec import cost_model as cm
 from magicdec import draft_cache, quant_kv
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import (DraftCacheOptions, DraftWeightOptions, ModelDraft, appended_for, own_prefill,
-                                           refresh_slots)
+                                           refresh_slots, tree_of)
 from magicdec.errors import MagicDecError
 from magicdec.options import option
 
@@ -133,8 +133,12 @@ def predict_self_draft(d: Config, cfg, target, device, alpha, gamma, lookahead) 
     context = w.prefix_len + w.gen_len // 2
     slots = 0 if d.quantized_kv else d.read_slots(w.prefix_len, w.gen_len, lookahead)
     kv = quant_kv.kv_bytes_per_token(target, d.draft_kv) if d.quantized_kv else None
+    tree = tree_of(cfg, gamma)
+    if tree is False:
+        return None
     p = cm.predict(target, device, w.B, context, gamma, alpha, slots, None, 0, not cfg.decoding.greedy,
-                   draft_kv_per_token=kv, draft_weights=d.draft_weights, draft_group=d.draft_group)
+                   draft_kv_per_token=kv, draft_weights=d.draft_weights, draft_group=d.draft_group, tree=tree,
+                   sibling_rates=cfg.speculation.synthetic_siblings)
     if d.refresh:
         p = cm.with_overhead(p, gamma, cm.refresh_seconds(target, device, w.B, context, d.policy()) / d.refresh)
     return p

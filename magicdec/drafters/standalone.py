@@ -11,7 +11,7 @@ from magicdec import tp
 from magicdec.config import check_context
 from magicdec.drafters.base import DrafterKind, ModelRef, OnRanks, Part
 from magicdec.drafters.model_draft import (DraftCacheOptions, DraftWeightOptions, ModelDraft, draft_prefill_chunk,
-                                           own_prefill)
+                                           own_prefill, tree_of)
 from magicdec.errors import MagicDecError
 from magicdec.options import option
 
@@ -123,11 +123,15 @@ class Standalone(DrafterKind):
             return OnRanks(drafter, ranks, draft_cfg.vocab_size, cfg.decoding.greedy)
         return drafter
 
-    def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict:
+    def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
         d, w = cfg.draft, cfg.workload
+        tree = tree_of(cfg, gamma)
+        if tree is False:
+            return None
         return cm.predict(target, device, w.B, w.prefix_len + w.gen_len // 2, gamma, alpha,
                           d.read_slots(w.prefix_len, w.gen_len, lookahead), models["draft"][0], 0,
-                          not cfg.decoding.greedy, draft_weights=d.draft_weights, draft_group=d.draft_group)
+                          not cfg.decoding.greedy, draft_weights=d.draft_weights, draft_group=d.draft_group,
+                          tree=tree, sibling_rates=cfg.speculation.synthetic_siblings)
 
 
 def check_same_vocabulary(draft, target, what: str) -> None:
