@@ -174,9 +174,9 @@ class Speculation:
         if self.tree_width > 1 and self.synthetic_acceptance is not None and not self.synthetic_siblings:
             raise MagicDecError("--tree_width with --synthetic_acceptance: give --synthetic_siblings too (the rates "
                                 "of a tree's later candidates, e.g. a real run's per_rank_acceptance)")
-        if self.synthetic_siblings and (self.tree_width == 1 or self.synthetic_acceptance is None):
+        if self.synthetic_siblings and self.synthetic_acceptance is None:
             raise MagicDecError("--synthetic_siblings: the rates of a tree's later candidates, for random-weight "
-                                "runs with --tree_width above 1 and --synthetic_acceptance")
+                                "runs with --synthetic_acceptance (a chain, --tree_width 1, leaves them unused)")
         if any(not 0 <= r <= 1 for r in self.synthetic_siblings):
             raise MagicDecError(f"--synthetic_siblings {' '.join(map(str, self.synthetic_siblings))}: each rate "
                                 "must be in [0, 1]")

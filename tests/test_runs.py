@@ -268,7 +268,7 @@ def test_synthetic_tree_acceptance_at_random_weights():
                                           (("--gamma", "8", "--tree_width", "8"), "at most 64"),
                                           (("--tree_width", "2", "--synthetic_acceptance", "0.8"),
                                            "--synthetic_siblings"),
-                                          (("--synthetic_siblings", "0.3"), "--tree_width above 1")])
+                                          (("--synthetic_siblings", "0.3"), "--synthetic_acceptance")])
 def test_bad_tree_flags_are_one_line(flags, needle):
     one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", *flags), needle)
 
