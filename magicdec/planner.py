@@ -276,3 +276,23 @@ class AutoGamma:
                 "alpha_estimate": self.alpha, "iterations_per_gamma": used,
                 "sequence_alpha_range": None if alphas is None else [float(alphas.min()), float(alphas.max())],
                 "switched_off": self.off}
+
+
+def best_tree(predict_tree, rates: tuple[float, ...], max_nodes: int = 64, max_depth: int = 8,
+              sizes=(2, 4, 8, 12, 16, 24, 32, 48, 64)):
+    """MagicDec's "adaptive Sequoia trees": over depths D and node budgets n, Sequoia's best tree of n nodes and D
+    levels (tree.optimal_tree) under the acceptance vector `rates`, scored by the cost model's speedup,
+    expected tokens / (D draft steps + its verification over n nodes). `predict_tree(tree)` is the drafter's
+    cost-model prediction for that tree (cost_model.predict with tree=). Returns (best tree, its prediction), and
+    every (n, D, speedup) scored."""
+    from magicdec.tree import optimal_tree
+
+    scored, best = [], None
+    for depth in range(1, max_depth + 1):
+        for n in sorted({min(s, max_nodes) for s in sizes}):
+            tree = optimal_tree(rates, n, depth)
+            p = predict_tree(tree)
+            scored.append((tree.size, tree.depth, p["speedup"]))
+            if best is None or p["speedup"] > best[1]["speedup"]:
+                best = (tree, p)
+    return best[0], best[1], scored

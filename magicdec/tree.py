@@ -149,6 +149,55 @@ def expected_tokens(tree: Tree, rates: tuple[float, ...]) -> float:
     return 1 + kept[0]
 
 
+def optimal_tree(rates: tuple[float, ...], nodes: int, max_depth: int, max_width: int = 8) -> Tree:
+    """Sequoia's tree: of all trees of at most `nodes` nodes (the root included) and `max_depth` levels, the one
+    whose expected_tokens under `rates` is largest, by dynamic programming: a subtree of n nodes at its best yields
+    1 + sum over ranks r of P(the walk moves to the rank-r child) x its own subtree's best, its n - 1 nodes shared
+    out over its children (a child of rank r moves the walk with probability prod_{j<r} (1 - rates[j]) x
+    rates[r], so more nodes go to earlier ranks)."""
+    def move(r):
+        out = rates[min(r, len(rates) - 1)]
+        for j in range(r):
+            out *= 1 - rates[min(j, len(rates) - 1)]
+        return out
+    import numpy as np
+
+    width = min(nodes - 1, max_width)
+    reach = [move(r) for r in range(width)]
+    # best[d][n]: the best yield (root counted) of a subtree of n nodes and at most d levels below its root
+    best = [np.array([0.0] + [1.0] * nodes)]
+    split = [[None] * (nodes + 1)]
+    for d in range(1, max_depth + 1):
+        row, how = [0.0, 1.0], [None, []]
+        # g[r][m]: the best yield of children of ranks r.. sharing m nodes (k of them to rank r's subtree)
+        g = np.zeros((width + 1, nodes))
+        pick = np.zeros((width + 1, nodes), dtype=np.int64)
+        for r in range(width - 1, -1, -1):
+            for m in range(1, nodes):
+                k = np.arange(m + 1)
+                v = reach[r] * best[d - 1][k] + g[r + 1][m - k]
+                pick[r, m] = int(v.argmax())
+                g[r, m] = v[pick[r, m]]
+        for n in range(2, nodes + 1):
+            sizes, m, r = [], n - 1, 0
+            while m > 0 and r < width and pick[r][m] > 0:
+                sizes.append(pick[r][m])
+                m, r = m - pick[r][m], r + 1
+            row.append(1 + g[0][n - 1])
+            how.append(sizes)
+        best.append(np.array(row))
+        split.append(how)
+    n = max(range(1, nodes + 1), key=lambda k: (round(best[max_depth][k], 12), -k))  # fewest nodes at the best
+    parents = [-1]
+
+    def grow(parent, size, depth):
+        for s in split[depth][size] or []:
+            parents.append(parent)
+            grow(len(parents) - 1, s, depth - 1)
+    grow(0, n, max_depth)
+    return Tree(tuple(parents))
+
+
 def visible(tree: torch.Tensor, base: torch.Tensor, n_slots: int) -> torch.Tensor:
     """[B, N, S] bool: node i of sequence b sees the committed slots s < base[b] and the slots base[b] + j of its
     ancestors j (tree: the [N, N] ancestors mask)."""

@@ -13,8 +13,8 @@ from conftest import chi_square  # noqa: E402
 from magicdec.attention import make_attend  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
 from magicdec.kv_cache import KVCache  # noqa: E402
-from magicdec.tree import (Tree, expected_tokens, greedy_tree_verify, path_tokens, rank_counts,  # noqa: E402
-                           sampling_tree_verify, synthetic_tree_verify, visible)
+from magicdec.tree import (Tree, expected_tokens, greedy_tree_verify, optimal_tree, path_tokens,  # noqa: E402
+                           rank_counts, sampling_tree_verify, synthetic_tree_verify, visible)
 
 # root; two children; the first with two children, the second with one; one grandchild below node 3
 BRANCHY = Tree((-1, 0, 0, 1, 1, 2, 3))
@@ -325,3 +325,20 @@ def test_the_cost_model_verifies_a_trees_nodes():
     assert p["T_V"] == cm.step_time(c, d, 1, 100_000, tree.size)
     assert p["omega"] == expected_tokens(tree, (0.8, 0.5, 0.3))
     assert p["T_D"] == cm.predict(c, d, 1, 100_000, 3, 0.8, 512)["T_D"]  # the same draft steps as the chain's
+
+
+@pytest.mark.parametrize("rates, nodes, depth", [((0.85, 0.61, 0.64), 7, 3), ((0.5, 0.3), 7, 6), ((0.9,), 6, 2)])
+def test_sequoias_tree_is_the_best_of_every_tree(rates, nodes, depth):
+    """Every tree of up to `nodes` nodes and `depth` levels (each parent tuple), its expected yield by the closed
+    form: none beats the dynamic program's."""
+    import itertools
+
+    best = 0.0
+    for n in range(1, nodes + 1):
+        for parents in itertools.product(*[range(i) for i in range(1, n)]):
+            tree = Tree((-1, *parents))
+            if tree.depth <= depth:
+                best = max(best, expected_tokens(tree, rates))
+    found = optimal_tree(rates, nodes, depth)
+    assert found.size <= nodes and found.depth <= depth
+    assert expected_tokens(found, rates) == pytest.approx(best)
