@@ -22,6 +22,8 @@ def store_kv(k_cache, v_cache, rows, slots, k, v) -> None:
 
 
 class KVCache:
+    tree = None  # tree.TreeOnDevice while a forward verifies a token tree (its nodes' positions and mask)
+
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device, backend: str = "sdpa"):
         # One buffer per layer: a view into one big tensor makes torch.compile copy the whole cache on write.
@@ -31,7 +33,6 @@ class KVCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # tokens held per sequence
         self.max_len, self.backend = max_len, backend
         self.scores = None  # per layer [B, H, max_len] fp32: the next forward's first-query logits go there (--refresh)
-        self.tree = None  # tree.TreeOnDevice while a forward verifies a token tree (its nodes' positions and mask)
         self._rows = torch.arange(batch_size, device=device)[:, None]
         self._slots = None  # where the forward in progress writes (write_slots)
         if self.lengths.is_cuda:  # CUDA graphs must not copy the cache: its address stays fixed across replays
