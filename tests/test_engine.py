@@ -41,16 +41,23 @@ def test_checkpoint_contents_are_checked_before_prompts_or_weights(tiny_hf, tmp_
 
 
 @pytest.mark.parametrize("name", drafters.names())
-def test_every_drafter_declares_its_memory(name):
+def test_every_drafter_declares_its_memory(name, tmp_path):
     """The target's cache plus what the drafter adds: a model draft's cache slots (and a standalone draft's
-    weights), none for prompt lookup; the cache holds the prompt and what a verification reaches past gen_len."""
+    weights), none for prompt lookup and REST; the cache holds the prompt and what a verification reaches past
+    gen_len."""
+    from magicdec import options as opt
+
+    store = tmp_path / "store.npz"
+    store.write_bytes(b"")  # REST's check wants the file; planning does not read it
     options = {"drafter": name, "random_weights": True, "model_name": "JackFram/llama-68m", "prefix_len": 512,
                "gen_len": 16, "device": "cpu", "draft_name": "JackFram/llama-68m"} | drafters.get(name).example
+    if "datastore" in opt.keys(drafters.get(name).Config):
+        options["datastore"] = str(store)
     cfg = RunConfig.from_options(options, strict=False)  # draft_name: for the drafters that take a draft model
     models, parts = Engine(cfg).plan(cfg)
     assert parts[0].weights and parts[0].slots == 512 + 16 + cfg.lookahead + 2
     extra = parts[1:]
-    if name == "lookup":
+    if name in ("lookup", "rest"):
         assert not extra
     else:
         assert extra and all(0 < p.slots < 512 + 64 for p in extra)
