@@ -439,8 +439,15 @@ synthetic_bottom = 0.6
 def test_every_registered_drafter_runs_in_a_sweep(tmp_path):
     """methods = every registered drafter: each gets a record with its speedup and its cost model's prediction (or
     the reason there is none), on one target and one prefill."""
+    import numpy as np
+
+    from magicdec.datastore import Datastore, suffix_array
+
     names = drafters.names()
-    text = f"methods = {json.dumps(['baseline', *names])}\n" + EVERY
+    tokens = np.random.default_rng(0).integers(0, 32000, 2000).astype(np.int32)  # llama-68m's vocabulary
+    Datastore(tokens, suffix_array(tokens), {"depth": 16, "vocab_size": 32000, "fingerprint": "random ids"}).save(
+        tmp_path / "store.npz")
+    text = f"methods = {json.dumps(['baseline', *names])}\n" + EVERY + f'[rest]\ndatastore = "{tmp_path / "store.npz"}"\n'
     assert make(tmp_path, text).run(None) == 0
     recs = records(tmp_path / "out")
     assert {r["method"] for r in recs.values()} == {"baseline", *names}
