@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+if not torch.cuda.is_available():  # Triton kernels run in its CPU interpreter; set before any test imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 # The project's data (Gutenberg books, tokenizers, stories260K: ../shared/data/README.md) beside the repository, or
 # wherever MAGICDEC_DATA points (a clone elsewhere).
