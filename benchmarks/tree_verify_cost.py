@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     def verify(tokens, cache):
         return tp.vocab_argmax(model(tokens, cache, logits="all", gather=False), None)
 
-    def timed(tokens, cache, tree) -> float:
+    def timed(step, tokens, cache, tree) -> float:
         cache.tree = tree
         try:
             step(tokens, cache)  # captured at first use
@@ -99,8 +99,8 @@ def main(argv=None) -> int:
                     tree_dev = tree.on_device(device) if tree else None
                     rounds = []
                     for _ in range(a.rounds):  # in turns with the decode step
-                        t_step = timed(one, cache, None)
-                        rounds.append(timed(tokens, cache, tree_dev) / t_step)
+                        t_step = timed(step, one, cache, None)
+                        rounds.append(timed(step, tokens, cache, tree_dev) / t_step)
                     row = {"prefix": prefix, "B": B, "max_t": max_t, "shape": label, "tokens": n,
                            "tree": list(tree.parents) if tree else None, "T_V_over_T_T": statistics.median(rounds),
                            "rounds": rounds, "decode_step_ms": t_step * 1e3}
