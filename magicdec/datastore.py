@@ -91,29 +91,22 @@ class Datastore:
         """[lo, hi) of the suffix array whose suffixes start with `pattern` (at most DEPTH tokens)."""
         n, m, t, sa = self.sa.shape[0], pattern.shape[0], self.tokens, self.sa
 
-        def prefix(i):
+        def order(i) -> int:
+            """-1, 0 or 1: suffix i's first m tokens before, equal to or after the pattern (past the end: -2)."""
             s = t[sa[i]:sa[i] + m]
-            return np.concatenate([s, np.full(m - s.shape[0], -2, dtype=t.dtype)]) if s.shape[0] < m else s
-
-        def less(i):  # suffix i's first m tokens sort before the pattern
-            s = prefix(i)
+            if s.shape[0] < m:
+                s = np.concatenate([s, np.full(m - s.shape[0], -2, dtype=t.dtype)])
             diff = np.nonzero(s != pattern)[0]
-            return bool(diff.size) and bool(s[diff[0]] < pattern[diff[0]])
+            return 0 if not diff.size else (-1 if s[diff[0]] < pattern[diff[0]] else 1)
 
-        def leq(i):
-            s = prefix(i)
-            diff = np.nonzero(s != pattern)[0]
-            return not diff.size or bool(s[diff[0]] < pattern[diff[0]])
+        def first_where(before) -> int:  # the first index whose suffix is not `before` the pattern
+            lo, hi = 0, n
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (mid + 1, hi) if before(order(mid)) else (lo, mid)
+            return lo
 
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (mid + 1, hi) if less(mid) else (lo, mid)
-        first, hi = lo, n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (mid + 1, hi) if leq(mid) else (lo, mid)
-        return first, lo
+        return first_where(lambda o: o < 0), first_where(lambda o: o <= 0)
 
     def continuations(self, context: list[int], length: int, k: int, max_suffix: int = DEPTH,
                       max_matches: int = 5000) -> list[list[int]]:

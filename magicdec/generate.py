@@ -311,6 +311,7 @@ class Decoder:
             drafted, q = self._propose(batch, gamma)  # draft gamma tokens (or a tree gamma deep)
             gamma = drafted.shape[1]  # a draft may propose fewer (prompt lookup: as many as it found)
             tree = drafter.tree_for(gamma) if gamma else None
+            tree = None if tree is None else tree.on_device(dev)  # its tensors, made once per shape
             t1 = timer.stamp()
             if gamma:
                 drafter.before_verify(cache, gamma)
@@ -325,7 +326,7 @@ class Decoder:
                 drafter.after_commit(cache)
             taken, examined = counts.add(gamma, accepted, active, batch.cols, batch.m - 1, n_new)
             if tree is not None:
-                counts.add_ranks(*rank_counts(tree.on_device(dev), path, accepted, active))
+                counts.add_ranks(*rank_counts(tree, path, accepted, active))
             schedule.stage(batch, taken, examined)
             if self.trace is not None:
                 self.trace.append(torch.where(active, accepted, -1).tolist())
@@ -385,12 +386,13 @@ class Decoder:
         return self.drafter.propose(self.draft_step, batch.hist, batch.m, batch.position(2), gamma)
 
     def _verify(self, cache, batch: Batch, drafted: torch.Tensor, q, tree=None):
-        """The target's pass over the last committed token and the drafted ones (a chain, or `tree`'s nodes):
+        """The target's pass over the last committed token and the drafted ones (a chain, or the nodes of `tree`, a
+        tree.TreeOnDevice):
         (accepted [B], next token [B], what the pass returned: argmax ids [B, g+1], or probabilities [B, g+1, V];
         the drafted chain kept from; a tree's accepted path of nodes, or None)."""
         tokens = torch.cat([batch.hist.gather(1, (batch.m - 1)[:, None]), drafted], 1)
         if tree is not None:
-            return self._verify_tree(cache, tokens, q, tree.on_device(tokens.device))
+            return self._verify_tree(cache, tokens, q, tree)
         verified = self.verify_step(tokens, cache).clone()
         if self.synthetic is not None:
             at = batch.drafted_columns(drafted.shape[1])

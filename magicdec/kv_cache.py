@@ -47,6 +47,11 @@ class KVCache:
         """[B, T] positions of the next T tokens (a token tree's: the root's plus each node's depth)."""
         if self.tree is not None:
             return self.lengths[:, None] + self.tree.depths[None]
+        return self._next(T)
+
+    def _next(self, T: int) -> torch.Tensor:
+        """[B, T]: the next T positions after each sequence's tokens, in order (a tree's nodes: where they are
+        written, whatever their positions)."""
         return self.lengths[:, None] + torch.arange(T, device=self.lengths.device)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -63,10 +68,7 @@ class KVCache:
         run in order): per layer, the index arithmetic was several small kernels, a measurable part of an 8B
         self-draft's step (results/quant)."""
         if layer == 0 or self._slots is None or self._slots.shape[1] != T:
-            # a tree's nodes take the slots after the committed ones in node order, whatever their positions
-            at = self.positions(T) if self.tree is None else \
-                self.lengths[:, None] + torch.arange(T, device=self.lengths.device)
-            self._slots = self.slots(at)
+            self._slots = self.slots(self._next(T))
         return self._slots
 
     def attend(self, T: int):

@@ -90,6 +90,14 @@ class Tree:
         return tuple(tuple(c) for c in out)
 
     @functools.cached_property
+    def level_widths(self) -> tuple[int, ...]:
+        """Per depth d, the most children a node of depth d has (what a walk from the root tries there)."""
+        out = [0] * (self.depth + 1)
+        for i in range(self.size):
+            out[self.depths[i]] = max(out[self.depths[i]], len(self.children[i]))
+        return tuple(out)
+
+    @functools.cached_property
     def ancestors(self) -> torch.Tensor:
         """[N, N] bool: ancestors[i, j] iff node j is node i or one of its ancestors (what node i attends to)."""
         a = torch.eye(self.size, dtype=torch.bool)
@@ -235,8 +243,7 @@ def sampling_tree_verify(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.
     t = tree.tree
     for d in range(t.depth):
         moved = torch.zeros_like(done)
-        width = max((len(t.children[i]) for i in range(t.size) if t.depths[i] == d), default=0)
-        for r in range(width):  # the r-th child of the node each sequence stands on
+        for r in range(t.level_widths[d]):  # the r-th child of the node each sequence stands on
             child = tree.children[at, r]
             trying = ~done & ~moved & (child >= 0)
             c = child.clamp(min=0)
@@ -264,9 +271,9 @@ def synthetic_tree_verify(best: torch.Tensor, tree: TreeOnDevice, rates: tuple[f
     B = best.shape[0]
     rate = torch.tensor(rates, device=best.device)[tree.rank.clamp(max=len(rates) - 1)]  # [N]: each node's rate
     at = torch.zeros(B, dtype=torch.long, device=best.device)
-    for _ in range(tree.tree.depth):
+    for d in range(tree.tree.depth):
         moved = torch.zeros(B, dtype=torch.bool, device=best.device)
-        for r in range(tree.children.shape[1]):
+        for r in range(tree.tree.level_widths[d]):
             child = tree.children[at, r]
             c = child.clamp(min=0)
             keep = ~moved & (child >= 0) & (uniforms.gather(1, c[:, None])[:, 0] < rate[c])
