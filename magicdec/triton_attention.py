@@ -23,7 +23,6 @@ import triton.language as tl
 from magicdec import fused
 
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": an empty split must give weight 0, not NaN
-MAX_ROWS = 512  # beyond G*T rows (prefill chunks) a tiled prefill kernel is the better tool
 ROW_BLOCK = 128  # rows per program: more (a 64-node tree's) go to more programs, each reading its split's K/V
 
 
@@ -143,12 +142,6 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
         tl.store(ACC + out[:, None] * D + DH + half[None, :], acc_b, mask=row_ok[:, None])
     tl.store(M_OUT + out, m_i, mask=row_ok)
     tl.store(L_OUT + out, l_i, mask=row_ok)
-
-
-def supports(q_shape, k_shape) -> bool:
-    B, H, T, D = q_shape
-    rows = H // k_shape[1] * T
-    return rows <= MAX_ROWS and D >= 16 and D & (D - 1) == 0
 
 
 def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
