@@ -20,11 +20,44 @@ p.add_argument("--tune", action="store_true", help="also sweep the Triton kernel
 p.add_argument("--blocks", type=int, nargs="+", default=None,
                help="instead: the Triton kernel alone at these KV block sizes (its default split for each), in turns, "
                     "3 rounds, each replayed in a CUDA graph as the runs replay it")
+p.add_argument("--tree_tiles", action="store_true",
+               help="instead: the Triton kernel alone over a token tree's many query rows (16-64 nodes) at 32K x 1 and "
+                    "100K x 4, each launch setting (rows per program, warps, stages, KV block) in turns, 3 rounds, "
+                    "in a CUDA graph, against the 1-token decode's time")
 args = p.parse_args()
 dev = torch.device("cuda")
 copy = copy_bandwidth(dev)
 rows, H, Hkv, D = [], 32, 8, 128
-for B, S in [(8, 32768), (1, 131072), (32, 16384), (64, 4096), (13, 32768)]:
+
+
+def tree_tiles():
+    from magicdec.tree import Tree
+    settings = [(rb, nw, ns, bn) for rb in (64, 128) for nw in (4, 8) for ns in (2, 3) for bn in (64, 128)]
+    for B, S in [(1, 32768), (4, 100000)]:
+        k = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        for T in (1, 16, 32, 64):
+            q = torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16)
+            q_pos = (S - T + torch.arange(T, device=dev))[None].expand(B, T).contiguous()
+            width = 3 if T == 16 else 1 if T == 1 else (T - 1) // 7 if T == 64 else 1
+            tree = Tree.chain_with_siblings((T - 1) // width, width) if T > 1 else None
+            bits = tree.ancestor_bits().to(dev) if tree is not None else None
+            for r in range(3):
+                for rb, nw, ns, bn in (settings if T > 1 else [(128, 4, 2, 128)]):
+                    ms = triton.testing.do_bench_cudagraph(lambda: split_kv_attention(
+                        q, k, v, q_pos, None, block_n=bn, num_warps=nw, num_stages=ns, tree_bits=bits,
+                        row_block=rb), rep=50)
+                    rows.append({"B": B, "S": S, "T": T, "tree": None if tree is None else list(tree.parents),
+                                 "row_block": rb, "num_warps": nw, "num_stages": ns, "block_n": bn, "round": r,
+                                 "ms": ms})
+                    print(f"B={B} S={S} T={T:2d} rows/program {rb:3d} warps {nw} stages {ns} block {bn:3d} "
+                          f"round {r} {ms:8.3f} ms", flush=True)
+
+
+
+if args.tree_tiles:
+    tree_tiles()
+for B, S in [] if args.tree_tiles else [(8, 32768), (1, 131072), (32, 16384), (64, 4096), (13, 32768)]:
     for T in (1, 4, 8):
         torch.manual_seed(0)
         q = torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16)

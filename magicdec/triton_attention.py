@@ -155,7 +155,7 @@ def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
 
 def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int = 0, n_splits: int | None = None,
                        block_n: int = 128, num_warps: int = 4, num_stages: int = 2, scores=None, k_scale_zero=None,
-                       v_scale_zero=None, kv_bits: int = 16, tree_bits=None):
+                       v_scale_zero=None, kv_bits: int = 16, tree_bits=None, row_block: int = ROW_BLOCK):
     """q [B, H, T, D]; k, v [B, Hkv, S, D] (each last dim contiguous); q_pos [B, T] (increasing in T);
     key_pos [B, S] or None (slot s holds position s); window > 0 limits each query to the `sinks` first positions
     plus its `window` most recent ones. Returns [B, H, T, D] in q's dtype. `scores` [B, H, S] fp32 (contiguous):
@@ -180,7 +180,7 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     l = torch.empty_like(m)
     if scores is not None:
         scores.fill_(float("-inf"))  # a full cache's blocks past the last query are never read
-    block_m = min(max(16, triton.next_power_of_2(rows)), ROW_BLOCK)
+    block_m = min(max(16, triton.next_power_of_2(rows)), row_block)
     _split_kv_kernel[(B * Hkv, n_splits, -(-rows // block_m))](
         q, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l, scores if scores is not None else m,
         *zeros, tree_bits if tree_bits is not None else q_pos, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
