@@ -41,7 +41,7 @@ def tree_tiles():
             q_pos = (S - T + torch.arange(T, device=dev))[None].expand(B, T).contiguous()
             width = 3 if T == 16 else 1 if T == 1 else (T - 1) // 7 if T == 64 else 1
             tree = Tree.chain_with_siblings((T - 1) // width, width) if T > 1 else None
-            bits = tree.ancestor_bits().to(dev) if tree is not None else None
+            bits = tree.ancestor_bits.to(dev) if tree is not None else None
             for r in range(3):
                 for rb, nw, ns, bn in (settings if T > 1 else [(128, 4, 2, 128)]):
                     ms = triton.testing.do_bench_cudagraph(lambda: split_kv_attention(

@@ -81,6 +81,11 @@ class Drafter:
     def before_verify(self, cache, gamma: int) -> None:
         """Just before the target verifies `gamma` drafted tokens over `cache` (e.g. ask it for a side output)."""
 
+    def after_verify(self, verified: torch.Tensor) -> None:
+        """The target's pass over the proposal, before its tokens are committed: argmax ids [B, T] or
+        probabilities [B, T, V] at every verified position (a tree's nodes in node order; Lookahead's Jacobi
+        window reads its next iteration there)."""
+
     def after_commit(self, cache) -> None:
         """After the accepted tokens are committed and the target's cache rolled back past the rejected ones."""
 
@@ -319,6 +324,8 @@ class Decoder:
             accepted, nxt, verified, drafted, path = self._verify(cache, batch, drafted, q, tree)
             gamma = drafted.shape[1]
             t2 = timer.stamp()
+            if gamma:
+                drafter.after_verify(verified)
             self.after_verify(batch, verified, accepted)
             active = batch.commit(drafted, accepted, nxt)
             cache.rollback(batch.position(1))  # drop rejected drafts' KV; the last committed token is fed next

@@ -448,6 +448,7 @@ def test_every_registered_drafter_runs_in_a_sweep(tmp_path):
     Datastore(tokens, suffix_array(tokens), {"depth": 16, "vocab_size": 32000, "fingerprint": "random ids"}).save(
         tmp_path / "store.npz")
     text = f"methods = {json.dumps(['baseline', *names])}\n" + EVERY + f'[rest]\ndatastore = "{tmp_path / "store.npz"}"\n'
+    text += "[lookahead]\nngram_size = 3\n"  # its tree gamma deep: a window of gamma + 3 - N >= 2 columns
     assert make(tmp_path, text).run(None) == 0
     recs = records(tmp_path / "out")
     assert {r["method"] for r in recs.values()} == {"baseline", *names}
