@@ -23,6 +23,7 @@ import torch
 from magicdec import attention
 from magicdec import device as dev
 from magicdec import tp
+from magicdec import triton_attention
 from magicdec.config import ModelArgs
 from magicdec.generate import GraphedStep
 from magicdec.kv_cache import KVCache
@@ -43,6 +44,13 @@ def shapes(nodes: list[int]) -> list[tuple[str, int, Tree | None]]:
     return out
 
 
+def fixed_launch(rows: int) -> tuple[int, int]:
+    return 128, 4  # (KV block, warps): a decode's, for every tile (the kernel's setting before it was tuned)
+
+
+LAUNCH = {"tuned": triton_attention.launch_settings, "fixed": fixed_launch}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model_name", default="meta-llama/Meta-Llama-3.1-8B")
@@ -52,6 +60,9 @@ def main(argv=None) -> int:
     p.add_argument("--max_t", type=int, nargs="+", default=[64, 16], help="split-KV kernel up to this many tokens")
     p.add_argument("--flex_nodes", type=int, nargs="+", default=[32],
                    help="node counts timed past a --max_t (through flex: compiled per shape, slow to start)")
+    p.add_argument("--launch", nargs="+", choices=list(LAUNCH), default=["tuned"],
+                   help="the split-KV kernel's launch settings, each timed in the same rounds: tuned per query rows "
+                        "(triton_attention.launch_settings), or fixed at a decode's")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=20, help="graph replays per timing")
     p.add_argument("--output", type=Path, required=True, help="the JSON (with --plot: the PNG)")
@@ -89,7 +100,8 @@ def main(argv=None) -> int:
             one = torch.zeros(B, 1, dtype=torch.long, device=device)
             # graphs of their own per cache (a pool whose graphs were freed cannot take a new capture)
             step = GraphedStep(verify, key=lambda tokens, cache: (getattr(cache.tree, "tree", None),
-                                                                  attention.TRITON_MAX_T))
+                                                                  attention.TRITON_MAX_T,
+                                                                  triton_attention.launch_settings))
             for max_t in a.max_t:
                 attention.TRITON_MAX_T = max_t
                 for label, n, tree in shapes(a.nodes):
@@ -97,17 +109,23 @@ def main(argv=None) -> int:
                         continue  # the other --max_t times what this one would repeat
                     tokens = torch.randint(0, c.vocab_size, (B, n), device=device)
                     tree_dev = tree.on_device(device) if tree else None
-                    rounds = []
+                    rounds = {launch: [] for launch in a.launch}
                     for _ in range(a.rounds):  # in turns with the decode step
+                        triton_attention.launch_settings = LAUNCH["tuned"]
                         t_step = timed(step, one, cache, None)
-                        rounds.append(timed(step, tokens, cache, tree_dev) / t_step)
-                    row = {"prefix": prefix, "B": B, "max_t": max_t, "shape": label, "tokens": n,
-                           "tree": list(tree.parents) if tree else None, "T_V_over_T_T": statistics.median(rounds),
-                           "rounds": rounds, "decode_step_ms": t_step * 1e3}
-                    out["points"].append(row)
-                    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
-                                      if k not in ("tree", "rounds")} | {"elapsed_s": round(time.time() - start)}),
-                          flush=True)
+                        for launch in a.launch:
+                            triton_attention.launch_settings = LAUNCH[launch]
+                            rounds[launch].append(timed(step, tokens, cache, tree_dev) / t_step)
+                    triton_attention.launch_settings = LAUNCH["tuned"]
+                    for launch in a.launch:
+                        row = {"prefix": prefix, "B": B, "max_t": max_t, "shape": label, "tokens": n,
+                               "tree": list(tree.parents) if tree else None, "launch": launch,
+                               "T_V_over_T_T": statistics.median(rounds[launch]), "rounds": rounds[launch],
+                               "decode_step_ms": t_step * 1e3}
+                        out["points"].append(row)
+                        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
+                                          if k not in ("tree", "rounds")} | {"elapsed_s": round(time.time() - start)}),
+                              flush=True)
                     a.output.parent.mkdir(parents=True, exist_ok=True)
                     a.output.write_text(json.dumps(out | {"partial": True}, indent=1))
             del cache, step
@@ -125,16 +143,18 @@ def plot(paths: list[Path], out: Path) -> int:
     points = [r for f in paths for r in json.loads(f.read_text())["points"]]
     gpu = json.loads(paths[0].read_text())["environment"].get("gpu", "")
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    keys = sorted({(r["prefix"], r["B"], r["tree"] is not None, r["max_t"]) for r in points})
+    key = lambda r: (r["prefix"], r["B"], r["tree"] is not None, r["max_t"], r.get("launch", "tuned"))  # noqa: E731
+    keys = sorted({key(r) for r in points})
     groups = sorted({k[:2] for k in keys})
-    for prefix, B, is_tree, max_t in keys:
-        at = sorted((r["tokens"], r["T_V_over_T_T"]) for r in points if (r["prefix"], r["B"], r["tree"] is not None,
-                                                                         r["max_t"]) == (prefix, B, is_tree, max_t))
+    for prefix, B, is_tree, max_t, launch in keys:
+        at = sorted((r["tokens"], r["T_V_over_T_T"]) for r in points if key(r) == (prefix, B, is_tree, max_t, launch))
         if len(at) < 2 and not max_t < 64:
             continue
         label = f"{prefix // 1000}K x {B}, {'tree' if is_tree else 'chain'}" + (f", flex past {max_t}" if max_t < 64
-                                                                                 else "")
-        style = ("s" if max_t < 64 else "o") + ("--" if is_tree else "-")
+                                                                                 else "") + (
+            ", decode's launch" if launch == "fixed" else "")
+        style = ("s" if max_t < 64 else "x" if launch == "fixed" else "o") + (":" if launch == "fixed" else "--"
+                                                                              if is_tree else "-")
         ax.plot(*zip(*at), style, color=f"C{groups.index((prefix, B))}", label=label)
     ax.set_xlabel("tokens verified per sequence (chain length or tree nodes)")
     ax.set_ylabel("verification / decode step")

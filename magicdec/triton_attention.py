@@ -153,9 +153,18 @@ def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
     return max(1, min(want, n_slots // (2 * block_n)))
 
 
+def launch_settings(rows: int) -> tuple[int, int]:
+    """(KV block, warps) for a program's query rows (query heads per KV head x tokens): a decode's few rows keep the
+    small tile; a token tree's many rows need more warps for their dots, and mid-sized tiles a shorter KV block
+    (each the fastest, or within a few percent of it, of the settings timed in results/trees)."""
+    if rows >= ROW_BLOCK:
+        return 128, 8
+    return (64, 4) if rows > 32 else (128, 4)
+
+
 def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int = 0, n_splits: int | None = None,
-                       block_n: int = 128, num_warps: int = 4, num_stages: int = 2, scores=None, k_scale_zero=None,
-                       v_scale_zero=None, kv_bits: int = 16, tree_bits=None, row_block: int = ROW_BLOCK):
+                       block_n: int | None = None, num_warps: int | None = None, num_stages: int = 2, scores=None,
+                       k_scale_zero=None, v_scale_zero=None, kv_bits: int = 16, tree_bits=None, row_block: int = ROW_BLOCK):
     """q [B, H, T, D]; k, v [B, Hkv, S, D] (each last dim contiguous); q_pos [B, T] (increasing in T);
     key_pos [B, S] or None (slot s holds position s); window > 0 limits each query to the `sinks` first positions
     plus its `window` most recent ones. Returns [B, H, T, D] in q's dtype. `scores` [B, H, S] fp32 (contiguous):
@@ -166,6 +175,7 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rows = H // Hkv * T
+    block_n, num_warps = block_n or launch_settings(rows)[0], num_warps or launch_settings(rows)[1]
     assert q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1
     assert kv_bits == 16 or (k.shape[3] * 8 == D * kv_bits and k_scale_zero.is_contiguous()
                              and v_scale_zero.is_contiguous())

@@ -67,7 +67,7 @@ class PromptLookup(Drafter):
         self.prompts, self.ngram_max, self.vocab_size = prompts, ngram_max, vocab_size
         self._graphed = None
         if cuda_graphs and prompts.is_cuda:  # the loop's history buffer keeps one shape per run: one capture
-            self._graphed = GraphedStep(self._propose)
+            self._graphed = GraphedStep(self._propose, key=lambda *args: (self.width,))  # a point of another width
         self.proposed = None  # per sequence, how many real tokens the last proposal held
 
     def _propose(self, hist: torch.Tensor, m: torch.Tensor, gamma: int):
