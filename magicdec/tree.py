@@ -269,7 +269,7 @@ def synthetic_tree_verify(best: torch.Tensor, tree: TreeOnDevice, rates: tuple[f
     Sequoia's acceptance vector says; uniforms [B, N] one draw per node. Returns (path, accepted, next), next the
     target's argmax at the last kept node."""
     B = best.shape[0]
-    rate = torch.tensor(rates, device=best.device)[tree.rank.clamp(max=len(rates) - 1)]  # [N]: each node's rate
+    rate = _node_rates(tree, tuple(rates))
     at = torch.zeros(B, dtype=torch.long, device=best.device)
     for d in range(tree.tree.depth):
         moved = torch.zeros(B, dtype=torch.bool, device=best.device)
@@ -280,6 +280,13 @@ def synthetic_tree_verify(best: torch.Tensor, tree: TreeOnDevice, rates: tuple[f
             at = torch.where(keep, c, at)
             moved |= keep
     return _path(tree, at), tree.depths[at], best.gather(1, at[:, None])[:, 0]
+
+
+@functools.lru_cache(maxsize=64)
+def _node_rates(tree: TreeOnDevice, rates: tuple[float, ...]) -> torch.Tensor:
+    """[N]: each node's acceptance rate by its sibling rank, made once: a copy from the host at every verification
+    waits for the GPU, and the walk's launches then run on an idle GPU."""
+    return torch.tensor(rates, device=tree.rank.device)[tree.rank.clamp(max=len(rates) - 1)]
 
 
 def rank_counts(tree: TreeOnDevice, path: torch.Tensor, accepted: torch.Tensor, active: torch.Tensor):
