@@ -18,7 +18,8 @@ from magicdec.model import Transformer
 from magicdec.planner import AutoGamma
 from magicdec.sampling import probabilities
 from magicdec.stats import Counts, PhaseTimer, Stats
-from magicdec.tree import greedy_tree_verify, path_tokens, rank_counts, sampling_tree_verify, synthetic_tree_verify
+from magicdec.tree import (greedy_tree_verify, node_rates, path_tokens, rank_counts, sampling_tree_verify,
+                           synthetic_tree_verify)
 from magicdec.verify import acceptance_landscape, greedy_verify, speculative_sampling_verify, synthetic_verify
 
 
@@ -94,14 +95,16 @@ class Drafter:
         return None
 
 
-def capture(fn, pool=None):
+def capture(fn, pool=None, warm_up: bool = True):
     """fn() run once eagerly on a side stream (warm-up: its real work), then captured into a CUDA graph; returns the
-    graph and what the captured fn() returned (its static output, overwritten by each replay)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
+    graph and what the captured fn() returned (its static output, overwritten by each replay). `warm_up` False:
+    captured without running first (for a step that must not run twice: its replay follows)."""
+    if warm_up:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     # Python's garbage collector must not run inside a capture: collecting an old Decoder (a reference cycle)
     # destroys its graphs, which CUDA forbids while a stream captures, and the capture is invalidated.
@@ -123,11 +126,12 @@ class GraphedStep:
     step, where torch.compile (`--compile`) also fuses kernels but compiles for minutes per new shape — too slow
     for sweeps over many batch sizes. The warm-up and capture write the same KV the real step writes next. Tensor
     arguments are copied into the graph's static inputs before each replay; the output is the graph's static
-    output, overwritten by the next replay.
+    output, overwritten by the next replay. `warm_up` False: no eager run before the capture, for a step that is not
+    idempotent (moving a tree's accepted KV); it must need no lazy setup (no cuBLAS, no copy from the host).
     """
 
-    def __init__(self, fn, key=lambda *args: ()):
-        self.fn, self.key, self.graphs, self.pool = fn, key, {}, None
+    def __init__(self, fn, key=lambda *args: (), warm_up: bool = True):
+        self.fn, self.key, self.graphs, self.pool, self.warm_up = fn, key, {}, None, warm_up
 
     def __call__(self, *args):
         k = tuple(a.shape if torch.is_tensor(a) else a if isinstance(a, int) else id(a) for a in args)
@@ -135,7 +139,7 @@ class GraphedStep:
         if k not in self.graphs:
             static = [a.clone() if torch.is_tensor(a) else a for a in args]
             self.pool = self.pool or torch.cuda.graph_pool_handle()
-            graph, static_out = capture(lambda: self.fn(*static), self.pool)
+            graph, static_out = capture(lambda: self.fn(*static), self.pool, self.warm_up)
             self.graphs[k] = (graph, static, static_out, args)  # holding the args keeps their ids unique
         graph, static, static_out, _ = self.graphs[k]
         for s, a in zip(static, args):
@@ -282,6 +286,10 @@ class Decoder:
             wrap = lambda f: f  # noqa: E731
         self.verify_step = wrap(self._verify_step) if graph_target else self._verify_step
         self.draft_step = wrap(self._draft_step)
+        # a tree's acceptance walk and the move of its path's KV: ~200 small launches per verification, as many as
+        # a small model's whole step, replayed as one graph (the move must not run twice: no warm-up)
+        graphed = step_mode == "cuda_graphs" and graph_target
+        self.accept_tree = GraphedStep(self._accept_tree, warm_up=False) if graphed else self._accept_tree
         self.stats = Stats(self.gamma)
         self.seconds = None  # wall seconds of the last generation, from the loop's own syncs (see generate)
         self.round_seconds: list[float] = []  # seconds of each timed run (timing.timed_generations)
@@ -424,12 +432,15 @@ class Decoder:
             verified = self.verify_step(tokens, cache).clone()
         finally:
             cache.tree = None
+        draws = None
         if self.synthetic is not None:
             draws = torch.rand(tokens.shape, device=tokens.device, generator=self.tree_draws)
-            path, accepted, nxt = synthetic_tree_verify(verified, tree, (self.synthetic, *self.synthetic_siblings),
-                                                        draws)
-        elif verified.dim() == 2:
-            path, accepted, nxt = greedy_tree_verify(verified, tokens, tree)
+            node_rates(tree, self.tree_rates)  # made before any capture reads it
+        if verified.dim() == 2 and not (dist.is_initialized() and dist.get_world_size() > 1):
+            path, accepted, nxt = self.accept_tree(verified, tokens, draws, cache, tree)
+            return accepted, nxt, verified, path_tokens(tokens, path), path
+        if draws is not None or verified.dim() == 2:
+            path, accepted, nxt = self._accept(verified, tokens, draws, tree)
         else:
             q = None if q is None else torch.cat([q[:, :1], q], 1)  # the root's row, unread
             path, accepted, nxt = sampling_tree_verify(verified, q, tokens, tree)
@@ -438,6 +449,22 @@ class Decoder:
                 dist.broadcast(t, src=0)
         cache.keep_path(path)
         return accepted, nxt, verified, path_tokens(tokens, path), path
+
+    @property
+    def tree_rates(self) -> tuple[float, ...]:
+        return (self.synthetic, *self.synthetic_siblings)
+
+    def _accept(self, verified, tokens, draws, tree):
+        """Greedy (argmax ids) or synthetic (draws given) acceptance of a tree: (path, accepted, next)."""
+        if draws is not None:
+            return synthetic_tree_verify(verified, tree, self.tree_rates, draws)
+        return greedy_tree_verify(verified, tokens, tree)
+
+    def _accept_tree(self, verified, tokens, draws, cache, tree):
+        """The acceptance, then the accepted path's KV moved (one graph under cuda_graphs)."""
+        path, accepted, nxt = self._accept(verified, tokens, draws, tree)
+        cache.keep_path(path)
+        return path, accepted, nxt
 
 
 def decode(decoder: Decoder, cache, first: torch.Tensor, n_new: int, eos_ids=(), progress: bool = False,

@@ -223,7 +223,7 @@ def greedy_tree_verify(best: torch.Tensor, tokens: torch.Tensor, tree: TreeOnDev
     [B], the target's argmax after them)."""
     match = tokens == best.gather(1, tree.parents[None].expand_as(tokens))
     match[:, 0] = True
-    kept = ~((~match).float() @ tree.ancestors.T.float()).bool()  # no failing node on the way from the root
+    kept = ~((~match)[:, None, :] & tree.ancestors[None]).any(-1)  # no failing node on the way from the root
     depth = torch.where(kept, tree.depths[None], -1)
     last = depth.argmax(1)  # the deepest kept node (the first of equal depth)
     return _path(tree, last), depth.max(1).values, best.gather(1, last[:, None])[:, 0]
@@ -269,7 +269,7 @@ def synthetic_tree_verify(best: torch.Tensor, tree: TreeOnDevice, rates: tuple[f
     Sequoia's acceptance vector says; uniforms [B, N] one draw per node. Returns (path, accepted, next), next the
     target's argmax at the last kept node."""
     B = best.shape[0]
-    rate = _node_rates(tree, tuple(rates))
+    rate = node_rates(tree, tuple(rates))
     at = torch.zeros(B, dtype=torch.long, device=best.device)
     for d in range(tree.tree.depth):
         moved = torch.zeros(B, dtype=torch.bool, device=best.device)
@@ -283,7 +283,7 @@ def synthetic_tree_verify(best: torch.Tensor, tree: TreeOnDevice, rates: tuple[f
 
 
 @functools.lru_cache(maxsize=64)
-def _node_rates(tree: TreeOnDevice, rates: tuple[float, ...]) -> torch.Tensor:
+def node_rates(tree: TreeOnDevice, rates: tuple[float, ...]) -> torch.Tensor:
     """[N]: each node's acceptance rate by its sibling rank, made once: a copy from the host at every verification
     waits for the GPU, and the walk's launches then run on an idle GPU."""
     return torch.tensor(rates, device=tree.rank.device)[tree.rank.clamp(max=len(rates) - 1)]
