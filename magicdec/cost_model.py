@@ -114,6 +114,18 @@ def omega(alpha: float, gamma: int) -> float:
     return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
+def chain_alpha(tokens: float, gamma: int) -> float:
+    """The acceptance rate at which a chain of gamma drafted tokens yields `tokens` per verification (omega's
+    inverse): how the planner puts a tree's expected yield into its chain model of finishing times."""
+    lo, hi = 0.0, 1.0
+    if tokens >= gamma + 1:
+        return 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if omega(mid, gamma) < tokens else (lo, mid)
+    return (lo + hi) / 2
+
+
 def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha: float, budget: int,
             draft: ModelArgs | None = None, ring_extra: int = 0, sampled: bool = False,
             draft_kv_per_token: int | None = None, draft_weights: str = "bf16", draft_group: int = 128,

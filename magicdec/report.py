@@ -141,6 +141,9 @@ def speedup(r) -> float:
 
 
 def gammas_used(auto) -> str:
+    width = (auto.get("planner") or {}).get("tree_width")
+    if width:  # a planned tree runs at the planned gamma
+        return f"b{auto.get('budget')}, tree w{width} γ{auto.get('gamma')}"
     ag = ((auto["metrics"].get("speculation") or {}).get("auto_gamma")) or {}
     used = ag.get("iterations_per_gamma", {})
     off = " (off)" if ag.get("switched_off") else ""

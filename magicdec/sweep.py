@@ -21,6 +21,7 @@ a table named after a method holds what applies to it alone:
     synthetic_acceptance = 0.5                    # a drafter's own acceptance rate
     [auto]
     drafter = "selfspec"                          # what the planner drafts with; budgets: the draft_budget axis
+    tree_width = [1, 3]                           # optional: chain or token tree (a tree runs at its planned gamma)
 
 Per (prefix, B) the target is loaded once and each batch of prompts prefilled once; each drafter is prepared once
 per batch and decoding mode; every speculative point is timed in turns with the baseline of the same mode, and its
@@ -55,7 +56,7 @@ from magicdec import timing
 from magicdec.drafters.model_draft import appended_for
 from magicdec.engine import activation_rows, Engine, first_tokens, memory_needed
 from magicdec.errors import MagicDecError, one_line_errors
-from magicdec.planner import AutoGamma, fit_spread, plan
+from magicdec.planner import AutoGamma, fit_spread, option_parts, plan
 from magicdec.run import write_json
 from magicdec.run_config import RUN_OPTIONS, SECTIONS, RunConfig, writable_folder
 from magicdec.stats import Stats
@@ -215,6 +216,9 @@ def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[st
                 candidates["formats"] = formats
                 if values["draft_weights"] != "int4" and "draft_group" in values:  # int4's, applied if chosen
                     candidates["draft_group"] = values.pop("draft_group")
+            if "tree_width" in values:  # the planner chooses chain or tree (a tree runs at the planned gamma)
+                widths = values.pop("tree_width")
+                candidates["widths"] = sorted(set(widths if isinstance(widths, list) else [widths]))
         for mode in cfg["decoding"]:
             for point_values in axes(none_words(values)):
                 point_values |= MODES[mode] | {"skip_tokens": batch_skips(cfg)[0], "progress": False} | (
@@ -458,7 +462,7 @@ class Sweep:
         base = pts[0].cfg
         cfg0 = replace_options(base, skip_tokens=skip)
         queries = max((p.cfg.drafter.prefill_queries(p.cfg) for p in pts if p.cfg.drafter), default=0)
-        ahead = max(p.cfg.lookahead for p in pts)
+        ahead = max(room_ahead(p) for p in pts)
         slots = cfg0.workload.prefix_len + appended_for(cfg0.workload.gen_len, ahead)
         batch = engine.prefill(cfg0, queries, slots)
         self.prompt_source = batch.prompt_source
@@ -487,8 +491,8 @@ class Sweep:
                         if "planner" not in partial:
                             partial["planner"] = self.plan_budget(point)
                         cfg = planned(cfg, partial["planner"])
-                        policy = AutoGamma(self.gammas(point), partial["planner"]["alpha"],
-                                           spread=partial["planner"]["spread"])
+                        policy = None if cfg.speculation.tree_width > 1 else AutoGamma(
+                            self.gammas(point), partial["planner"]["alpha"], spread=partial["planner"]["spread"])
                     else:
                         policy = None
                     key = self.drafter_key(cfg)
@@ -623,17 +627,21 @@ class Sweep:
         speculative option, for AutoGamma to switch off."""
         cfg, method = point.cfg, point.cfg.drafter.name
         w = cfg.workload
-        formats = point.candidates.get("formats")
-        drafts = [(b, f) for b in self.budgets(point) for f in formats] if formats else self.budgets(point)
+        formats, widths = point.candidates.get("formats"), point.candidates.get("widths")
+        if widths:
+            drafts = [(b, f, width) for b in self.budgets(point) for f in formats or [None] for width in widths]
+        else:
+            drafts = [(b, f) for b in self.budgets(point) for f in formats] if formats else self.budgets(point)
         records = list(self.records())
         alpha, spread = {}, {}
         for draft in drafts:
-            b, f = draft if formats else (draft, None)
+            b, f, width = option_parts(draft)
             seen = [r for r in records if r.get("method") not in ("baseline", "auto", None)
                     and drafters.canonical(r["method"]) == method and r.get("budget") == b
                     and r.get("prefix_len") == w.prefix_len and r.get("decoding") == cfg.decoding.name
                     and r.get("draft_policy", cfg.draft.draft_policy) == cfg.draft.draft_policy
                     and (f is None or (r.get("config") or {}).get("draft_weights", "bf16") == f)
+                    and (width is None or (r.get("config") or {}).get("tree_width", 1) == width)
                     and r.get("metrics", {}).get("alpha") is not None]
             synthetic = cfg.speculation.synthetic_acceptance
             alpha[draft] = synthetic if synthetic is not None else (
@@ -645,16 +653,19 @@ class Sweep:
         group = point.candidates.get("draft_group")
 
         def predict(draft, gamma):
-            b, f = draft if formats else (draft, None)
-            c = planned(replace_options(cfg, gamma=[gamma]), {"budget": b, "draft_weights": f, "draft_group": group})
+            b, f, width = option_parts(draft)
+            c = planned(replace_options(cfg, gamma=[gamma]), {"budget": b, "draft_weights": f, "draft_group": group,
+                                                              "tree_width": width, "gamma": gamma})
             return cfg.drafter.predict(c, self.engine.target_config, models, device, alpha[draft], gamma,
                                        c.lookahead)
         best, options = plan(drafts, self.gammas(point), alpha, predict, w.B, w.gen_len - 1, spread, method)
         spec = best if best.budget is not None else max(options[1:], key=lambda o: o.speedup)
-        draft = (spec.budget, spec.draft_weights) if formats else spec.budget
-        name = lambda d: " ".join(map(str, d)) if formats else d  # noqa: E731  (JSON keys)
+        chosen = {(b, f, width if width and width > 1 else None): d for d in drafts
+                  for b, f, width in [option_parts(d)]}
+        draft = chosen[(spec.budget, spec.draft_weights, spec.tree_width)]
+        name = lambda d: " ".join(map(str, d)) if isinstance(d, tuple) else d  # noqa: E731  (JSON keys)
         return {"predicted_best": vars(best), "budget": spec.budget, "draft_weights": spec.draft_weights,
-                "draft_group": group,
+                "draft_group": group, "tree_width": spec.tree_width, "gamma": spec.gamma,
                 "alpha": alpha[draft], "alpha_by_option": {name(d): a for d, a in alpha.items()},
                 "spread": spread[draft], "spread_by_option": {name(d): v for d, v in spread.items()},
                 "options": [vars(o) for o in options]}
@@ -695,12 +706,23 @@ def is_point_record(f: Path) -> bool:
 
 
 def planned(cfg: RunConfig, planner: dict) -> RunConfig:
-    """An auto point's config at the planner's choice (its budget, and its weight format where it chose one)."""
+    """An auto point's config at the planner's choice (its budget, and its weight format where it chose one; a
+    token tree at its width and gamma, which then runs fixed: AutoGamma times chains only)."""
     fmt = planner.get("draft_weights")
     chosen = {"draft_weights": fmt} if fmt else {}
     if fmt == "int4" and planner.get("draft_group"):
         chosen["draft_group"] = planner["draft_group"]
+    if (planner.get("tree_width") or 1) > 1:
+        chosen |= {"tree_width": planner["tree_width"], "gamma": [planner["gamma"]]}
     return replace_options(cfg, draft_budget=planner["budget"], **chosen)
+
+
+def room_ahead(point: Point) -> int:
+    """What a point's caches hold past the prompt; an auto point choosing among trees, its widest."""
+    widths = (point.candidates or {}).get("widths")
+    if not widths:
+        return point.cfg.lookahead
+    return point.cfg.lookahead + point.cfg.speculation.largest * (max(widths) - 1)
 
 
 def replace_options(cfg: RunConfig, **changes) -> RunConfig:

@@ -476,3 +476,53 @@ def test_interrupt_says_how_to_resume(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         sweep.main([str(_write(tmp_path, CONFIG + AUTO)), "--output_dir", str(tmp_path / "o"), "--no_progress"])
     assert e.value.code == 130
+
+
+@pytest.mark.parametrize("sibling,wins", [(0.0, "chain"), (1.0, "tree")])
+def test_planner_chooses_chain_or_tree(tmp_path, sibling, wins):
+    """An auto point listing tree widths plans over (budget, width) with gamma: a tree whose later candidates are
+    never kept yields what its chain yields at a higher verification cost, and loses at every gamma; one whose later
+    candidates are always kept yields gamma + 1 per verification and wins (a GPU-like device, where the extra nodes
+    cost next to nothing at this size). A planned tree then runs at its gamma, without AutoGamma."""
+    text = (TINY_SWEEP + 'gamma = [1, 2, 3]\nmethods = ["baseline", "auto"]\nsynthetic_acceptance = 0.8\n' + AUTO
+            + f"tree_width = [1, 3]\nsynthetic_siblings = [{sibling}]\n")
+    sw = make(tmp_path, text)
+    sw.load(sw.points[0].cfg)
+    point = next(p for p in sw.points if p.method == "auto")
+    assert point.candidates["widths"] == [1, 3]
+    sw.cost_device = cm.Device(bandwidth=3.0e12, matmul_flops=7e14)
+    planned = sw.plan_budget(point)
+    speculative = [o for o in planned["options"] if o["method"] != "baseline"]
+    chain = {o["gamma"]: o["speedup"] for o in speculative if o["tree_width"] is None}
+    tree = {o["gamma"]: o["speedup"] for o in speculative if o["tree_width"] == 3}
+    assert set(chain) == set(tree) == {1, 2, 3}
+    if wins == "chain":
+        assert all(tree[g] <= chain[g] for g in chain) and planned["tree_width"] is None
+    else:
+        assert all(tree[g] > chain[g] for g in chain) and planned["tree_width"] == 3
+        cfg = sweep.planned(point.cfg, planned)
+        assert cfg.speculation.tree_width == 3 and cfg.speculation.gamma == (planned["gamma"],)
+        assert sweep.room_ahead(point) >= cfg.lookahead
+
+
+def test_chain_alpha_inverts_omega():
+    """The chain acceptance a tree's yield is put in as: by hand, 1 + 0.5 + 0.25 tokens at gamma 2 is alpha 0.5."""
+    assert cm.chain_alpha(1.75, 2) == pytest.approx(0.5, abs=1e-9)
+    assert cm.chain_alpha(3.0, 2) == 1.0 and cm.chain_alpha(1.0, 3) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_planned_tree_runs(tmp_path, monkeypatch):
+    """An auto point whose planner chose a tree (forced here: which wins depends on the CPU's measured costs) runs it
+    at the planned width and gamma, and its record says so."""
+    real = sweep.Sweep.plan_budget
+
+    def tree_chosen(self, point):
+        return real(self, point) | {"tree_width": 3, "gamma": 2}
+
+    monkeypatch.setattr(sweep.Sweep, "plan_budget", tree_chosen)
+    text = (TINY_SWEEP + 'gamma = [1, 2]\nmethods = ["baseline", "auto"]\nsynthetic_acceptance = 0.8\n' + AUTO
+            + "tree_width = [1, 3]\nsynthetic_siblings = [0.6]\n")
+    assert make(tmp_path, text).run(None) == 0
+    auto = next(r for r in records(tmp_path / "out").values() if r["method"] == "auto")
+    assert auto["config"]["tree_width"] == 3 and auto["gamma"] == 2 and auto["planner"]["tree_width"] == 3
+    assert auto["metrics"]["measured_speedup"] > 0 and len(auto["metrics"]["speculation"]["per_rank"]["reached"]) == 3
