@@ -47,10 +47,12 @@ def first_layers(model: Transformer, n: int) -> Transformer:
     return draft.eval()
 
 
-def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(), backend="sdpa", synthetic=None):
-    """Greedy speculative generation; returns (ids, counts, decoder)."""
+def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(), backend="sdpa", synthetic=None,
+              width=1):
+    """Greedy speculative generation (`width` > 1: the draft's token trees); returns (ids, counts, decoder)."""
     a, d, (B, P) = target.args, draft_model.args, prompts.shape
-    cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma + 2, a.head_dim, torch.float32, "cpu", backend)
+    cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma * width + 2, a.head_dim, torch.float32, "cpu",
+                    backend)
     if budget:
         draft_cache = StreamingCache(d.n_layers, B, d.n_kv_heads, budget, sinks, 64, d.head_dim, torch.float32, "cpu",
                                      backend)
@@ -59,8 +61,9 @@ def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(
                               backend)
     logits = prefill(target, cache, prompts, 64)
     prefill(draft_model, draft_cache, prompts, 64)
-    decoder = Decoder(target, Sampling(), drafter=ModelDraft(draft_model, draft_cache), gamma=gamma, trace=True,
-                      synthetic_acceptance=synthetic)
+    drafter = ModelDraft(draft_model, draft_cache)
+    drafter.width = width
+    decoder = Decoder(target, Sampling(), drafter=drafter, gamma=gamma, trace=True, synthetic_acceptance=synthetic)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, eos, prev=prompts[:, -1])
     return out, counts, decoder
 
@@ -70,9 +73,9 @@ def assert_ragged(decoder):
     assert any(len({a for a in row if a >= 0}) > 1 for row in decoder.trace), decoder.trace
 
 
-def check(target, draft, prompts, n_new, gamma, budget):
-    expected = plain_greedy(target, prompts, n_new)
-    out, counts, decoder = speculate(target, draft, prompts, n_new, gamma, budget)
+def check(target, draft, prompts, n_new, gamma, budget, width=1, expected=None):
+    expected = plain_greedy(target, prompts, n_new) if expected is None else expected
+    out, counts, decoder = speculate(target, draft, prompts, n_new, gamma, budget, width=width)
     assert counts.tolist() == [n_new] * prompts.shape[0]
     assert out.tolist() == expected.tolist()
     assert_ragged(decoder)
@@ -154,6 +157,35 @@ def test_flex_backend_speculates_identically(tiny):
     assert out.tolist() == expected.tolist()
 
 
+def check_drafter(target, drafter, prompts, n_new, gamma, nodes, expected):
+    """Greedy speculation with a drafter that needs no draft model (prompt lookup, Lookahead) equals plain greedy
+    decoding; `nodes`: the most tokens a verification writes into the cache."""
+    a, (B, P) = target.args, prompts.shape
+    cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + nodes + 2, a.head_dim, torch.float32, "cpu")
+    logits = prefill(target, cache, prompts, 64)
+    decoder = Decoder(target, Sampling(), drafter=drafter, gamma=gamma, trace=True)
+    out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
+    assert counts.tolist() == [n_new] * B
+    assert out.tolist() == expected.tolist()
+    assert max(max(row) for row in decoder.trace) >= 1  # some drafted tokens kept
+    return decoder
+
+
+def check_every_tree_drafter(model, prompts, n_new, budget):
+    """The self-draft's tree (3 candidates per position, past its StreamingLLM budget), prompt lookup's branches and
+    Lookahead's window with its guesses: each equal to plain greedy decoding."""
+    from magicdec.drafters.lookahead import LookaheadDraft
+    from magicdec.drafters.lookup import PromptLookup
+
+    expected = plain_greedy(model, prompts, n_new)
+    check(model, model, prompts, n_new=n_new, gamma=3, budget=budget, width=3, expected=expected)
+    lookup = PromptLookup(prompts, ngram_max=3)
+    lookup.width = 3
+    check_drafter(model, lookup, prompts, n_new, gamma=4, nodes=3 * 4, expected=expected)
+    lookahead = LookaheadDraft(prompts, window=4, n=4, guesses=3, pool=64, seed=0)
+    check_drafter(model, lookahead, prompts, n_new, gamma=5, nodes=lookahead.tree.size, expected=expected)
+
+
 # --- SmolLM2-135M (real weights) ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("gamma", GAMMAS)
 def test_smollm2_selfspec_equals_plain_greedy(smol_model, smol_prompts, gamma):
@@ -162,6 +194,10 @@ def test_smollm2_selfspec_equals_plain_greedy(smol_model, smol_prompts, gamma):
 
 def test_smollm2_standalone_equals_plain_greedy(smol_model, smol_prompts):
     check(smol_model, first_layers(smol_model, 10), smol_prompts, n_new=40, gamma=3, budget=32)
+
+
+def test_smollm2_tree_drafters_equal_plain_greedy(smol_model, smol_prompts):
+    check_every_tree_drafter(smol_model, smol_prompts, n_new=32, budget=24)
 
 
 # --- stories260K (real weights, llama2.c) --------------------------------------------------------------------------
@@ -180,3 +216,9 @@ def test_stories260k_selfspec_and_standalone_equal_plain_greedy(stories, gamma):
     prompts[:, 0] = 1
     check(stories, stories, prompts, n_new=100, gamma=gamma, budget=24)
     check(stories, first_layers(stories, 2), prompts, n_new=60, gamma=gamma, budget=24)
+
+
+def test_stories260k_tree_drafters_equal_plain_greedy(stories):
+    prompts = torch.randint(3, 512, (3, 40), generator=torch.Generator().manual_seed(7))
+    prompts[:, 0] = 1
+    check_every_tree_drafter(stories, prompts, n_new=80, budget=24)
