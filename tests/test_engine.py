@@ -43,7 +43,7 @@ def test_checkpoint_contents_are_checked_before_prompts_or_weights(tiny_hf, tmp_
 @pytest.mark.parametrize("name", drafters.names())
 def test_every_drafter_declares_its_memory(name, tmp_path):
     """The target's cache plus what the drafter adds: a model draft's cache slots (and a standalone draft's
-    weights), none for prompt lookup and REST; the cache holds the prompt and what a verification reaches past
+    weights), none for prompt lookup, REST and Lookahead (its n-gram pool: kilobytes per sequence); the cache holds the prompt and what a verification reaches past
     gen_len."""
     from magicdec import options as opt
 
@@ -57,7 +57,7 @@ def test_every_drafter_declares_its_memory(name, tmp_path):
     models, parts = Engine(cfg).plan(cfg)
     assert parts[0].weights and parts[0].slots == 512 + 16 + cfg.lookahead + 2
     extra = parts[1:]
-    if name in ("lookup", "rest"):
+    if name in ("lookup", "rest", "lookahead"):
         assert not extra
     else:
         assert extra and all(0 < p.slots < 512 + 64 for p in extra)
