@@ -436,18 +436,18 @@ class Decoder:
         if self.synthetic is not None:
             draws = torch.rand(tokens.shape, device=tokens.device, generator=self.tree_draws)
             node_rates(tree, self.tree_rates)  # made before any capture reads it
-        if verified.dim() == 2 and not (dist.is_initialized() and dist.get_world_size() > 1):
+        ranks = dist.get_world_size() if dist.is_initialized() else 1
+        if verified.dim() == 2 and ranks == 1:  # greedy or synthetic (argmax ids): the acceptance and move graphed
             path, accepted, nxt = self.accept_tree(verified, tokens, draws, cache, tree)
-            return accepted, nxt, verified, path_tokens(tokens, path), path
-        if draws is not None or verified.dim() == 2:
-            path, accepted, nxt = self._accept(verified, tokens, draws, tree)
         else:
-            q = None if q is None else torch.cat([q[:, :1], q], 1)  # the root's row, unread
-            path, accepted, nxt = sampling_tree_verify(verified, q, tokens, tree)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            for t in (path, accepted, nxt):
+            if verified.dim() == 2:
+                path, accepted, nxt = self._accept(verified, tokens, draws, tree)
+            else:
+                q = None if q is None else torch.cat([q[:, :1], q], 1)  # the root's row, unread
+                path, accepted, nxt = sampling_tree_verify(verified, q, tokens, tree)
+            for t in (path, accepted, nxt) if ranks > 1 else ():
                 dist.broadcast(t, src=0)
-        cache.keep_path(path)
+            cache.keep_path(path)
         return accepted, nxt, verified, path_tokens(tokens, path), path
 
     @property

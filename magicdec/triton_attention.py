@@ -175,7 +175,8 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rows = H // Hkv * T
-    block_n, num_warps = block_n or launch_settings(rows)[0], num_warps or launch_settings(rows)[1]
+    tuned_block, tuned_warps = launch_settings(rows)
+    block_n, num_warps = block_n or tuned_block, num_warps or tuned_warps
     assert q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1
     assert kv_bits == 16 or (k.shape[3] * 8 == D * kv_bits and k_scale_zero.is_contiguous()
                              and v_scale_zero.is_contiguous())
