@@ -31,7 +31,7 @@ rows, H, Hkv, D = [], 32, 8, 128
 
 
 def tree_tiles():
-    from magicdec.tree import Tree
+    from magicdec.tree import Tree, TreeMask
     settings = [(rb, nw, ns, bn) for rb in (64, 128) for nw in (4, 8) for ns in (2, 3) for bn in (64, 128)]
     for B, S in [(1, 32768), (4, 100000)]:
         k = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16)
@@ -41,11 +41,11 @@ def tree_tiles():
             q_pos = (S - T + torch.arange(T, device=dev))[None].expand(B, T).contiguous()
             width = 3 if T == 16 else 1 if T == 1 else (T - 1) // 7 if T == 64 else 1
             tree = Tree.chain_with_siblings((T - 1) // width, width) if T > 1 else None
-            bits = tree.ancestor_bits.to(dev) if tree is not None else None
+            mask = None if tree is None else TreeMask(tree.ancestors.to(dev), tree.ancestor_bits.to(dev), q_pos[:, 0])
             for r in range(3):
                 for rb, nw, ns, bn in (settings if T > 1 else [(128, 4, 2, 128)]):
                     ms = triton.testing.do_bench_cudagraph(lambda: split_kv_attention(
-                        q, k, v, q_pos, None, block_n=bn, num_warps=nw, num_stages=ns, tree_bits=bits,
+                        q, k, v, q_pos, None, block_n=bn, num_warps=nw, num_stages=ns, tree=mask,
                         row_block=rb), rep=50)
                     rows.append({"B": B, "S": S, "T": T, "tree": None if tree is None else list(tree.parents),
                                  "row_block": rb, "num_warps": nw, "num_stages": ns, "block_n": bn, "round": r,

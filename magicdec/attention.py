@@ -57,7 +57,7 @@ def _visible(q_pos, key_pos, n_slots, sinks=0, window=0, tree=None) -> torch.Ten
     if tree is not None:
         from magicdec.tree import visible
 
-        return visible(tree.ancestors, q_pos[:, 0], n_slots)
+        return visible(tree, n_slots, q_pos, key_pos, sinks, window)
     if key_pos is None:
         key_pos = torch.arange(n_slots, device=q_pos.device)[None, :]
     kp, qp = key_pos[:, None, :], q_pos[:, :, None]
@@ -113,16 +113,21 @@ def flex_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None, tree=No
     B, T = q_pos.shape
     n_kv_blocks = -(-n_slots // KV_BLOCK)
     n_q_blocks = -(-T // Q_BLOCK)
-    if key_pos is None and window:
+    if key_pos is None and window and tree is None:
         key_pos = torch.arange(n_slots, device=q_pos.device).expand(B, n_slots)
-    if tree is not None:  # the committed slots, then the tree's nodes from slot base on: their ancestors only
-        base, anc = q_pos[:, 0], tree.ancestors
+    if tree is not None:  # the committed positions, then the tree's node j at position base + j: ancestors only
+        base, anc, N = tree.base, tree.ancestors, tree.size
 
         def mask_mod(b, h, q_idx, kv_idx):
-            rel = kv_idx - base[b]
-            return (rel < 0) | ((rel < T) & anc[q_idx, rel.clamp(0, T - 1)])
-        kv_num_blocks = torch.clamp((base + T - 1) // KV_BLOCK + 1, max=n_kv_blocks).to(torch.int32)
-        kv_num_blocks = kv_num_blocks[:, None].expand(B, n_q_blocks).contiguous()
+            kp = kv_idx if key_pos is None else key_pos[b, kv_idx]
+            rel = kp - base[b]
+            seen = (rel < 0) | ((rel < N) & anc[q_idx, rel.clamp(0, N - 1)])
+            return seen & ((kp < sinks) | (kp > q_pos[b, q_idx] - window)) if window else seen
+        if key_pos is None:
+            kv_num_blocks = torch.clamp((base + N - 1) // KV_BLOCK + 1, max=n_kv_blocks).to(torch.int32)
+            kv_num_blocks = kv_num_blocks[:, None].expand(B, n_q_blocks).contiguous()
+        else:
+            kv_num_blocks = torch.full((B, n_q_blocks), n_kv_blocks, dtype=torch.int32, device=q_pos.device)
     elif key_pos is None:
         def mask_mod(b, h, q_idx, kv_idx):
             return kv_idx <= q_pos[b, q_idx]
@@ -179,7 +184,7 @@ def triton_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None, tree=
     def attend(q, k, v, layer=None):
         return split_kv_attention(q, k, v, q_pos, key_pos, sinks=sinks, window=window,
                                   scores=None if scores is None else scores[layer],
-                                  tree_bits=None if tree is None else tree.bits)
+                                  tree=tree)
 
     return attend
 
@@ -189,6 +194,6 @@ MAKERS = {"sdpa": sdpa_attend, "flex": flex_attend, "triton": triton_attend, "fl
 
 def make_attend(backend: str, q_pos, key_pos, n_slots, sinks: int = 0, window: int = 0, scores=None,
                 tree=None) -> Attend:
-    """`tree` (tree.TreeOnDevice): the forward's T tokens are a token tree's nodes, written from slot q_pos[:, 0]
-    on (the root's position is its slot), each seeing the committed slots and its ancestors' only (a full cache)."""
+    """`tree` (tree.TreeMask): the forward's T tokens are nodes of a token tree whose node j is in the slot of
+    position tree.base + j, each seeing the committed positions and its ancestors' only."""
     return MAKERS[backend](q_pos, key_pos, n_slots, sinks, window, scores, tree)

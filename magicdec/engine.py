@@ -358,6 +358,9 @@ class Engine:
         d, rt = cfg.decoding, cfg.runtime
         if drafter is not None:
             drafter.width = cfg.speculation.tree_width  # a prepared drafter serves points of any width
+            drafter.shape = cfg.speculation.drafted_tree(gamma)  # a model draft's tree (--tree_nodes), or None
+            if drafter.shape is not None:  # its draft steps' candidates: the most children a node has
+                drafter.width = max(len(c) for c in drafter.shape.children)
         return Decoder(self.target, Sampling(d.temperature, d.top_p, d.top_k), drafter=drafter, gamma=gamma,
                        step_mode=rt.step_mode, graph_target=not rt.offload,
                        synthetic_acceptance=cfg.speculation.synthetic_acceptance if drafter else None, policy=policy,

@@ -82,10 +82,10 @@ class Drafter:
     def before_verify(self, cache, gamma: int) -> None:
         """Just before the target verifies `gamma` drafted tokens over `cache` (e.g. ask it for a side output)."""
 
-    def after_verify(self, verified: torch.Tensor) -> None:
+    def after_verify(self, verified: torch.Tensor, path: torch.Tensor | None = None) -> None:
         """The target's pass over the proposal, before its tokens are committed: argmax ids [B, T] or
         probabilities [B, T, V] at every verified position (a tree's nodes in node order; Lookahead's Jacobi
-        window reads its next iteration there)."""
+        window reads its next iteration there), and a tree's accepted path of nodes [B, D + 1] (None: a chain)."""
 
     def after_commit(self, cache) -> None:
         """After the accepted tokens are committed and the target's cache rolled back past the rejected ones."""
@@ -281,7 +281,8 @@ class Decoder:
         elif step_mode == "cuda_graphs":
             # a refresh's verification also writes its attention scores, and a tree's masks another way: a graph each
             wrap = lambda f: GraphedStep(f, key=lambda *args: (args[-1].scores is not None,  # noqa: E731
-                                                               getattr(args[-1].tree, "tree", None)))
+                                                               getattr(args[-1].tree, "tree", None),
+                                                               getattr(args[-1], "level", None)))
         else:
             wrap = lambda f: f  # noqa: E731
         self.verify_step = wrap(self._verify_step) if graph_target else self._verify_step
@@ -333,7 +334,7 @@ class Decoder:
             gamma = drafted.shape[1]
             t2 = timer.stamp()
             if gamma:
-                drafter.after_verify(verified)
+                drafter.after_verify(verified, path)
             self.after_verify(batch, verified, accepted)
             active = batch.commit(drafted, accepted, nxt)
             cache.rollback(batch.position(1))  # drop rejected drafts' KV; the last committed token is fed next
@@ -390,9 +391,13 @@ class Decoder:
         return self._distribution(self.model, tokens, cache, "all")
 
     def _draft_step(self, model, tokens, cache):
+        """At the last position, or at every node of a tree level the draft feeds (cache.level)."""
+        rows = "last" if getattr(cache, "level", None) is None else "all"
         if self._greedy and self.width > 1:  # a tree's candidates: the draft's likeliest ids, best first
-            return torch.topk(model(tokens, cache, logits="last")[:, -1], self.width).indices
-        return self._distribution(model, tokens, cache, "last")[:, -1]
+            out = torch.topk(model(tokens, cache, logits=rows), self.width).indices
+        else:
+            out = self._distribution(model, tokens, cache, rows)
+        return out[:, -1] if rows == "last" else out
 
     def _propose(self, batch: Batch, gamma: int):
         """The drafter's tokens [B, <= gamma] and distributions q (None when greedy); none for gamma 0."""

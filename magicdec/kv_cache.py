@@ -23,6 +23,7 @@ def store_kv(k_cache, v_cache, rows, slots, k, v) -> None:
 
 class KVCache:
     tree = None  # tree.TreeOnDevice while a forward verifies a token tree (its nodes' positions and mask)
+    level = None  # tree.TreeLevel while a draft's forward feeds one level of a token tree it drafts
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device, backend: str = "sdpa"):
@@ -47,12 +48,27 @@ class KVCache:
         """[B, T] positions of the next T tokens (a token tree's: the root's plus each node's depth)."""
         if self.tree is not None:
             return self.lengths[:, None] + self.tree.depths[None]
+        if self.level is not None:  # the root is the last token held
+            return (self.lengths + (self.level.depth - 1))[:, None].expand(-1, T)
         return self._next(T)
 
     def _next(self, T: int) -> torch.Tensor:
         """[B, T]: the next T positions after each sequence's tokens, in order (a tree's nodes: where they are
-        written, whatever their positions)."""
+        written, whatever their positions; a drafted level's: the root's position plus their node indices)."""
+        if self.level is not None:
+            return (self.lengths - 1)[:, None] + self.level.nodes[None]
         return self.lengths[:, None] + torch.arange(T, device=self.lengths.device)
+
+    def tree_mask(self):
+        """A token tree's mask for attention (tree.TreeMask), or None: a verified tree's root is the next token, a
+        drafted level's the last token held."""
+        from magicdec.tree import TreeMask
+
+        if self.tree is not None:
+            return TreeMask(self.tree.ancestors, self.tree.bits, self.lengths)
+        if self.level is not None:
+            return TreeMask(self.level.ancestors, self.level.bits, self.lengths - 1)
+        return None
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v [B, T, Hkv, D] at each sequence's next T positions; return the layer's buffers."""
@@ -72,13 +88,15 @@ class KVCache:
         return self._slots
 
     def attend(self, T: int):
-        return make_attend(self.backend, self.positions(T), None, self.max_len, scores=self.scores, tree=self.tree)
+        return make_attend(self.backend, self.positions(T), None, self.max_len, scores=self.scores,
+                           tree=self.tree_mask())
 
-    def keep_path(self, path: torch.Tensor) -> None:
+    def keep_path(self, path: torch.Tensor, root: torch.Tensor | None = None) -> None:
         """After a token tree's verification: the KV of each sequence's accepted nodes path [B, D + 1] (the root
-        first; node j in slot lengths + j) moved to the slots their positions take, lengths + 0..D."""
-        at = self.lengths[:, None]
-        src, dst = at + path, at + torch.arange(path.shape[1], device=path.device)
+        first; node j at position root + j) moved to the slots their positions take, root + 0..D. `root` [B]: the
+        root's positions (default: lengths, where a verification writes it)."""
+        at = (self.lengths if root is None else root)[:, None]
+        src, dst = self.slots(at + path), self.slots(at + torch.arange(path.shape[1], device=path.device))
         for layer in range(len(self.k)):
             for buf in (self.k[layer], self.v[layer]):
                 buf[self._rows, :, dst] = buf[self._rows, :, src]
@@ -178,12 +196,14 @@ class StreamingCache(KVCache):
         self.shifted.copy_(shift > 0)
 
     def attend(self, T: int):
-        # Claim the new tokens' slots before any layer runs: a mask built now must already see them.
-        pos = self.positions(T)
-        self.key_pos[self._rows, self.slots(pos)] = pos
+        # Claim the new tokens' slots before any layer runs: a mask built now must already see them. A drafted
+        # tree level's nodes hold the positions they are written at (root + node index), which its mask reads.
+        written = self._next(T)
+        self.key_pos[self._rows, self.slots(written)] = written
         if self.rope is not None:
-            self._reindex_sinks(T)
-        return make_attend(self.backend, pos, self.key_pos, self.max_len, self.sinks, self.window)
+            self._reindex_sinks(T if self.level is None else self.level.depth)
+        return make_attend(self.backend, self.positions(T), self.key_pos, self.max_len, self.sinks, self.window,
+                           tree=self.tree_mask())
 
     def fill_random(self, length: int, seed: int) -> None:
         super().fill_random(length, seed)

@@ -25,7 +25,7 @@ from magicdec import drafters
 from magicdec import options as opt
 from magicdec.errors import MagicDecError
 from magicdec.options import option
-from magicdec.tree import MAX_NODES
+from magicdec.tree import MAX_NODES, shaped_tree
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 STEP_MODES = ("eager", "cuda_graphs", "compile")
@@ -133,6 +133,15 @@ class Speculation:
                                            "last for every rank past it; rank 0 takes --synthetic_acceptance): "
                                            "Sequoia's acceptance vector, e.g. a real run's per_rank_acceptance",
                                        parse=float, nargs="+")
+    tree_nodes: int = option(0, "a model draft's token tree of this many nodes (the root included) and --gamma "
+                                "levels at most, shaped as Sequoia's: the one whose expected yield is largest under "
+                                "the acceptance vector --tree_rates; each node's children its draft's likeliest "
+                                "(greedy) or drawn without replacement (sampled), a level per draft step. 0: no "
+                                "such tree (--tree_width shapes one)")
+    tree_rates: tuple = option((), "--tree_nodes: the acceptance vector the tree is shaped for, the rate a "
+                                   "candidate of sibling rank 0, 1, ... is kept once those before it were not (e.g. a "
+                                   "real run's per_rank_acceptance); default with --synthetic_acceptance: its rate "
+                                   "and --synthetic_siblings'", parse=float, nargs="+")
 
     @property
     def speculative(self) -> bool:
@@ -157,7 +166,18 @@ class Speculation:
     @property
     def nodes(self) -> int:
         """Drafted tokens a verification writes into the target's cache (a tree's, or the chain's)."""
-        return self.largest * self.tree_width
+        return self.tree_nodes - 1 if self.tree_nodes else self.largest * self.tree_width
+
+    @property
+    def shaping_rates(self) -> tuple[float, ...]:
+        """The acceptance vector --tree_nodes shapes its tree for."""
+        if self.tree_rates:
+            return self.tree_rates
+        return (self.synthetic_acceptance, *self.synthetic_siblings) if self.synthetic_acceptance is not None else ()
+
+    def drafted_tree(self, gamma: int):
+        """The tree a model draft drafts at `gamma` levels (tree.Tree, Sequoia's shape), or None."""
+        return shaped_tree(self.shaping_rates, self.tree_nodes, gamma) if self.tree_nodes else None
 
     def check(self) -> None:
         if "auto" in self.gamma and len(self.gamma) > 1:
@@ -185,6 +205,24 @@ class Speculation:
         if self.tree_width > 1 and self.nodes + 1 > MAX_NODES:
             raise MagicDecError(f"--gamma {self.largest} x --tree_width {self.tree_width}: a tree of "
                                 f"{self.nodes + 1} nodes; at most {MAX_NODES} (the attention kernel's mask)")
+        if self.tree_nodes:
+            if self.tree_width > 1:
+                raise MagicDecError("--tree_nodes and --tree_width both shape a tree: give one of them")
+            if not 2 <= self.tree_nodes <= MAX_NODES:
+                raise MagicDecError(f"--tree_nodes {self.tree_nodes}: must be 2..{MAX_NODES} (the root included; the "
+                                    "attention kernel's mask holds 64)")
+            if self.auto:
+                raise MagicDecError("--tree_nodes with --gamma auto: the tree's depth is --gamma N")
+            if self.synthetic_acceptance is not None and not self.synthetic_siblings and not self.tree_rates:
+                raise MagicDecError("--tree_nodes with --synthetic_acceptance: give --synthetic_siblings too (the rates "
+                                    "of a tree's later candidates, e.g. a real run's per_rank_acceptance)")
+            if not self.shaping_rates:
+                raise MagicDecError("--tree_nodes: give --tree_rates (the acceptance vector to shape the tree for, "
+                                    "e.g. a --tree_width run's per_rank_acceptance)")
+        elif self.tree_rates:
+            raise MagicDecError("--tree_rates shapes --tree_nodes' tree: give --tree_nodes N too")
+        if any(not 0 <= r <= 1 for r in self.tree_rates):
+            raise MagicDecError(f"--tree_rates {' '.join(map(str, self.tree_rates))}: each rate must be in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -400,6 +438,11 @@ class RunConfig:
                                 "chains only (trees: selfspec, standalone, lookup, rest)")
         if self.speculation.tree_width > 1 and self.runtime.offload:
             raise MagicDecError("--tree_width with --offload: an offloaded cache verifies chains only")
+        if self.speculation.tree_nodes and self.drafter and not self.drafter.drafts_shaped_trees:
+            raise MagicDecError(f"--tree_nodes: drafter {self.drafter.name} does not draft a tree level by level "
+                                "(selfspec and standalone do; lookup and rest take --tree_width)")
+        if self.speculation.tree_nodes and self.runtime.offload:
+            raise MagicDecError("--tree_nodes with --offload: an offloaded cache verifies chains only")
 
     def warnings(self) -> list[str]:
         """What a user should know before the run starts, though nothing is wrong with the input."""
@@ -413,8 +456,9 @@ class RunConfig:
         """What ran, in a few words (the drafter's own label, and a tree's width)."""
         if not self.drafter:
             return BASELINE
-        width = self.speculation.tree_width
-        return self.drafter.label(self.draft) + (f" tree w{width}" if width > 1 else "")
+        width, nodes = self.speculation.tree_width, self.speculation.tree_nodes
+        return self.drafter.label(self.draft) + (f" tree w{width}" if width > 1 else "") + \
+            (f" tree n{nodes}" if nodes else "")
 
     @classmethod
     def from_record(cls, path: Path, overrides: dict | None = None) -> "RunConfig":

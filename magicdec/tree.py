@@ -67,6 +67,21 @@ class Tree:
     def size(self) -> int:
         return len(self.parents)
 
+    def in_level_order(self) -> "Tree":
+        """The same tree, its nodes numbered level by level (each level's nodes in the order they were), so a
+        draft can feed one level as one forward of consecutive nodes."""
+        order = sorted(range(self.size), key=lambda i: (self.depths[i], i))
+        new = {old: n for n, old in enumerate(order)}
+        return Tree(tuple(-1 if i == 0 else new[self.parents[i]] for i in order))
+
+    @functools.cached_property
+    def levels(self) -> tuple[range, ...]:
+        """Per depth, its nodes (a tree in level order: consecutive)."""
+        if list(self.depths) != sorted(self.depths):
+            raise MagicDecError("a token tree drafted level by level must be numbered in level order "
+                                "(Tree.in_level_order)")
+        return tuple(range(self.depths.index(d), self.size - self.depths[::-1].index(d)) for d in range(self.depth + 1))
+
     @functools.cached_property
     def depths(self) -> tuple[int, ...]:
         d = [0]
@@ -114,6 +129,9 @@ class Tree:
     def on_device(self, device) -> "TreeOnDevice":
         return _on_device(self, str(device))
 
+    def level_on_device(self, depth: int, device) -> "TreeLevel":
+        return _level_on_device(self, depth, str(device))
+
 
 @dataclass(frozen=True)
 class TreeOnDevice:
@@ -126,6 +144,44 @@ class TreeOnDevice:
     children: torch.Tensor  # [N, W] long: each node's children in order, -1 past them
     rank: torch.Tensor  # [N] long: each node's place among its siblings (0: its parent's first child)
     n_children: torch.Tensor  # [N] long
+
+
+@dataclass(frozen=True, eq=False)
+class TreeLevel:
+    """One level of a token tree a draft is drafting: its nodes fed as one forward, after the root (the draft's last
+    committed token, at position lengths - 1) and the levels above it. Node i is written at the slot of position
+    root + i (as the target writes a tree) and takes position root + its depth."""
+    tree: Tree
+    depth: int
+    nodes: torch.Tensor  # [T] long: the level's node indices
+    bits: torch.Tensor  # [T] int64: their ancestor bits (Tree.ancestor_bits)
+    ancestors: torch.Tensor  # [T, N] bool: their rows of Tree.ancestors
+    parent_at: torch.Tensor  # [T] long: each node's parent's index within the level above
+    rank: torch.Tensor  # [T] long: its place among its siblings
+
+
+@functools.lru_cache(maxsize=256)
+def _level_on_device(tree: Tree, depth: int, device: str) -> TreeLevel:
+    nodes = list(tree.levels[depth])
+    above = tree.levels[depth - 1] if depth else range(0, 1)
+    rank = [tree.children[tree.parents[i]].index(i) if i else 0 for i in nodes]
+    return TreeLevel(tree, depth, torch.tensor(nodes, device=device), tree.ancestor_bits[nodes].to(device),
+                     tree.ancestors[nodes].to(device),
+                     torch.tensor([max(tree.parents[i], 0) - above.start for i in nodes], device=device),
+                     torch.tensor(rank, device=device))
+
+
+@dataclass(frozen=True)
+class TreeMask:
+    """What attention needs of a token tree: the queries' rows of its ancestors mask [T, N] and their bits [T];
+    the tree's node j sits in the slot of position base + j (base [B]: the root's position)."""
+    ancestors: torch.Tensor
+    bits: torch.Tensor
+    base: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return self.ancestors.shape[1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -203,17 +259,29 @@ def optimal_tree(rates: tuple[float, ...], nodes: int, max_depth: int, max_width
             parents.append(parent)
             grow(len(parents) - 1, s, depth - 1)
     grow(0, n, max_depth)
-    return Tree(tuple(parents))
+    return Tree(tuple(parents)).in_level_order()
 
 
-def visible(tree: torch.Tensor, base: torch.Tensor, n_slots: int) -> torch.Tensor:
-    """[B, N, S] bool: node i of sequence b sees the committed slots s < base[b] and the slots base[b] + j of its
-    ancestors j (tree: the [N, N] ancestors mask)."""
-    N = tree.shape[0]
-    rel = torch.arange(n_slots, device=base.device)[None, :] - base[:, None]  # [B, S]
+@functools.lru_cache(maxsize=64)
+def shaped_tree(rates: tuple[float, ...], nodes: int, max_depth: int) -> Tree:
+    """optimal_tree, made once per (rates, nodes, depth): a run asks for its tree at every verification."""
+    return optimal_tree(rates, nodes, max_depth)
+
+
+def visible(mask: TreeMask, n_slots: int, q_pos: torch.Tensor | None = None, key_pos: torch.Tensor | None = None,
+            sinks: int = 0, window: int = 0) -> torch.Tensor:
+    """[B, T, S] bool: query t of sequence b sees the committed slots (positions before mask.base[b]; with a ring's
+    key_pos [B, S], those its window shows the query at q_pos) and the slots of its ancestors j among the tree's
+    nodes (position base[b] + j)."""
+    N = mask.size
+    kp = torch.arange(n_slots, device=mask.base.device)[None, :] if key_pos is None else key_pos
+    rel = kp - mask.base[:, None]  # [B, S]
     in_tree = (rel >= 0) & (rel < N)
-    anc = tree[:, rel.clamp(0, N - 1)].permute(1, 0, 2)  # [B, N, S]
-    return (rel < 0)[:, None, :] | (in_tree[:, None, :] & anc)
+    anc = mask.ancestors[:, rel.clamp(0, N - 1)].permute(1, 0, 2)  # [B, T, S]
+    committed = (rel < 0)[:, None, :]
+    if window:
+        committed = committed & ((kp < sinks)[:, None, :] | (kp[:, None, :] > q_pos[:, :, None] - window))
+    return committed | (in_tree[:, None, :] & anc)
 
 
 def greedy_tree_verify(best: torch.Tensor, tokens: torch.Tensor, tree: TreeOnDevice):

@@ -40,9 +40,9 @@ def _halves(base, offs, stride, in_range, DH: tl.constexpr, KV_BITS: tl.constexp
 
 
 @triton.jit
-def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, TREE_BITS,
+def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, TREE_BITS, TREE_BASE,
                      stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                     stride_zb, stride_zh, n_kv_heads, n_slots, split_len, sinks, window,
+                     stride_zb, stride_zh, n_kv_heads, n_slots, split_len, sinks, window, n_tree,
                      SCALE: tl.constexpr, T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KPOS: tl.constexpr, N_SPLITS: tl.constexpr,
                      HAS_SCORES: tl.constexpr, KV_BITS: tl.constexpr, TREE: tl.constexpr):
@@ -71,10 +71,11 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
 
     start = split * split_len
     end = tl.minimum(start + split_len, n_slots)
-    if TREE:  # a token tree's nodes sit in slots base..base + T - 1 (base: the root's position and slot)
-        base = tl.load(QPOS + b * T)
+    if TREE:  # a token tree's node j sits in the slot of position base + j (base: the root's position)
+        base = tl.load(TREE_BASE + b)
         bits = tl.load(TREE_BITS + rows % T, mask=row_ok, other=0)  # each row's ancestors, one bit per node
-        end = tl.minimum(end, base + T)
+        if not HAS_KPOS:  # a full cache: slot = position, nothing past the tree's last node
+            end = tl.minimum(end, base + n_tree)
     elif not HAS_KPOS:  # full cache: slots past the last query position are never visible
         end = tl.minimum(end, tl.load(QPOS + b * T + T - 1) + 1)
 
@@ -101,11 +102,14 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
         else:
             k_pos = offs
         if TREE:
-            if n + BLOCK_N > base:  # a block reaching the tree's slots: each row's ancestors among them
-                rel = offs - base
-                node = tl.where((rel >= 0) & (rel < T), rel, 0)
+            rel = k_pos - base
+            node = tl.where((rel >= 0) & (rel < n_tree), rel, 0)
+            if HAS_KPOS:  # a ring: the tree's slots are wherever their positions map
                 ancestor = ((bits[:, None] >> node[None, :].to(tl.int64)) & 1) != 0
-                visible = in_range[None, :] & ((rel[None, :] < 0) | ((rel[None, :] < T) & ancestor))
+                visible = in_range[None, :] & ((rel[None, :] < 0) | ((rel[None, :] < n_tree) & ancestor))
+            elif n + BLOCK_N > base:  # a block reaching the tree's slots: each row's ancestors among them
+                ancestor = ((bits[:, None] >> node[None, :].to(tl.int64)) & 1) != 0
+                visible = in_range[None, :] & ((rel[None, :] < 0) | ((rel[None, :] < n_tree) & ancestor))
             else:  # committed slots only: all visible (no per-element mask work on the long part of the cache)
                 visible = in_range[None, :] & (rows[:, None] >= 0)
         else:
@@ -164,14 +168,15 @@ def launch_settings(rows: int) -> tuple[int, int]:
 
 def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int = 0, n_splits: int | None = None,
                        block_n: int | None = None, num_warps: int | None = None, num_stages: int = 2, scores=None,
-                       k_scale_zero=None, v_scale_zero=None, kv_bits: int = 16, tree_bits=None, row_block: int = ROW_BLOCK):
+                       k_scale_zero=None, v_scale_zero=None, kv_bits: int = 16, tree=None, row_block: int = ROW_BLOCK):
     """q [B, H, T, D]; k, v [B, Hkv, S, D] (each last dim contiguous); q_pos [B, T] (increasing in T);
     key_pos [B, S] or None (slot s holds position s); window > 0 limits each query to the `sinks` first positions
     plus its `window` most recent ones. Returns [B, H, T, D] in q's dtype. `scores` [B, H, S] fp32 (contiguous):
     also each head's scaled logits of the first query, -inf where it may not look. With kv_bits 8 or 4, k and v are
     uint8 codes ([B, Hkv, S, D * kv_bits / 8]) and k_scale_zero, v_scale_zero [B, Hkv, S, 2] (contiguous) each
-    row's scale and zero point. `tree_bits` [T] int64 (a full cache): the T queries are a token tree's nodes in
-    slots q_pos[:, 0] + 0..T-1, query t seeing the committed slots before them and the nodes set in its bits."""
+    row's scale and zero point. `tree` (tree.TreeMask): the T queries are nodes of a token tree whose node j sits in
+    the slot of position base + j, query t seeing the committed positions before base (a ring's: those its window
+    shows) and the nodes set in its bits."""
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rows = H // Hkv * T
@@ -194,11 +199,12 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     block_m = min(max(16, triton.next_power_of_2(rows)), row_block)
     _split_kv_kernel[(B * Hkv, n_splits, -(-rows // block_m))](
         q, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l, scores if scores is not None else m,
-        *zeros, tree_bits if tree_bits is not None else q_pos, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+        *zeros, *((tree.bits, tree.base) if tree is not None else (q_pos, q_pos)), q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), zeros[0].stride(0), zeros[0].stride(1), Hkv, S, split_len, sinks, window,
+        tree.size if tree is not None else 0,
         SCALE=D ** -0.5, T=T, ROWS=rows, D=D, BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, HAS_SCORES=scores is not None, KV_BITS=kv_bits,
-        TREE=tree_bits is not None,
+        TREE=tree is not None,
         num_warps=num_warps,
         num_stages=num_stages)
     return merge_splits(acc, m, l, q.dtype, T)

@@ -48,21 +48,23 @@ def first_layers(model: Transformer, n: int) -> Transformer:
 
 
 def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(), backend="sdpa", synthetic=None,
-              width=1):
-    """Greedy speculative generation (`width` > 1: the draft's token trees); returns (ids, counts, decoder)."""
+              width=1, shape=None, reindex=False):
+    """Greedy speculative generation (`width` > 1: the draft's token trees; `shape`: a tree.Tree it drafts level by
+    level); returns (ids, counts, decoder)."""
     a, d, (B, P) = target.args, draft_model.args, prompts.shape
-    cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma * width + 2, a.head_dim, torch.float32, "cpu",
-                    backend)
+    nodes = gamma * width if shape is None else shape.size - 1
+    cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + nodes + 2, a.head_dim, torch.float32, "cpu", backend)
     if budget:
-        draft_cache = StreamingCache(d.n_layers, B, d.n_kv_heads, budget, sinks, 64, d.head_dim, torch.float32, "cpu",
-                                     backend)
+        draft_cache = StreamingCache(d.n_layers, B, d.n_kv_heads, budget, sinks, 64 + nodes, d.head_dim, torch.float32,
+                                     "cpu", backend, draft_model.inv_freq if reindex else None)
     else:
-        draft_cache = KVCache(d.n_layers, B, d.n_kv_heads, P + n_new + gamma + 2, d.head_dim, torch.float32, "cpu",
+        draft_cache = KVCache(d.n_layers, B, d.n_kv_heads, P + n_new + nodes + 2, d.head_dim, torch.float32, "cpu",
                               backend)
     logits = prefill(target, cache, prompts, 64)
     prefill(draft_model, draft_cache, prompts, 64)
     drafter = ModelDraft(draft_model, draft_cache)
-    drafter.width = width
+    drafter.width = width if shape is None else max(len(c) for c in shape.children)
+    drafter.shape = shape
     decoder = Decoder(target, Sampling(), drafter=drafter, gamma=gamma, trace=True, synthetic_acceptance=synthetic)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, eos, prev=prompts[:, -1])
     return out, counts, decoder
@@ -73,9 +75,11 @@ def assert_ragged(decoder):
     assert any(len({a for a in row if a >= 0}) > 1 for row in decoder.trace), decoder.trace
 
 
-def check(target, draft, prompts, n_new, gamma, budget, width=1, expected=None):
+def check(target, draft, prompts, n_new, gamma, budget, width=1, expected=None, shape=None, backend="sdpa",
+          reindex=False):
     expected = plain_greedy(target, prompts, n_new) if expected is None else expected
-    out, counts, decoder = speculate(target, draft, prompts, n_new, gamma, budget, width=width)
+    out, counts, decoder = speculate(target, draft, prompts, n_new, gamma, budget, width=width, shape=shape,
+                                     backend=backend, reindex=reindex)
     assert counts.tolist() == [n_new] * prompts.shape[0]
     assert out.tolist() == expected.tolist()
     assert_ragged(decoder)
@@ -97,6 +101,58 @@ def test_tiny_standalone_equals_plain_greedy(tiny, gamma):
     draft = first_layers(tiny, 2)
     check(tiny, draft, tiny_prompts(), n_new=50, gamma=gamma, budget=20)
     check(tiny, draft, tiny_prompts(), n_new=30, gamma=gamma, budget=0)  # budget 0: the draft's full cache
+
+
+def shaped():
+    """Sequoia's tree for a draft that often agrees: a wide first level, a main branch 5 deep (in level order)."""
+    from magicdec.tree import optimal_tree
+
+    return optimal_tree((0.7, 0.4, 0.3), 20, 5)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_tiny_drafted_tree_equals_plain_greedy(tiny, backend):
+    """A tree drafted level by level (each level's nodes one forward over the draft's cache and their ancestors):
+    through a StreamingLLM ring past its budget, with --reindex, and a standalone draft's full cache."""
+    expected = plain_greedy(tiny, tiny_prompts(), 60)
+    tree = shaped()
+    assert tree.depth == 5 and max(len(c) for c in tree.children) >= 3
+    check(tiny, tiny, tiny_prompts(), n_new=60, gamma=5, budget=20, shape=tree, expected=expected, backend=backend)
+    if backend == "sdpa":
+        check(tiny, tiny, tiny_prompts(), n_new=60, gamma=5, budget=20, shape=tree, expected=expected, reindex=True)
+        draft = first_layers(tiny, 2)
+        check(tiny, draft, tiny_prompts(), n_new=40, gamma=5, budget=0, shape=tree)
+
+
+def test_drafted_tree_matches_the_draft_fed_each_path(tiny):
+    """Each drafted node is the draft's likeliest children at its parent, as a draft fed that node's path one
+    token at a time (no tree) says: the level-by-level forwards see exactly their ancestors."""
+    from magicdec.tree import optimal_tree
+
+    tree = optimal_tree((0.7, 0.4, 0.3), 12, 3)
+    a, prompts = tiny.args, tiny_prompts(2, 30)
+    cache = StreamingCache(a.n_layers, 2, a.n_kv_heads, 16, 4, 64, a.head_dim, torch.float32, "cpu")
+    prefill(tiny, cache, prompts, 64)
+    drafter = ModelDraft(tiny, cache)
+    drafter.shape, drafter.width = tree, max(len(c) for c in tree.children)
+    decoder = Decoder(tiny, Sampling(), drafter=drafter, gamma=3)
+    hist = torch.cat([prompts[:, -1:], torch.tensor([[5], [9]])], 1)
+    m, start = torch.tensor([2, 2]), torch.full((2,), 29)
+    tokens, q = drafter.propose(decoder.draft_step, hist, m, start, 3)
+    assert q is None and tokens.shape == (2, tree.size - 1)
+    nodes = torch.cat([hist[:, 1:], tokens], 1)  # node 0: the root
+    for i in range(1, tree.size):
+        path = [i]
+        while path[-1]:
+            path.append(tree.parents[path[-1]])
+        path = path[::-1][:-1]  # root .. parent
+        ref = StreamingCache(a.n_layers, 2, a.n_kv_heads, 16, 4, 64, a.head_dim, torch.float32, "cpu")
+        prefill(tiny, ref, prompts, 64)
+        feed = torch.cat([prompts[:, -1:], nodes[:, path]], 1)
+        ref.rollback(torch.full((2,), 29))
+        logits = tiny(feed, ref)[:, -1]
+        rank = tree.children[tree.parents[i]].index(i)
+        assert torch.equal(nodes[:, i], logits.topk(rank + 1).indices[:, rank]), i
 
 
 def test_budget_covering_everything_accepts_all(tiny):

@@ -250,6 +250,23 @@ def test_drafters_proposing_trees_are_lossless(tiny, jsonl, tiny_baseline, datas
     assert run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])["generated_ids"] == sampled["generated_ids"]
 
 
+@pytest.mark.parametrize("name", ["selfspec", "standalone"])
+def test_drafted_sequoia_trees_are_lossless(tiny, jsonl, tiny_baseline, name):
+    """--tree_nodes 12 --tree_rates ...: the draft drafts Sequoia's tree for that acceptance vector level by level;
+    greedy gives the baseline's ids; sampled runs, stays seeded, and keeps more than one token per verification
+    on average; the label says tree n12."""
+    argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", "4", *example_args(name, tiny),
+                     "--tree_nodes", "12", "--tree_rates", "0.7", "0.4", "0.3")
+    record = run_record(argv)
+    assert_lossless(record, tiny_baseline)
+    assert record["config"]["tree_nodes"] == 12 and record["label"].endswith("tree n12")
+    per_rank = record["metrics"]["speculation"]["per_rank"]
+    assert len(per_rank["reached"]) >= 3 and per_rank["reached"][0] >= per_rank["reached"][1] > 0
+    sampled = run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])
+    assert run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])["generated_ids"] == sampled["generated_ids"]
+    assert sampled["metrics"]["omega"] > 1
+
+
 def test_synthetic_tree_acceptance_at_random_weights():
     """A random-weight tree run keeps each tree level's first candidate at --synthetic_acceptance and a later one at
     --synthetic_siblings once the earlier ones were not: the record's per-rank rates come back near them."""
@@ -268,7 +285,19 @@ def test_synthetic_tree_acceptance_at_random_weights():
                                           (("--gamma", "8", "--tree_width", "8"), "at most 64"),
                                           (("--tree_width", "2", "--synthetic_acceptance", "0.8"),
                                            "--synthetic_siblings"),
-                                          (("--synthetic_siblings", "0.3"), "--synthetic_acceptance")])
+                                          (("--synthetic_siblings", "0.3"), "--synthetic_acceptance"),
+                                          (("--tree_nodes", "65"), "2..64"),
+                                          (("--tree_nodes", "12"), "give --tree_rates"),
+                                          (("--tree_nodes", "12", "--tree_width", "2", "--tree_rates", "0.5"),
+                                           "give one of them"),
+                                          (("--tree_rates", "0.5"), "give --tree_nodes"),
+                                          (("--tree_nodes", "12", "--tree_rates", "1.5"), "in [0, 1]"),
+                                          (("--tree_nodes", "12", "--synthetic_acceptance", "0.8"),
+                                           "--synthetic_siblings"),
+                                          (("--drafter", "lookup", "--tree_nodes", "12", "--tree_rates", "0.5"),
+                                           "level by level"),
+                                          (("--tree_nodes", "12", "--tree_rates", "0.5", "--draft_kv", "int8"),
+                                           "drafts chains only")])
 def test_bad_tree_flags_are_one_line(flags, needle):
     one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", *flags), needle)
 

@@ -13,8 +13,8 @@ from conftest import chi_square  # noqa: E402
 from magicdec.attention import make_attend  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
 from magicdec.kv_cache import KVCache  # noqa: E402
-from magicdec.tree import (Tree, expected_tokens, greedy_tree_verify, optimal_tree, path_tokens,  # noqa: E402
-                           rank_counts, sampling_tree_verify, synthetic_tree_verify, visible)
+from magicdec.tree import (Tree, TreeMask, expected_tokens, greedy_tree_verify, optimal_tree,  # noqa: E402
+                           path_tokens, rank_counts, sampling_tree_verify, synthetic_tree_verify, visible)
 
 # root; two children; the first with two children, the second with one; one grandchild below node 3
 BRANCHY = Tree((-1, 0, 0, 1, 1, 2, 3))
@@ -40,7 +40,7 @@ def test_bad_trees_are_one_line(parents, needle):
 
 def test_visible_by_hand():
     """Sequence 0 has 2 committed tokens, sequence 1 has 4; the tree's nodes sit right after them."""
-    v = visible(BRANCHY.ancestors, torch.tensor([2, 4]), 12)
+    v = visible(TreeMask(BRANCHY.ancestors, BRANCHY.ancestor_bits, torch.tensor([2, 4])), 12)
     for b, base in enumerate((2, 4)):
         for i in range(BRANCHY.size):
             want = [s < base or (0 <= s - base < 7 and bool(BRANCHY.ancestors[i, s - base])) for s in range(12)]
@@ -176,9 +176,50 @@ def test_every_backend_masks_a_tree_as_the_float64_reference(backend, tree):
     base = torch.tensor([130, 7])  # ragged: the nodes' slots start after each sequence's committed ones
     td = tree.on_device("cpu")
     q_pos = base[:, None] + td.depths[None]
-    out = make_attend(backend, q_pos, None, S, tree=td)(q, k, v)
+    out = make_attend(backend, q_pos, None, S, tree=TreeMask(td.ancestors, td.bits, base))(q, k, v)
     ref = reference_attention(q, k, v, base, tree)
     assert (out.double() - ref).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "triton"])
+def test_every_backend_masks_a_drafted_level_in_a_ring_as_the_float64_reference(backend):
+    """A draft's ring (StreamingLLM: 4 sinks, a 40-position window) drafting a tree level by level: the queries are
+    level 2's nodes (position root + 2), node j's KV in the slot of position root + j wherever the ring maps it;
+    each query sees the sinks, the window ending at its position, and its ancestors among the nodes only (stale
+    nodes of other branches and positions outside the window hidden), checked one (sequence, head, node) at a
+    time in float64."""
+    from magicdec.kv_cache import StreamingCache
+
+    tree = optimal_tree((0.7, 0.4, 0.3), 20, 4)
+    g = torch.Generator().manual_seed(0)
+    B, H, Hkv, D, sinks, window = 2, 8, 2, 16, 4, 40
+    cache = StreamingCache(1, B, Hkv, sinks + window, sinks, 64, D, torch.float32, "cpu", backend)
+    roots = torch.tensor([150, 61])  # ragged; the ring (40 + 64 slots) has wrapped for both
+    for b, r in enumerate(roots.tolist()):  # committed positions 0..root, then stale ones past the tree
+        pos = torch.tensor(list(range(sinks)) + list(range(r + 1 - window, r + 1 + tree.size + 5)))
+        cache.key_pos[b, cache.slots(pos)] = pos
+    cache.k[0].normal_(generator=g)
+    cache.v[0].normal_(generator=g)
+    cache.lengths.copy_(roots + 1)
+    level = tree.level_on_device(2, "cpu")
+    T = level.nodes.numel()
+    cache.level = level
+    q = torch.randn(B, H, T, D, generator=g)
+    out = cache.attend(T)(q, cache.k[0], cache.v[0])
+    cache.level = None
+    G = H // Hkv
+    for b, r in enumerate(roots.tolist()):
+        for t, i in enumerate(level.nodes.tolist()):
+            chain, up = [], i
+            while up > 0:
+                chain.append(up)
+                up = tree.parents[up]
+            seen = list(range(sinks)) + list(range(r + 3 - window, r + 1)) + [r + j for j in sorted(chain)]
+            slots = cache.slots(torch.tensor(seen))
+            for h in range(H):
+                kh, vh = cache.k[0][b, h // G, slots].double(), cache.v[0][b, h // G, slots].double()
+                w = torch.softmax(kh @ q[b, h, t].double() / D ** 0.5, 0)
+                assert (out[b, h, t].double() - w @ vh).abs().max() < 2e-5, (backend, b, h, i)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "flex", "triton"])

@@ -66,6 +66,8 @@ class DrafterKind:
     supports_auto_gamma: bool = True
     # --tree_width above 1: the drafter proposes token trees (Drafter.tree_for)
     supports_trees: bool = False
+    # --tree_nodes: the drafter drafts any token tree level by level (a model draft: Drafter.shape)
+    drafts_shaped_trees: bool = False
     # a flag of the seed's scripts that selects this drafter (--hierarchy), or None
     switch: str | None = None
     # options of a small valid run over a 64-token prompt (with a draft model where its Config takes `draft`): the

@@ -93,7 +93,7 @@ class LookaheadDraft(Drafter):
         self.guessed, self.found = self.guessed + B, self.found + hit[:, 0].sum()
         return torch.cat([guesses.reshape(B, -1), self.window[:, 0, 1:], self.window[:, 1:].reshape(B, -1)], 1), None
 
-    def after_verify(self, verified: torch.Tensor) -> None:
+    def after_verify(self, verified: torch.Tensor, path: torch.Tensor | None = None) -> None:
         """The target's tokens after each column's top complete the window's n-grams: file them, then step the
         window (one Jacobi iteration)."""
         out = verified if verified.dim() == 2 else verified.argmax(-1)

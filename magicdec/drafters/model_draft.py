@@ -132,12 +132,14 @@ class DraftWeightOptions:
 
 
 def tree_of(cfg, gamma: int):
-    """The tree a model draft verifies at --tree_width (None: a chain), for the cost model; False where it cannot
-    predict one: a tree's later candidates need their rates (--synthetic_siblings)."""
-    width = cfg.speculation.tree_width
-    if width == 1:
+    """The tree a model draft verifies at --tree_width or --tree_nodes (None: a chain), for the cost model; False
+    where it cannot predict one: a tree's later candidates need their rates (--synthetic_siblings)."""
+    s = cfg.speculation
+    if s.tree_width == 1 and not s.tree_nodes:
         return None
-    return Tree.chain_with_siblings(gamma, width) if cfg.speculation.synthetic_siblings else False
+    if not s.synthetic_siblings:
+        return False
+    return s.drafted_tree(gamma) or Tree.chain_with_siblings(gamma, s.tree_width)
 
 
 def ring_extra_for(gen_len: int, gamma: int) -> int:
@@ -169,21 +171,29 @@ class ModelDraft(Drafter):
     preparation) and asks for gamma tokens per verification; which keys and values the cache keeps is the cache's
     business. `refresh` (draft_cache.Refresh) re-selects a selected cache from verifications' attention."""
 
+    shape = None  # a token tree (tree.Tree, in level order) drafted level by level (--tree_nodes), or None
+
     def __init__(self, model, cache, refresh: draft_cache.Refresh | None = None):
         self.model, self.cache, self.refresh = model, cache, refresh
+        self.root = None  # a drafted tree's root position per sequence, until its accepted path is kept
 
     def begin(self) -> None:
         if self.refresh is not None:
             self.refresh.begin()
 
     def tree_for(self, tokens: int):
-        """Above width 1: the chain this draft runs, each depth also holding its next width - 1 candidates."""
+        """The tree this draft drafts (--tree_nodes); above width 1, the chain it runs, each depth also holding its
+        next width - 1 candidates."""
+        if self.shape is not None:
+            return self.shape
         return None if self.width == 1 else Tree.chain_with_siblings(tokens // self.width, self.width)
 
     def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
         """gamma tokens of a chain; above width 1, each of the gamma draft steps gives a tree level of `width`
         candidates in node order (the chain's token first): greedy, the draft's likeliest; sampled, drawn without
-        replacement, each with the distribution it was drawn from."""
+        replacement, each with the distribution it was drawn from. With a shape, its tree (propose_tree)."""
+        if self.shape is not None:
+            return self.propose_tree(step, hist, m, start)
         # Re-feed the last two committed tokens: after full acceptance the draft has not yet seen its own last
         # token, otherwise re-writing it is a no-op. Always two keeps the shapes fixed (CUDA graphs, no host sync).
         self.cache.rollback(start)
@@ -200,6 +210,43 @@ class ModelDraft(Drafter):
             tokens.append(picks)
             inp = picks[:, :1]
         return torch.cat(tokens, 1), (torch.cat(qs, 1) if qs else None)
+
+    def propose_tree(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor):
+        """The nodes of `shape` after its root (the last committed token), a level per draft step: the step over
+        the root (the 2-token re-feed) gives level 1, the step over level d's nodes (each seeing the draft's cache
+        and its ancestors only) level d + 1. A node's children are the draft's likeliest at it (greedy) or drawn
+        from it without replacement (sampled, with the distributions they were drawn from). The nodes' KV stays
+        in the draft's cache until the verification says which path to keep (after_verify)."""
+        tree, dev = self.shape, hist.device
+        self.cache.rollback(start)
+        out = step(self.model, hist.gather(1, torch.stack([m - 2, m - 1], dim=1)), self.cache)
+        self.cache.advance(2)
+        self.root = self.cache.lengths - 1
+        at = out[:, None]  # per node of the level above: the draft's likeliest ids [B, n, K], or probabilities
+        tokens, qs = [], []
+        for depth in range(1, tree.depth + 1):
+            level = tree.level_on_device(depth, dev)
+            if at.is_floating_point():
+                n = max(tree.children[tree.parents[i]].index(i) for i in tree.levels[depth]) + 1
+                B, above, V = at.shape
+                ids, q = without_replacement(at.reshape(B * above, V), n)
+                picks = ids.view(B, above, n)[:, level.parent_at, level.rank]
+                qs.append(q.view(B, above, n, V)[:, level.parent_at, level.rank])
+            else:
+                at = at if at.dim() == 3 else at[..., None]  # a width-1 top-k is the argmax [B, n]
+                picks = at[:, level.parent_at, level.rank]
+            tokens.append(picks)
+            if depth < tree.depth:
+                self.cache.level = level
+                try:
+                    at = step(self.model, picks, self.cache)
+                finally:
+                    self.cache.level = None
+        return torch.cat(tokens, 1), (torch.cat(qs, 1) if qs else None)
+
+    def after_verify(self, verified: torch.Tensor, path: torch.Tensor | None = None) -> None:
+        if self.shape is not None and path is not None:  # the accepted nodes' KV to the slots of their positions
+            self.cache.keep_path(path, self.root)
 
     def before_verify(self, cache, gamma: int) -> None:
         if self.refresh is not None:  # every Nth verification also writes its attention, to select from

@@ -39,7 +39,7 @@ class SelfDraft(DrafterKind):
     name = "selfspec"
     description = "self-speculation: the target drafts with a small KV cache (--draft_policy) and verifies with its full one"
     Config = Config
-    supports_trees = True
+    supports_trees = drafts_shaped_trees = True
     example = {"draft_budget": 24, "sinks": 4}
     variants = ({}, {"draft_policy": "snapkv"}, {"draft_policy": "retrieval"})
 
@@ -90,6 +90,9 @@ def check_self_draft(d: Config, cfg) -> None:
         raise MagicDecError("--refresh re-selects a selected cache: use it with --draft_policy snapkv or retrieval")
     if d.refresh is not None and d.refresh < 1:
         raise MagicDecError(f"--refresh {d.refresh}: must be at least 1 (verifications between re-selections)")
+    if cfg.speculation.tree_nodes and d.quantized_kv:
+        raise MagicDecError(f"--tree_nodes with --draft_kv {d.draft_kv}: a quantized draft cache drafts chains only "
+                            "(use --tree_width, whose draft steps feed one token each)")
     if d.refresh and cfg.runtime.offload:
         raise MagicDecError("--refresh re-selects from the target's whole cache after each verification: not with "
                             "--offload (its prompt KV is on the host)")

@@ -30,7 +30,7 @@ class Standalone(DrafterKind):
     aliases = ("longspec",)
     description = "standalone draft: a small model (--draft) with a small KV cache (--draft_policy) drafts for the target"
     Config = Config
-    supports_trees = True
+    supports_trees = drafts_shaped_trees = True
     example = {"draft_budget": 24, "sinks": 4}
 
     def label(self, draft) -> str:
