@@ -67,9 +67,14 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=20, help="graph replays per timing")
     p.add_argument("--output", type=Path, required=True, help="the JSON (with --plot: the PNG)")
     p.add_argument("--plot", type=Path, nargs="+", help="time nothing: plot these outputs' curves")
+    p.add_argument("--breakdown", action="store_true",
+                   help="time nothing in turns: profile one eager forward per chain of --nodes tokens and sum its GPU "
+                        "time by kind of kernel (matmuls, attention, the rest)")
     a = p.parse_args(argv)
     if a.plot:
         return plot(a.plot, a.output)
+    if a.breakdown:
+        return breakdown(a)
     device = torch.device("cuda")
     c = ModelArgs.from_name(a.model_name)
     model = build_model(c, device, torch.bfloat16, random_seed=0)
@@ -130,6 +135,57 @@ def main(argv=None) -> int:
                     a.output.write_text(json.dumps(out | {"partial": True}, indent=1))
             del cache, step
             torch.cuda.empty_cache()
+    a.output.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def kernel_kind(name: str) -> str:
+    n = name.lower()
+    if "split_kv" in n or "merge" in n:
+        return "attention"
+    if any(w in n for w in ("gemm", "gemv", "cutlass", "nvjet", "sm90_xmma", "cublas")):
+        return "matmul"
+    return "other"
+
+
+def breakdown(a) -> int:
+    """Where a verification's time goes: per (prefix, B, tokens), the GPU time of one eager forward by kind of
+    kernel (the kernels a graph replays), from torch.profiler, the median of --rounds forwards."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device("cuda")
+    c = ModelArgs.from_name(a.model_name)
+    model = build_model(c, device, torch.bfloat16, random_seed=0)
+    out = {"model": c.name, "environment": dev.environment(device), "breakdown": True, "points": []}
+    for prefix in a.prefix_lens:
+        for B in a.batch_sizes:
+            cache = KVCache(c.n_layers, B, c.n_kv_heads, prefix + max(a.nodes) + 8, c.head_dim, torch.bfloat16,
+                            device, "triton")
+            cache.fill_random(prefix, 0)
+            for n in a.nodes:
+                tokens = torch.randint(0, c.vocab_size, (B, n), device=device)
+                model(tokens, cache, logits="all")  # compiled and warm
+                torch.cuda.synchronize()
+                rounds = []
+                for _ in range(a.rounds):
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        model(tokens, cache, logits="all")
+                        torch.cuda.synchronize()
+                    kinds, names = {}, {}
+                    for e in prof.key_averages():
+                        if e.device_time_total > 0:
+                            kind = kernel_kind(e.key)
+                            kinds[kind] = kinds.get(kind, 0.0) + e.device_time_total / 1e3
+                            names[e.key[:90]] = e.device_time_total / 1e3
+                    rounds.append(kinds)
+                row = {"prefix": prefix, "B": B, "tokens": n,
+                       "ms": {k: statistics.median(r.get(k, 0.0) for r in rounds) for k in ("matmul", "attention", "other")},
+                       "kernels_ms": dict(sorted(names.items(), key=lambda kv: -kv[1])[:12])}
+                out["points"].append(row)
+                print(json.dumps(row), flush=True)
+            del cache
+            torch.cuda.empty_cache()
+    a.output.parent.mkdir(parents=True, exist_ok=True)
     a.output.write_text(json.dumps(out, indent=1))
     return 0
 
