@@ -146,18 +146,20 @@ class Choice:
     speedup: float  # predicted, against the baseline
     draft_weights: str | None = None  # the draft's weight format, where the planner chose among formats
     tree_width: int | None = None  # candidates per drafted position, where the planner chose a token tree
+    tree_nodes: int | None = None  # a Sequoia tree's nodes (--tree_nodes), where the planner chose one
 
 
 def option_parts(draft) -> tuple:
-    """(budget, weight format or None, tree width or None) of a draft option: a budget, or a tuple of them."""
+    """(budget, weight format or None, tree width or None, tree nodes or None) of a draft option: a budget, or a
+    tuple of them."""
     parts = tuple(draft) if isinstance(draft, tuple) else (draft,)
-    return (*parts, None, None)[:3]
+    return (*parts, None, None, None)[:4]
 
 
 def plan(drafts, gammas, alpha: dict, predict, B: int, tokens: int = 64, spread: dict | None = None,
          method: str = "draft") -> tuple[Choice, list[Choice]]:
     """The best choice for B sequences of `tokens` new tokens each, and every option considered. `drafts`: the draft
-    options, each a budget or a (budget, draft weight format[, tree width]) tuple; alpha maps each to its expected
+    options, each a budget or a (budget, draft weight format[, tree width[, tree nodes]]) tuple; alpha maps each to its expected
     acceptance rate (a format's own: a 4-bit copy accepts less), `spread` to its spread between sequences
     (fit_spread; none if not given or unknown). `predict(draft, gamma)` is the drafter's cost-model prediction (its
     T_D/T_T, T_V/T_T, T_O/T_T, the format's kernel times in its T_D; a tree's verification over its nodes and its
@@ -166,8 +168,8 @@ def plan(drafts, gammas, alpha: dict, predict, B: int, tokens: int = 64, spread:
     options = [Choice("baseline", None, 0, 1.0)]
     gammas, remaining = sorted(gammas), np.full(B, tokens)
     for draft in drafts:
-        budget, fmt, width = option_parts(draft)
-        tree = width is not None and width > 1
+        budget, fmt, width, nodes = option_parts(draft)
+        tree = (width or 1) > 1 or bool(nodes)
         for g in gammas:
             p = predict(draft, g)
             if p is None:
@@ -176,7 +178,7 @@ def plan(drafts, gammas, alpha: dict, predict, B: int, tokens: int = 64, spread:
             alphas = spread_alphas(a, (spread or {}).get(draft) or 0.0, B)
             n = float(finish_verifications([g], alphas, remaining)[0])
             options.append(Choice(method, budget, g, tokens / (n * cm.verification_cost(p, g)), fmt,
-                                  width if tree else None))
+                                  width if (width or 1) > 1 else None, nodes or None))
     return max(options, key=lambda c: c.speedup), options
 
 

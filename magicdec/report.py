@@ -141,9 +141,10 @@ def speedup(r) -> float:
 
 
 def gammas_used(auto) -> str:
-    width = (auto.get("planner") or {}).get("tree_width")
-    if width:  # a planned tree runs at the planned gamma
-        return f"b{auto.get('budget')}, tree w{width} γ{auto.get('gamma')}"
+    planner = auto.get("planner") or {}
+    width, nodes = planner.get("tree_width"), planner.get("tree_nodes")
+    if width or nodes:  # a planned tree runs at the planned gamma
+        return f"b{auto.get('budget')}, tree {f'w{width}' if width else f'n{nodes}'} γ{auto.get('gamma')}"
     ag = ((auto["metrics"].get("speculation") or {}).get("auto_gamma")) or {}
     used = ag.get("iterations_per_gamma", {})
     off = " (off)" if ag.get("switched_off") else ""

@@ -22,6 +22,7 @@ a table named after a method holds what applies to it alone:
     [auto]
     drafter = "selfspec"                          # what the planner drafts with; budgets: the draft_budget axis
     tree_width = [1, 3]                           # optional: chain or token tree (a tree runs at its planned gamma)
+    tree_nodes = [0, 20, 32]                      # optional: Sequoia trees of these many nodes too (0: none)
 
 Per (prefix, B) the target is loaded once and each batch of prompts prefilled once; each drafter is prepared once
 per batch and decoding mode; every speculative point is timed in turns with the baseline of the same mode, and its
@@ -219,6 +220,9 @@ def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[st
             if "tree_width" in values:  # the planner chooses chain or tree (a tree runs at the planned gamma)
                 widths = values.pop("tree_width")
                 candidates["widths"] = sorted(set(widths if isinstance(widths, list) else [widths]))
+            if "tree_nodes" in values:  # ... or a Sequoia tree of so many nodes, as deep as the planned gamma
+                nodes = values.pop("tree_nodes")
+                candidates["nodes"] = sorted(set(nodes if isinstance(nodes, list) else [nodes]))
         for mode in cfg["decoding"]:
             for point_values in axes(none_words(values)):
                 point_values |= MODES[mode] | {"skip_tokens": batch_skips(cfg)[0], "progress": False} | (
@@ -491,7 +495,7 @@ class Sweep:
                         if "planner" not in partial:
                             partial["planner"] = self.plan_budget(point)
                         cfg = planned(cfg, partial["planner"])
-                        policy = None if cfg.speculation.tree_width > 1 else AutoGamma(
+                        policy = None if cfg.speculation.tree_width > 1 or cfg.speculation.tree_nodes else AutoGamma(
                             self.gammas(point), partial["planner"]["alpha"], spread=partial["planner"]["spread"])
                     else:
                         policy = None
@@ -628,20 +632,23 @@ class Sweep:
         cfg, method = point.cfg, point.cfg.drafter.name
         w = cfg.workload
         formats, widths = point.candidates.get("formats"), point.candidates.get("widths")
-        if widths:
-            drafts = [(b, f, width) for b in self.budgets(point) for f in formats or [None] for width in widths]
+        nodes = point.candidates.get("nodes")
+        if widths or nodes:  # a chain, chains with siblings, Sequoia's trees (not a width and nodes at once)
+            drafts = [(b, f, width, n) for b in self.budgets(point) for f in formats or [None]
+                      for width in widths or [None] for n in nodes or [None] if not ((width or 1) > 1 and n)]
         else:
             drafts = [(b, f) for b in self.budgets(point) for f in formats] if formats else self.budgets(point)
         records = list(self.records())
         alpha, spread = {}, {}
         for draft in drafts:
-            b, f, width = option_parts(draft)
+            b, f, width, n = option_parts(draft)
             seen = [r for r in records if r.get("method") not in ("baseline", "auto", None)
                     and drafters.canonical(r["method"]) == method and r.get("budget") == b
                     and r.get("prefix_len") == w.prefix_len and r.get("decoding") == cfg.decoding.name
                     and r.get("draft_policy", cfg.draft.draft_policy) == cfg.draft.draft_policy
                     and (f is None or (r.get("config") or {}).get("draft_weights", "bf16") == f)
                     and (width is None or (r.get("config") or {}).get("tree_width", 1) == width)
+                    and (n is None or (r.get("config") or {}).get("tree_nodes", 0) == n)
                     and r.get("metrics", {}).get("alpha") is not None]
             synthetic = cfg.speculation.synthetic_acceptance
             alpha[draft] = synthetic if synthetic is not None else (
@@ -653,19 +660,20 @@ class Sweep:
         group = point.candidates.get("draft_group")
 
         def predict(draft, gamma):
-            b, f, width = option_parts(draft)
+            b, f, width, n = option_parts(draft)
             c = planned(replace_options(cfg, gamma=[gamma]), {"budget": b, "draft_weights": f, "draft_group": group,
-                                                              "tree_width": width, "gamma": gamma})
+                                                              "tree_width": width, "tree_nodes": n, "gamma": gamma})
             return cfg.drafter.predict(c, self.engine.target_config, models, device, alpha[draft], gamma,
                                        c.lookahead)
         best, options = plan(drafts, self.gammas(point), alpha, predict, w.B, w.gen_len - 1, spread, method)
         spec = best if best.budget is not None else max(options[1:], key=lambda o: o.speedup)
-        chosen = {(b, f, width if width and width > 1 else None): d for d in drafts
-                  for b, f, width in [option_parts(d)]}
-        draft = chosen[(spec.budget, spec.draft_weights, spec.tree_width)]
+        chosen = {(b, f, width if width and width > 1 else None, n or None): d for d in drafts
+                  for b, f, width, n in [option_parts(d)]}
+        draft = chosen[(spec.budget, spec.draft_weights, spec.tree_width, spec.tree_nodes)]
         name = lambda d: " ".join(map(str, d)) if isinstance(d, tuple) else d  # noqa: E731  (JSON keys)
         return {"predicted_best": vars(best), "budget": spec.budget, "draft_weights": spec.draft_weights,
-                "draft_group": group, "tree_width": spec.tree_width, "gamma": spec.gamma,
+                "draft_group": group, "tree_width": spec.tree_width, "tree_nodes": spec.tree_nodes,
+                "gamma": spec.gamma,
                 "alpha": alpha[draft], "alpha_by_option": {name(d): a for d, a in alpha.items()},
                 "spread": spread[draft], "spread_by_option": {name(d): v for d, v in spread.items()},
                 "options": [vars(o) for o in options]}
@@ -714,15 +722,17 @@ def planned(cfg: RunConfig, planner: dict) -> RunConfig:
         chosen["draft_group"] = planner["draft_group"]
     if (planner.get("tree_width") or 1) > 1:
         chosen |= {"tree_width": planner["tree_width"], "gamma": [planner["gamma"]]}
+    if planner.get("tree_nodes"):
+        chosen |= {"tree_nodes": planner["tree_nodes"], "gamma": [planner["gamma"]]}
     return replace_options(cfg, draft_budget=planner["budget"], **chosen)
 
 
 def room_ahead(point: Point) -> int:
-    """What a point's caches hold past the prompt; an auto point choosing among trees, its widest."""
-    widths = (point.candidates or {}).get("widths")
-    if not widths:
-        return point.cfg.lookahead
-    return point.cfg.lookahead + point.cfg.speculation.largest * (max(widths) - 1)
+    """What a point's caches hold past the prompt; an auto point choosing among trees, its largest."""
+    candidates = point.candidates or {}
+    widths, nodes = candidates.get("widths") or [1], candidates.get("nodes") or [0]
+    largest = point.cfg.speculation.largest
+    return point.cfg.lookahead + max(largest * (max(widths) - 1), max(nodes) - 1 - largest, 0)
 
 
 def replace_options(cfg: RunConfig, **changes) -> RunConfig:
