@@ -24,7 +24,7 @@ from magicdec.generate import Decoder, Sampling, prefill
 from magicdec.kv_cache import KVCache
 from magicdec.offload import OffloadedCache
 from magicdec.planner import AutoGamma
-from magicdec.run_config import RunConfig
+from magicdec.run_config import RunConfig, load_trace
 from magicdec.sampling import next_token
 
 
@@ -364,7 +364,9 @@ class Engine:
         return Decoder(self.target, Sampling(d.temperature, d.top_p, d.top_k), drafter=drafter, gamma=gamma,
                        step_mode=rt.step_mode, graph_target=not rt.offload,
                        synthetic_acceptance=cfg.speculation.synthetic_acceptance if drafter else None, policy=policy,
-                       synthetic_siblings=cfg.speculation.synthetic_siblings)
+                       synthetic_siblings=cfg.speculation.synthetic_siblings, trace=cfg.output.save_trace,
+                       synthetic_positions=cfg.speculation.synthetic_positions,
+                       replay=load_trace(cfg.speculation.acceptance_trace) if cfg.speculation.acceptance_trace else None)
 
 
 def first_tokens(cfg: RunConfig, batch: Prefilled) -> tuple[torch.Tensor, torch.Tensor]:

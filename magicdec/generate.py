@@ -20,7 +20,8 @@ from magicdec.sampling import probabilities
 from magicdec.stats import Counts, PhaseTimer, Stats
 from magicdec.tree import (greedy_tree_verify, node_rates, path_tokens, rank_counts, sampling_tree_verify,
                            synthetic_tree_verify)
-from magicdec.verify import acceptance_landscape, greedy_verify, speculative_sampling_verify, synthetic_verify
+from magicdec.verify import (acceptance_landscape, greedy_verify, position_rates, speculative_sampling_verify,
+                            synthetic_verify, trace_landscape)
 
 
 @dataclass
@@ -267,10 +268,15 @@ class Decoder:
 
     def __init__(self, model: Transformer, sampling: Sampling, drafter: Drafter | None = None, gamma: int = 0,
                  step_mode: str = "eager", graph_target: bool = True, synthetic_acceptance: float | None = None,
-                 policy: AutoGamma | None = None, trace: bool = False, synthetic_siblings: tuple[float, ...] = ()):
+                 policy: AutoGamma | None = None, trace: bool = False, synthetic_siblings: tuple[float, ...] = (),
+                 synthetic_positions: tuple[float, ...] = (), replay: dict | None = None):
         self.model, self.sampling, self.drafter = model, sampling, drafter
         self.width = drafter.width if drafter is not None else 1
-        self.trace = [] if trace else None  # per-iteration accepted counts (a host sync each: tests only)
+        # per verification of the last generation: each sequence's accepted count (-1 once stopped), and the gamma
+        self.trace = [] if trace else None
+        self.trace_gammas: list[int] = []
+        self.synthetic_positions = tuple(synthetic_positions)  # per drafted position's conditional rate
+        self.replay = replay  # a recorded trace ({"gammas", "accepted"}) whose acceptance the synthetic draws replay
         self.policy = policy if drafter is not None else None
         self.gamma = (policy.max_gamma if self.policy else gamma) if drafter is not None else 0  # the largest gamma
         self.synthetic = synthetic_acceptance
@@ -313,12 +319,18 @@ class Decoder:
         bar = Progress(n_new, "decode (speculation)" if self.gamma else "decode (baseline)", progress)
         self.before_loop(batch)
         if self.synthetic is not None:  # hist column i holds position base + i; stopped rows read inside it
-            self.landscape = acceptance_landscape(B, batch.hist.shape[1], dev, self.landscape_seed)
+            if self.replay is not None:
+                self.landscape = trace_landscape(self.replay["gammas"], self.replay["accepted"], B,
+                                                 batch.hist.shape[1], self.synthetic, dev, self.landscape_seed)
+            else:
+                self.landscape = acceptance_landscape(B, batch.hist.shape[1], dev, self.landscape_seed)
             self.tree_draws = torch.Generator(device=dev).manual_seed(self.landscape_seed)  # a tree's per-node draws
         drafter = self.drafter if self.gamma else None
         if drafter is not None:
             drafter.begin()
         self.stamps = []  # wall clock at each of the loop's syncs: the start, then after each verification
+        if self.trace is not None:
+            self.trace, self.trace_gammas = [], []
         while not self._all_done(batch, schedule):
             gamma = schedule.next()
             t0 = timer.stamp()
@@ -344,14 +356,17 @@ class Decoder:
             if tree is not None:
                 counts.add_ranks(*rank_counts(tree, path, accepted, active))
             schedule.stage(batch, taken, examined)
-            if self.trace is not None:
-                self.trace.append(torch.where(active, accepted, -1).tolist())
+            if self.trace is not None:  # on the device: no host sync until the generation ends
+                self.trace.append(torch.where(active, accepted, -1))
+                self.trace_gammas.append(gamma)
             timer.add("draft", t0, t1)
             timer.add("verify", t1, t2)
             timer.add("other", t2, timer.stamp())
             schedule.choose_next()
             bar.update(batch)
         bar.close()
+        if self.trace is not None:
+            self.trace = torch.stack(self.trace).tolist() if self.trace else []
         self.seconds = self.stamps[-1] - self.stamps[0]
         self.stats = counts.stats(self.gamma, timer, n_new, self.policy.summary() if self.policy else None,
                                   self.stamps)
@@ -416,7 +431,9 @@ class Decoder:
         verified = self.verify_step(tokens, cache).clone()
         if self.synthetic is not None:
             at = batch.drafted_columns(drafted.shape[1])
-            accepted, nxt = synthetic_verify(verified, drafted, self.synthetic, self.landscape.gather(1, at))
+            rate = position_rates(self.synthetic_positions, self.synthetic, drafted.shape[1], str(drafted.device)) \
+                if self.synthetic_positions else self.synthetic
+            accepted, nxt = synthetic_verify(verified, drafted, rate, self.landscape.gather(1, at))
         elif verified.dim() == 2:
             accepted, nxt = greedy_verify(verified, drafted)
         else:

@@ -82,7 +82,7 @@ def run(cfg: RunConfig) -> dict:
         if not spec.speculative:
             (out, counts, seconds), = timed([base_decoder])
             baseline = baseline_metrics(base_decoder, counts, seconds)
-        sweep = {}  # gamma -> metrics of its timed run
+        sweep, traces = {}, {}  # gamma -> metrics of its timed run, and its acceptance trace (--save_trace)
         for g in spec.gammas:
             cache.rollback(torch.full_like(cache.lengths, w.prefix_len))
             policy = AutoGamma(range(1, g + 1), spec.alpha_prior) if spec.auto else None
@@ -97,6 +97,8 @@ def run(cfg: RunConfig) -> dict:
             sweep[g] = met.generation_metrics(counts, s, w.B, decoder.stats, decoder.round_seconds)
             sweep[g].update(met.speculation_metrics(sweep[g], decoder.stats, baseline_given or paired, g))
             sweep[g].update(auto_gamma_profile_s=profile_s, paired_baseline=paired)
+            if decoder.trace is not None:
+                traces[g] = {"gammas": decoder.trace_gammas, "accepted": decoder.trace}
             del decoder  # its CUDA graphs' memory goes back before the next gamma captures its own
             dev.release_memory(device)
     if not spec.speculative:
@@ -110,6 +112,8 @@ def run(cfg: RunConfig) -> dict:
                    copy_bandwidth_GBps=copy_bw / 1e9 if copy_bw else None,
                    peak_memory_GiB=(dev.peak_memory(device) or 0) / 2**30 or None)
     record = make_record(cfg, built, metrics, baseline if spec.speculative else None, sweep)
+    if spec.speculative and cfg.output.save_trace:
+        record["acceptance_trace"] = traces[metrics["gamma"]]
     if cfg.output.save_tokens:
         record.update(prompt_ids=batch.prompts.tolist(), generated_ids=out.tolist(), generated_counts=counts.tolist())
     if engine.world > 1:  # per-rank memory, and one writer

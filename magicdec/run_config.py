@@ -32,6 +32,20 @@ STEP_MODES = ("eager", "cuda_graphs", "compile")
 BASELINE = "baseline"  # no drafter: one target step per token
 
 
+def load_trace(path: Path) -> dict:
+    """A record's acceptance trace ({"gammas": [...], "accepted": [[per sequence] per verification]}), transposed
+    to one list per sequence; a one-line error for a file that is not a record with one."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MagicDecError(f"--acceptance_trace {path}: cannot read it as a JSON record ({e})") from None
+    trace = record.get("acceptance_trace") if isinstance(record, dict) else None
+    if not isinstance(trace, dict) or not trace.get("accepted") or not trace.get("gammas"):
+        raise MagicDecError(f"--acceptance_trace {path}: the record has no acceptance trace: make it with a "
+                            "speculative run's --save_trace")
+    return {"gammas": list(trace["gammas"]), "accepted": [list(s) for s in zip(*trace["accepted"])]}
+
+
 def positive_int(text) -> int:
     value = int(text)
     if value <= 0:
@@ -133,6 +147,16 @@ class Speculation:
                                            "last for every rank past it; rank 0 takes --synthetic_acceptance): "
                                            "Sequoia's acceptance vector, e.g. a real run's per_rank_acceptance",
                                        parse=float, nargs="+")
+    synthetic_positions: tuple = option((), "random-weight runs: per-position conditional rates (vLLM's convention): "
+                                            "the drafted token at position i of a verification is kept with rate r_i "
+                                            "once those before it were; positions past the list take "
+                                            "--synthetic_acceptance", parse=float, nargs="+")
+    acceptance_trace: Path | None = option(None, "random-weight runs: replay the acceptance of a real run's record "
+                                                 "(made with --save_trace): sequence b keeps what the trace's "
+                                                 "sequence b mod S kept, verification by verification, so the run "
+                                                 "inherits real per-sequence spread and per-position decay; what "
+                                                 "the trace leaves open is kept at that sequence's own rate",
+                                           parse=Path)
     tree_nodes: int = option(0, "a model draft's token tree of this many nodes (the root included) and --gamma "
                                 "levels at most, shaped as Sequoia's: the one whose expected yield is largest under "
                                 "the acceptance vector --tree_rates; each node's children its draft's likeliest "
@@ -205,6 +229,20 @@ class Speculation:
         if self.tree_width > 1 and self.nodes + 1 > MAX_NODES:
             raise MagicDecError(f"--gamma {self.largest} x --tree_width {self.tree_width}: a tree of "
                                 f"{self.nodes + 1} nodes; at most {MAX_NODES} (the attention kernel's mask)")
+        if self.synthetic_positions or self.acceptance_trace:
+            what = "--synthetic_positions" if self.synthetic_positions else "--acceptance_trace"
+            if self.synthetic_acceptance is None:
+                raise MagicDecError(f"{what} shapes a random-weight run's synthetic acceptance: give "
+                                    "--synthetic_acceptance too (the rate it is labelled with)")
+            if self.tree_width > 1 or self.tree_nodes:
+                raise MagicDecError(f"{what} draws a chain's acceptance: a tree's takes --synthetic_siblings")
+        if self.synthetic_positions and self.acceptance_trace:
+            raise MagicDecError("--synthetic_positions and --acceptance_trace both set what is kept: give one")
+        if any(not 0 <= r <= 1 for r in self.synthetic_positions):
+            raise MagicDecError(f"--synthetic_positions {' '.join(map(str, self.synthetic_positions))}: each rate "
+                                "must be in [0, 1]")
+        if self.acceptance_trace is not None:
+            load_trace(self.acceptance_trace)  # readable, and a trace, before anything is allocated
         if self.tree_nodes:
             if self.tree_width > 1:
                 raise MagicDecError("--tree_nodes and --tree_width both shape a tree: give one of them")
@@ -305,6 +343,8 @@ class Timing:
 class Output:
     output: Path | None = option(None, "write the JSON record here", parse=Path)
     save_tokens: bool = option(False, "put prompt and generated ids in the record")
+    save_trace: bool = option(False, "put each sequence's accepted count per verification of the reported gamma's "
+                                     "last timed run in the record (what --acceptance_trace replays)")
     printoutput: bool = option(False, "print the generated text")
     progress: bool = option(True, "no progress bars for prefill and decode", flag="--no_progress")
 
@@ -457,8 +497,10 @@ class RunConfig:
         if not self.drafter:
             return BASELINE
         width, nodes = self.speculation.tree_width, self.speculation.tree_nodes
+        s = self.speculation
         return self.drafter.label(self.draft) + (f" tree w{width}" if width > 1 else "") + \
-            (f" tree n{nodes}" if nodes else "")
+            (f" tree n{nodes}" if nodes else "") + (" acceptance trace" if s.acceptance_trace else "") + \
+            (" acceptance by position" if s.synthetic_positions else "")
 
     @classmethod
     def from_record(cls, path: Path, overrides: dict | None = None) -> "RunConfig":

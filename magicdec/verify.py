@@ -5,6 +5,8 @@ sequence b keeps drafted[b, :accepted[b]] and then `next[b]`, so it advances by 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from magicdec.sampling import sample_from
@@ -59,10 +61,44 @@ def acceptance_landscape(B: int, length: int, device, seed: int = 0) -> torch.Te
     return torch.rand(length, B, generator=generator, device=device).T.contiguous()
 
 
-def synthetic_verify(best: torch.Tensor, drafted: torch.Tensor, alpha: float, uniforms: torch.Tensor | None = None):
+@functools.lru_cache(maxsize=64)
+def position_rates(rates: tuple[float, ...], alpha: float, gamma: int, device: str) -> torch.Tensor:
+    """[gamma]: the conditional rate of each drafted position of a verification (--synthetic_positions), `alpha`
+    past the ones given; made once (a copy from the host each verification would wait for the GPU)."""
+    return torch.tensor([rates[i] if i < len(rates) else alpha for i in range(gamma)], device=device)
+
+
+def trace_landscape(gammas: list[int], accepted: list[list[int]], B: int, length: int, alpha: float, device,
+                    seed: int = 0) -> torch.Tensor:
+    """A landscape (acceptance_landscape's [B, length], read against `alpha`) that replays a recorded run: sequence
+    b follows the trace's sequence b % S verification by verification, its accepted drafts at 0 (kept at any rate),
+    the draft that was rejected at 1 (never kept); the positions the trace leaves open (the one after a fully kept
+    draft, those past its end) are drawn so that they are kept at that sequence's own rate in the trace. At the
+    recorded gammas the replay keeps exactly the recorded counts; at others it keeps each sequence's own
+    per-position pattern, rate and spread from the others."""
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.rand(length, B, generator=gen).T.contiguous()
+    for b in range(B):
+        seq = [(g, a) for g, a in zip(gammas, accepted[b % len(accepted)]) if a >= 0]
+        examined = sum(min(a + 1, g) for g, a in seq)
+        own = sum(a for _, a in seq) / examined if examined else 0.0
+        out[b] = out[b] * alpha / own if own > 0 else 1.0
+        col = 2  # hist column of the first drafted token (generate.Batch)
+        for g, a in seq:
+            out[b, col:min(col + a, length)] = 0.0
+            if a < g and col + a < length:
+                out[b, col + a] = 1.0
+            col += a + 1
+            if col >= length:
+                break
+    return out.to(device)
+
+
+def synthetic_verify(best: torch.Tensor, drafted: torch.Tensor, alpha, uniforms: torch.Tensor | None = None):
     """For random-weight speed runs: keep each drafted token with probability alpha, so the real kernel work happens
-    at a chosen acceptance rate. `uniforms` [B, gamma]: the landscape at the drafted positions (fresh draws from
-    torch's seeded generator if None). The next token is the target's argmax."""
+    at a chosen acceptance rate; alpha a number, or a [gamma] tensor of per-position conditional rates (the drafted
+    token at position i kept with alpha[i] once those before it were). `uniforms` [B, gamma]: the landscape at the
+    drafted positions (fresh draws from torch's seeded generator if None). The next token is the target's argmax."""
     if uniforms is None:
         uniforms = torch.rand(drafted.shape, device=drafted.device)
     accepted = leading_true(uniforms < alpha)

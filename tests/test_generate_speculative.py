@@ -48,7 +48,7 @@ def first_layers(model: Transformer, n: int) -> Transformer:
 
 
 def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(), backend="sdpa", synthetic=None,
-              width=1, shape=None, reindex=False):
+              width=1, shape=None, reindex=False, **decoder_options):
     """Greedy speculative generation (`width` > 1: the draft's token trees; `shape`: a tree.Tree it drafts level by
     level); returns (ids, counts, decoder)."""
     a, d, (B, P) = target.args, draft_model.args, prompts.shape
@@ -65,7 +65,8 @@ def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(
     drafter = ModelDraft(draft_model, draft_cache)
     drafter.width = width if shape is None else max(len(c) for c in shape.children)
     drafter.shape = shape
-    decoder = Decoder(target, Sampling(), drafter=drafter, gamma=gamma, trace=True, synthetic_acceptance=synthetic)
+    decoder = Decoder(target, Sampling(), drafter=drafter, gamma=gamma, trace=True, synthetic_acceptance=synthetic,
+                      **decoder_options)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, eos, prev=prompts[:, -1])
     return out, counts, decoder
 
@@ -205,6 +206,61 @@ def test_synthetic_acceptance_reads_one_landscape_for_every_gamma(tiny):
         landscapes.append(decoder.landscape[:, :n_new])
     assert all(torch.equal(landscapes[0], other) for other in landscapes[1:])
     assert 0.55 < (landscapes[0] < alpha).double().mean() < 0.85  # ~180 uniform draws
+
+
+def test_per_position_rates_read_the_landscape_at_each_positions_own_rate(tiny):
+    """--synthetic_positions: the drafted token at position i of a verification is kept iff the landscape's number
+    there is below rate i (the last rate past the list): the loop's kept counts equal a hand-written walk."""
+    rates, n_new, gamma = (0.9, 0.5), 60, 3
+    _, counts, decoder = speculate(tiny, tiny, tiny_prompts(), n_new, gamma, budget=20, synthetic=0.3,
+                                   synthetic_positions=rates)
+    assert counts.tolist() == [n_new] * 3
+    walk = []
+    for u in decoder.landscape.tolist():
+        m, kept = 2, []
+        while m - 1 < n_new:
+            k = 0
+            while k < gamma and u[m + k] < (rates[k] if k < len(rates) else 0.3):
+                k += 1
+            kept.append(k)
+            m += k + 1
+        walk.append(kept)
+    assert [[row[b] for row in decoder.trace if row[b] >= 0] for b in range(3)] == walk
+    assert any(k == 1 for row in walk for k in row) and any(k == 3 for row in walk for k in row)
+
+
+@pytest.mark.parametrize("gamma", [3, 5])
+def test_acceptance_trace_replays_a_recorded_run(tiny, gamma):
+    """A recorded run's trace (each sequence's kept count per verification; here a synthetic run at 0.7 on its own
+    landscape, which keeps runs of several tokens), replayed as synthetic acceptance at another rate: at
+    the recorded gamma every sequence keeps exactly what it kept, verification by verification, and a batch larger
+    than the trace's repeats its sequences in turn; at another gamma each sequence still keeps the positions it kept
+    and rejects the ones it rejected (what the recorded run left open is drawn at that sequence's own rate)."""
+    _, _, real = speculate(tiny, tiny, tiny_prompts(), 60, 3, budget=20, synthetic=0.7)
+    recorded = [[row[b] for row in real.trace if row[b] >= 0] for b in range(3)]
+    assert len({tuple(r) for r in recorded}) == 3  # the sequences differ
+    replay = {"gammas": real.trace_gammas, "accepted": [list(s) for s in zip(*real.trace)]}
+    prompts = tiny_prompts(5)
+    _, counts, synthetic = speculate(tiny, tiny, prompts, 60, gamma, budget=20, synthetic=0.5, replay=replay)
+    assert counts.tolist() == [60] * 5
+    kept = [[row[b] for row in synthetic.trace if row[b] >= 0] for b in range(5)]
+    if gamma == 3:
+        assert kept == recorded + recorded[:2]
+    else:  # per position: what the recorded run kept is kept whenever drafted, what it rejected never is
+        for b in range(5):
+            col, was_kept, was_rejected = 2, set(), set()
+            for a in recorded[b % 3]:
+                was_kept |= set(range(col, col + a))
+                if a < 3:  # kept all 3: the next token was the target's, no draft rejected
+                    was_rejected.add(col + a)
+                col += a + 1
+            col = 2
+            for a in kept[b]:
+                assert not set(range(col, col + a)) & was_rejected
+                if a < gamma:
+                    assert col + a not in was_kept
+                col += a + 1
+        assert kept != recorded + recorded[:2]
 
 
 def test_flex_backend_speculates_identically(tiny):

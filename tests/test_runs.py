@@ -279,6 +279,40 @@ def test_synthetic_tree_acceptance_at_random_weights():
     assert m["alpha"] > 0.8  # a level is kept more often than its first candidate alone
 
 
+def test_a_saved_trace_is_replayed_at_random_weights(tiny, jsonl, tmp_path):
+    """--save_trace puts a real run's kept counts per verification in its record; a random-weight run at another
+    model's shape with --acceptance_trace that record keeps, sequence by sequence, exactly those counts at the same
+    gamma (its own --save_trace shows it), and its alpha is the trace's."""
+    real = run_record(tiny_args(jsonl, "--model", str(tiny["target"]), "--drafter", "selfspec", *SPEC_ARGS,
+                                "--save_trace", "--ignore_eos",
+                                "--output", str(tmp_path / "real.json")))
+    trace = real["acceptance_trace"]
+    assert len(trace["gammas"]) == len(trace["accepted"]) and set(trace["gammas"]) == {GAMMA}
+    assert all(len(row) == B for row in trace["accepted"])
+    replay = run_record([*LLAMA68M, "--prefix_len", "64", "--B", str(B), "--gen_len", str(GEN), "--device", "cpu",
+                         "--no_progress", "--drafter", "selfspec", "--draft_budget", "32", "--sinks", "4", "--gamma",
+                         str(GAMMA), "--synthetic_acceptance", "0.5", "--acceptance_trace", str(tmp_path / "real.json"),
+                         "--save_trace", "--ignore_eos"])
+    assert replay["acceptance_trace"] == trace
+    assert replay["metrics"]["alpha"] == pytest.approx(real["metrics"]["alpha"])
+
+
+@pytest.mark.parametrize("flags,needle", [(("--acceptance_trace", "missing.json", "--synthetic_acceptance", "0.8"),
+                                           "cannot read it"),
+                                          (("--acceptance_trace", "EMPTY", "--synthetic_acceptance", "0.8"),
+                                           "--save_trace"),
+                                          (("--acceptance_trace", "EMPTY",), "give --synthetic_acceptance"),
+                                          (("--synthetic_positions", "0.9", "0.5"), "give --synthetic_acceptance"),
+                                          (("--synthetic_positions", "1.2", "--synthetic_acceptance", "0.8"),
+                                           "in [0, 1]"),
+                                          (("--synthetic_positions", "0.9", "--synthetic_acceptance", "0.8",
+                                            "--tree_width", "2", "--synthetic_siblings", "0.5"), "a chain's acceptance")])
+def test_bad_acceptance_structure_is_one_line(tmp_path, flags, needle):
+    (tmp_path / "empty.json").write_text('{"config": {}}')
+    flags = [str(tmp_path / "empty.json") if f == "EMPTY" else f for f in flags]
+    one_line_error(cli("selfspec", *SMALL, "--prefix_len", "64", *flags), needle)
+
+
 @pytest.mark.parametrize("flags,needle", [(("--drafter", "hierarchy", "--draft", "ngram", "--draft_budget", "32", "--tree_width", "2"),
                                            "drafts chains only"),
                                           (("--tree_width", "0"), "at least 1"),
