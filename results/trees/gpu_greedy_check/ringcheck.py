@@ -5,62 +5,56 @@ from magicdec.attention import make_attend
 from magicdec.kv_cache import StreamingCache
 from magicdec.tree import Tree, TreeMask, optimal_tree
 
-dev = "cuda"
+dev, B, H, Hkv, D, dt = "cuda", 2, 8, 2, 128, torch.bfloat16
 g = torch.Generator(device=dev).manual_seed(0)
-B, H, Hkv, D = 2, 8, 2, 128
-dt = torch.bfloat16
-for tree in (Tree.chain_with_siblings(3, 3), Tree.chain_with_siblings(7, 9)):
-    S = 3000
-    T = tree.size
-    q = torch.randn(B, H, T, D, generator=g, device=dev, dtype=dt)
-    k = torch.randn(B, Hkv, S, D, generator=g, device=dev, dtype=dt)
-    v = torch.randn(B, Hkv, S, D, generator=g, device=dev, dtype=dt)
-    base = torch.tensor([1300, 70], device=dev)
-    td = tree.on_device(dev)
-    q_pos = base[:, None] + td.depths[None]
-    out = make_attend("triton", q_pos, None, S, tree=TreeMask(td.ancestors, td.bits, base))(q, k, v)
+
+
+def ancestors(tree, i):
+    out = [i]
+    while tree.parents[out[-1]] > 0:
+        out.append(tree.parents[out[-1]])
+    return sorted(out) if i else []
+
+
+def max_error(out, q, k, v, seen):
+    """seen(b, t): the slots query t of sequence b may see; float64 softmax attention over them, per head."""
     err = 0.0
     for b in range(B):
-        for i in range(T):
-            up, chain = i, []
-            while up >= 0:
-                chain.append(up)
-                up = tree.parents[up]
-            slots = list(range(int(base[b]))) + [int(base[b]) + j for j in sorted(chain)]
+        for t in range(q.shape[2]):
+            slots = seen(b, t)
             for h in range(H):
-                kh, vh = k[b, h // 4, slots].double(), v[b, h // 4, slots].double()
-                w = torch.softmax(kh @ q[b, h, i].double() / D ** 0.5, 0)
-                err = max(err, float((out[b, h, i].double() - w @ vh).abs().max()))
-    print("full cache tree", T, "nodes: max error", err)
+                w = torch.softmax(k[b, h // 4, slots].double() @ q[b, h, t].double() / D ** 0.5, 0)
+                err = max(err, float((out[b, h, t].double() - w @ v[b, h // 4, slots].double()).abs().max()))
+    return err
+
+
+for tree in (Tree.chain_with_siblings(3, 3), Tree.chain_with_siblings(7, 9)):
+    q = torch.randn(B, H, tree.size, D, generator=g, device=dev, dtype=dt)
+    k, v = (torch.randn(B, Hkv, 3000, D, generator=g, device=dev, dtype=dt) for _ in range(2))
+    base = torch.tensor([1300, 70], device=dev)
+    td = tree.on_device(dev)
+    out = make_attend("triton", base[:, None] + td.depths[None], None, 3000,
+                      tree=TreeMask(td.ancestors, td.bits, base))(q, k, v)
+    print("full cache tree", tree.size, "nodes: max error", max_error(
+        out, q, k, v, lambda b, t: list(range(int(base[b]))) + [int(base[b]) + j for j in [0] + ancestors(tree, t)]))
 
 tree = optimal_tree((0.7, 0.4, 0.3), 20, 4)
 sinks, window = 4, 400
 cache = StreamingCache(1, B, Hkv, sinks + window, sinks, 64, D, dt, dev, "triton")
-roots = torch.tensor([1500, 610])
-for b, r in enumerate(roots.tolist()):
+roots = [1500, 610]
+for b, r in enumerate(roots):  # committed positions, then stale ones where the tree's nodes go
     pos = torch.tensor(list(range(sinks)) + list(range(r + 1 - window, r + 1 + tree.size + 5)), device=dev)
     cache.key_pos[b, cache.slots(pos)] = pos
 cache.k[0].normal_(generator=g)
 cache.v[0].normal_(generator=g)
-cache.lengths.copy_(roots + 1)
+cache.lengths.copy_(torch.tensor(roots, device=dev) + 1)
 for depth in (1, 2, 3):
     level = tree.level_on_device(depth, dev)
-    T = level.nodes.numel()
     cache.level = level
-    q = torch.randn(B, H, T, D, generator=g, device=dev, dtype=dt)
-    out = cache.attend(T)(q, cache.k[0], cache.v[0])
+    q = torch.randn(B, H, level.nodes.numel(), D, generator=g, device=dev, dtype=dt)
+    out = cache.attend(level.nodes.numel())(q, cache.k[0], cache.v[0])
     cache.level = None
-    err = 0.0
-    for b, r in enumerate(roots.tolist()):
-        for t, i in enumerate(level.nodes.tolist()):
-            chain, up = [], i
-            while up > 0:
-                chain.append(up)
-                up = tree.parents[up]
-            seen = list(range(sinks)) + list(range(r + depth + 1 - window, r + 1)) + [r + j for j in sorted(chain)]
-            slots = cache.slots(torch.tensor(seen, device=dev))
-            for h in range(H):
-                kh, vh = cache.k[0][b, h // 4, slots].double(), cache.v[0][b, h // 4, slots].double()
-                w = torch.softmax(kh @ q[b, h, t].double() / D ** 0.5, 0)
-                err = max(err, float((out[b, h, t].double() - w @ vh).abs().max()))
-    print("ring level", depth, T, "nodes: max error", err)
+    nodes = level.nodes.tolist()
+    print("ring level", depth, len(nodes), "nodes: max error", max_error(out, q, cache.k[0], cache.v[0], lambda b, t: cache.slots(torch.tensor(
+        list(range(sinks)) + list(range(roots[b] + depth + 1 - window, roots[b] + 1))
+        + [roots[b] + j for j in ancestors(tree, nodes[t])], device=dev))))
