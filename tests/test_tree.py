@@ -296,6 +296,28 @@ def test_greedy_tree_speculation_equals_plain_greedy(tiny, standalone):
     assert decoder.stats.alpha > 0
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "triton"])
+def test_a_chain_verified_as_a_tree_is_the_chain_bitwise(tiny, backend):
+    """Tree.chain(g) through the tree path (its mask, its positions) gives a chain verification's logits bit for
+    bit; and drafted level by level (a level a node) it speculates exactly as the chain does, verification by
+    verification."""
+    from test_generate_speculative import speculate, tiny_prompts
+
+    a, prompts = tiny.args, tiny_prompts(2, 40)
+    tokens = torch.randint(0, 256, (2, 4), generator=torch.Generator().manual_seed(5))
+    logits = []
+    for tree in (None, Tree.chain(3).on_device("cpu")):
+        cache = KVCache(a.n_layers, 2, a.n_kv_heads, 64, a.head_dim, torch.float32, "cpu", backend)
+        tiny(prompts, cache, logits="none")
+        cache.advance(40)
+        cache.tree = tree
+        logits.append(tiny(tokens, cache))
+    assert torch.equal(logits[0], logits[1])
+    chain = speculate(tiny, tiny, prompts, 40, 3, budget=20)
+    as_tree = speculate(tiny, tiny, prompts, 40, 3, budget=20, shape=Tree.chain(3))
+    assert torch.equal(chain[0], as_tree[0]) and chain[2].trace == as_tree[2].trace
+
+
 def test_sampled_tree_speculation_keeps_the_targets_distribution(tiny, monkeypatch):
     """N copies of one prompt, a tree one level deep and 3 wide drawn without replacement from the draft: the
     first generated token after the fixed one follows the target's own distribution (T 0.6, top-p 0.9); trying
