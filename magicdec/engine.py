@@ -360,7 +360,7 @@ class Engine:
             drafter.width = cfg.speculation.tree_width  # a prepared drafter serves points of any width
             drafter.shape = cfg.speculation.drafted_tree(gamma)  # a model draft's tree (--tree_nodes), or None
             if drafter.shape is not None:  # its draft steps' candidates: the most children a node has
-                drafter.width = max(len(c) for c in drafter.shape.children)
+                drafter.width = drafter.shape.max_children
         return Decoder(self.target, Sampling(d.temperature, d.top_p, d.top_k), drafter=drafter, gamma=gamma,
                        step_mode=rt.step_mode, graph_target=not rt.offload,
                        synthetic_acceptance=cfg.speculation.synthetic_acceptance if drafter else None, policy=policy,

@@ -11,6 +11,7 @@ import torch
 
 from magicdec import fused
 from magicdec.attention import make_attend
+from magicdec.tree import TreeMask
 
 
 @fused.op
@@ -62,8 +63,6 @@ class KVCache:
     def tree_mask(self):
         """A token tree's mask for attention (tree.TreeMask), or None: a verified tree's root is the next token, a
         drafted level's the last token held."""
-        from magicdec.tree import TreeMask
-
         if self.tree is not None:
             return TreeMask(self.tree.ancestors, self.tree.bits, self.lengths)
         if self.level is not None:

@@ -496,10 +496,9 @@ class RunConfig:
         """What ran, in a few words (the drafter's own label, and a tree's width)."""
         if not self.drafter:
             return BASELINE
-        width, nodes = self.speculation.tree_width, self.speculation.tree_nodes
         s = self.speculation
-        return self.drafter.label(self.draft) + (f" tree w{width}" if width > 1 else "") + \
-            (f" tree n{nodes}" if nodes else "") + (" acceptance trace" if s.acceptance_trace else "") + \
+        return self.drafter.label(self.draft) + (f" tree w{s.tree_width}" if s.tree_width > 1 else "") + \
+            (f" tree n{s.tree_nodes}" if s.tree_nodes else "") + (" acceptance trace" if s.acceptance_trace else "") + \
             (" acceptance by position" if s.synthetic_positions else "")
 
     @classmethod

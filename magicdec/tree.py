@@ -105,6 +105,11 @@ class Tree:
         return tuple(tuple(c) for c in out)
 
     @functools.cached_property
+    def max_children(self) -> int:
+        """The most children a node has (a draft step's candidates per node)."""
+        return max(len(c) for c in self.children)
+
+    @functools.cached_property
     def level_widths(self) -> tuple[int, ...]:
         """Per depth d, the most children a node of depth d has (what a walk from the root tries there)."""
         out = [0] * (self.depth + 1)
@@ -158,6 +163,7 @@ class TreeLevel:
     ancestors: torch.Tensor  # [T, N] bool: their rows of Tree.ancestors
     parent_at: torch.Tensor  # [T] long: each node's parent's index within the level above
     rank: torch.Tensor  # [T] long: its place among its siblings
+    candidates: int  # the most children a node of the level above has here: what is drawn per node there
 
 
 @functools.lru_cache(maxsize=256)
@@ -168,7 +174,7 @@ def _level_on_device(tree: Tree, depth: int, device: str) -> TreeLevel:
     return TreeLevel(tree, depth, torch.tensor(nodes, device=device), tree.ancestor_bits[nodes].to(device),
                      tree.ancestors[nodes].to(device),
                      torch.tensor([max(tree.parents[i], 0) - above.start for i in nodes], device=device),
-                     torch.tensor(rank, device=device))
+                     torch.tensor(rank, device=device), max(rank) + 1)
 
 
 @dataclass(frozen=True)
@@ -186,7 +192,7 @@ class TreeMask:
 
 @functools.lru_cache(maxsize=64)
 def _on_device(tree: Tree, device: str) -> TreeOnDevice:
-    width = max(len(c) for c in tree.children)
+    width = tree.max_children
     children = [list(c) + [-1] * (width - len(c)) for c in tree.children]
     rank = [0] * tree.size
     for c in tree.children:

@@ -63,7 +63,7 @@ def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(
     logits = prefill(target, cache, prompts, 64)
     prefill(draft_model, draft_cache, prompts, 64)
     drafter = ModelDraft(draft_model, draft_cache)
-    drafter.width = width if shape is None else max(len(c) for c in shape.children)
+    drafter.width = width if shape is None else shape.max_children
     drafter.shape = shape
     decoder = Decoder(target, Sampling(), drafter=drafter, gamma=gamma, trace=True, synthetic_acceptance=synthetic,
                       **decoder_options)
@@ -117,7 +117,7 @@ def test_tiny_drafted_tree_equals_plain_greedy(tiny, backend):
     through a StreamingLLM ring past its budget, with --reindex, and a standalone draft's full cache."""
     expected = plain_greedy(tiny, tiny_prompts(), 60)
     tree = shaped()
-    assert tree.depth == 5 and max(len(c) for c in tree.children) >= 3
+    assert tree.depth == 5 and tree.max_children >= 3
     check(tiny, tiny, tiny_prompts(), n_new=60, gamma=5, budget=20, shape=tree, expected=expected, backend=backend)
     if backend == "sdpa":
         check(tiny, tiny, tiny_prompts(), n_new=60, gamma=5, budget=20, shape=tree, expected=expected, reindex=True)
@@ -135,7 +135,7 @@ def test_drafted_tree_matches_the_draft_fed_each_path(tiny):
     cache = StreamingCache(a.n_layers, 2, a.n_kv_heads, 16, 4, 64, a.head_dim, torch.float32, "cpu")
     prefill(tiny, cache, prompts, 64)
     drafter = ModelDraft(tiny, cache)
-    drafter.shape, drafter.width = tree, max(len(c) for c in tree.children)
+    drafter.shape, drafter.width = tree, tree.max_children
     decoder = Decoder(tiny, Sampling(), drafter=drafter, gamma=3)
     hist = torch.cat([prompts[:, -1:], torch.tensor([[5], [9]])], 1)
     m, start = torch.tensor([2, 2]), torch.full((2,), 29)

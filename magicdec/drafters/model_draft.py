@@ -227,8 +227,7 @@ class ModelDraft(Drafter):
         for depth in range(1, tree.depth + 1):
             level = tree.level_on_device(depth, dev)
             if at.is_floating_point():
-                n = max(tree.children[tree.parents[i]].index(i) for i in tree.levels[depth]) + 1
-                B, above, V = at.shape
+                n, (B, above, V) = level.candidates, at.shape
                 ids, q = without_replacement(at.reshape(B * above, V), n)
                 picks = ids.view(B, above, n)[:, level.parent_at, level.rank]
                 qs.append(q.view(B, above, n, V)[:, level.parent_at, level.rank])
