@@ -21,6 +21,7 @@ books before 1919), in this workspace the 21 books of ../shared/data/gutenberg, 
 import argparse
 import copy
 import json
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +37,7 @@ from magicdec.checkpoint import _hf_name, load_state_dict
 from magicdec.config import ModelArgs
 from magicdec.drafters.model_draft import appended_for
 from magicdec.engine import Engine, first_tokens
+from magicdec.generate import decode
 from magicdec.model import from_state_dict
 from magicdec.run_config import RunConfig
 
@@ -74,6 +76,9 @@ def parse(argv=None):
     p.add_argument("--hf_prefill_chunk", type=int, default=None,
                    help="transformers' prefill_chunk_size for the uncompiled static cache, e.g. when the compiled run "
                         "is out of memory at large B x prefix (prefill is not timed)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="B = 1: after the one-at-a-time pass, each library's fastest method of each kind timed again "
+                        "in this many interleaved rounds (0: none)")
     p.add_argument("--no_fuse", action="store_true", help="plain PyTorch elementwise ops on our side")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -200,16 +205,64 @@ class Ours:
         dec = self.engine.decoder(cfg, drafter, gamma)
         (out, counts, secs), = timing.timed_generations([dec], cache, self.first, self.prev, self.gen_len, [],
                                                         cfg.workload.seed, cfg.runtime.graphed)
-        m = met.generation_metrics(counts, secs, self.B, dec.stats, dec.round_seconds)
+        m = met.generation_metrics(counts, secs, self.B, dec.stats, dec.round_seconds, dec.round_rates)
         if drafter is not None:
             m.update(met.speculation_metrics(m, dec.stats, baseline, gamma))
         return out, m
 
 
-def hf_decode_rate(model, ids, n, device, static=False, compiled=None, prefill_chunk_size=None, **kw):
-    """transformers' greedy generate, decode only: t(n new tokens) - t(1 new token), after one warm-up of n. A static
-    cache is made once for prefix + n and reset before each call, as its docs do for repeated calls: fixed shapes and
-    addresses, so no recompilation or CUDA-graph re-capture inside the timed calls."""
+def ours_timer(ours: Ours, cfg: RunConfig | None = None, drafter=None, gamma=0):
+    """A function timing one of our generations (the loop's own clock), made after a warm-up run."""
+    cfg = cfg or ours.cfg
+    cache = ours.batch.cache
+    dec = ours.engine.decoder(cfg, drafter, gamma)
+    cache.rollback(torch.full_like(cache.lengths, ours.P))
+    timing.timed_generations([dec], cache, ours.first, ours.prev, ours.gen_len, [], cfg.workload.seed,
+                             cfg.runtime.graphed)
+
+    def once():
+        cache.rollback(torch.full_like(cache.lengths, ours.P))
+        torch.manual_seed(cfg.workload.seed + 1)
+        out, counts = decode(dec, cache, ours.first, ours.gen_len, [], prev=ours.prev)
+        return out, {"decode_s": dec.seconds, "decode_tokens_per_s": int((counts - 1).sum()) / dec.seconds}
+    return once
+
+
+def interleaved(timers: dict, rounds: int, ref, progress: bool) -> dict:
+    """Each timer run once per round, the order reversed every other round (timing.timed_generations' rule), so
+    every library meets the same state of the machine; per method its rates in round order, median, min and max,
+    and its agreement with our baseline's tokens."""
+    names, rates, agree = list(timers), {n: [] for n in timers}, {}
+    for r in tqdm(range(rounds), desc="interleaved rounds", disable=not progress):
+        for name in names if r % 2 == 0 else names[::-1]:
+            tokens, m = timers[name]()
+            rates[name].append(m["decode_tokens_per_s"])
+            t = min(tokens.shape[1], ref.shape[1])
+            same = (tokens[:, :t].cpu() == ref[:, :t].cpu()).long().cumprod(1).sum(1)
+            agree[name] = float(same.float().mean()) / ref.shape[1]
+    return {n: {"tokens_per_s": v, "median": statistics.median(v), "min": min(v), "max": max(v),
+                "agreement_with_our_baseline": agree[n]} for n, v in rates.items()}
+
+
+def ratios(result: dict, pairs: list[tuple[str, str]]) -> dict:
+    """a / b per round (the same round's runs), median, min and max, for each (a, b) both timed."""
+    out = {}
+    for a, b in pairs:
+        if a in result and b in result:
+            per = [x / y for x, y in zip(result[a]["tokens_per_s"], result[b]["tokens_per_s"])]
+            out[f"{a} / {b}"] = {"per_round": per, "median": statistics.median(per), "min": min(per), "max": max(per)}
+    return out
+
+
+def hf_decode_rate(model, ids, n, device, **kw):
+    """transformers' greedy generate, decode only: t(n new tokens) - t(1 new token), after one warm-up of n."""
+    return hf_timer(model, ids, n, device, **kw)()
+
+
+def hf_timer(model, ids, n, device, static=False, compiled=None, prefill_chunk_size=None, **kw):
+    """A function timing transformers' greedy generate once, decode only (t(n new tokens) - t(1 new token)), made
+    after one warm-up of n. A static cache is made once for prefix + n and reset before each call, as its docs do for
+    repeated calls: fixed shapes and addresses, so no recompilation or CUDA-graph re-capture inside the timed calls."""
     cache = transformers.StaticCache(config=model.config, max_cache_len=ids.shape[1] + n) if static else None
 
     def generate(k):
@@ -221,12 +274,15 @@ def hf_decode_rate(model, ids, n, device, static=False, compiled=None, prefill_c
                              prefill_chunk_size=prefill_chunk_size, **kw)
         return out[:, ids.shape[1]:]
 
+    def once():
+        tokens, t_n = dev.timed(lambda: generate(n), device)
+        _, t_1 = dev.timed(lambda: generate(1), device)
+        decoded = ids.shape[0] * (n - 1)
+        return tokens, {"decode_s": t_n - t_1, "decode_tokens_per_s": decoded / (t_n - t_1), "generate_n_s": t_n,
+                        "generate_1_s": t_1, "generated_tokens": tokens.numel(), "batch_size": ids.shape[0]}
+
     generate(n)
-    tokens, t_n = dev.timed(lambda: generate(n), device)
-    _, t_1 = dev.timed(lambda: generate(1), device)
-    decoded = ids.shape[0] * (n - 1)
-    return tokens, {"decode_s": t_n - t_1, "decode_tokens_per_s": decoded / (t_n - t_1), "generate_n_s": t_n,
-                    "generate_1_s": t_1, "generated_tokens": tokens.numel(), "batch_size": ids.shape[0]}
+    return once
 
 
 # ---------------------------------------------------------------- the run
@@ -381,10 +437,13 @@ def batch1(cli, ours, ckpt, hf, hf_draft, prompts, ref, base, emit, attempt, dev
     def hf_rate(model=hf, **kw):
         return lambda: hf_decode_rate(model, prompts, n, device, **kw)
 
-    attempt(1, P, "transformers", "dynamic", ref, hf_rate())
-    attempt(1, P, "transformers", "static", ref, hf_rate(**hf_eager), prefill_chunk_size=cli.hf_prefill_chunk)
+    hf_runs = {}  # transformers' method -> (its record, its generate options): the fastest of each kind goes on
+    hf_runs["dynamic"] = attempt(1, P, "transformers", "dynamic", ref, hf_rate()), {}
+    hf_runs["static"] = attempt(1, P, "transformers", "static", ref, hf_rate(**hf_eager),
+                                prefill_chunk_size=cli.hf_prefill_chunk), hf_eager
     if hf_static["compiled"]:
-        attempt(1, P, "transformers", "static+compiled", ref, hf_rate(**hf_static))
+        hf_runs["static+compiled"] = attempt(1, P, "transformers", "static+compiled", ref, hf_rate(**hf_static)), \
+            hf_static
     else:
         emit(1, P, "transformers", "static+compiled", None, None, ref,
              error="skipped: transformers compiles generate on CUDA only" if not gpu else "skipped: --hf_compile off")
@@ -393,25 +452,88 @@ def batch1(cli, ours, ckpt, hf, hf_draft, prompts, ref, base, emit, attempt, dev
     defaults = hf_draft.generation_config._get_default_generation_params()
     own = {key: getattr(hf_draft.generation_config, key, None) or defaults.get(key) for key in
            ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
-    attempt(1, P, "transformers", "assisted (its defaults)", ref, hf_rate(assistant_model=hf_draft),
-            assistant_settings=own, draft_layers=k)
+    hf_runs["assisted (its defaults)"] = attempt(1, P, "transformers", "assisted (its defaults)", ref,
+                                                 hf_rate(assistant_model=hf_draft), assistant_settings=own,
+                                                 draft_layers=k), {"assistant_model": hf_draft}
     gamma = best["standalone_draft"][1]
     mine = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
             "assistant_confidence_threshold": 0.0}
     saved = {key: getattr(hf_draft.generation_config, key, None) for key in mine}
     for key, value in mine.items():
         setattr(hf_draft.generation_config, key, value)
-    attempt(1, P, "transformers", f"assisted (gamma {gamma})", ref, hf_rate(assistant_model=hf_draft),
-            assistant_settings=mine, draft_layers=k)
+    mine_rec = attempt(1, P, "transformers", f"assisted (gamma {gamma})", ref, hf_rate(assistant_model=hf_draft),
+                       assistant_settings=mine, draft_layers=k)
     for key, value in saved.items():
         setattr(hf_draft.generation_config, key, value)
-    attempt(1, P, "transformers", "prompt_lookup", ref, hf_rate(prompt_lookup_num_tokens=cli.prompt_lookup),
-            prompt_lookup_num_tokens=cli.prompt_lookup)
+    hf_runs["prompt_lookup"] = attempt(1, P, "transformers", "prompt_lookup", ref,
+                                       hf_rate(prompt_lookup_num_tokens=cli.prompt_lookup),
+                                       prompt_lookup_num_tokens=cli.prompt_lookup), \
+        {"prompt_lookup_num_tokens": cli.prompt_lookup}
     gamma = best["prompt_lookup"][1]  # ours' best gamma and n-gram length, the same lookup on transformers' side
-    attempt(1, P, "transformers", f"prompt_lookup (gamma {gamma})", ref,
-            hf_rate(prompt_lookup_num_tokens=gamma, max_matching_ngram_size=cli.ngram_max),
-            prompt_lookup_num_tokens=gamma, max_matching_ngram_size=cli.ngram_max)
+    same = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": cli.ngram_max}
+    hf_runs[f"prompt_lookup (gamma {gamma})"] = attempt(1, P, "transformers", f"prompt_lookup (gamma {gamma})", ref,
+                                                        hf_rate(**same), **same), same
     dev.release_memory(device)
+    if cli.rounds:
+        mine_rec["assisted_settings"] = mine
+        rounds_b1(cli, ours, ckpt, hf, hf_draft, prompts, ref, best, hf_runs, mine_rec, emit, device)
+
+
+def fastest(hf_runs: dict, kind: str):
+    """transformers' fastest method of a kind (plain, assisted, prompt_lookup) in the one-at-a-time pass: (name,
+    generate options), or None where none ran."""
+    plain = ("dynamic", "static", "static+compiled")
+    ok = {n: (rec, kw) for n, (rec, kw) in hf_runs.items() if rec.get("metrics")
+          and ((n in plain) if kind == "plain" else n.startswith(kind))}
+    if not ok:
+        return None
+    name = max(ok, key=lambda n: ok[n][0]["metrics"]["decode_tokens_per_s"])
+    return name, ok[name][1]
+
+
+def rounds_b1(cli, ours, ckpt, hf, hf_draft, prompts, ref, best, hf_runs, assisted_mine, emit, device):
+    """Each library at its fastest configuration of each kind (our best gamma per method; transformers' fastest plain
+    decode, assisted and prompt-lookup generation of the one-at-a-time pass), timed in interleaved rounds: the
+    ratios a reader may cite, each round's runs side by side."""
+    P, n = prompts.shape[1], cli.gen_len
+    timers, what = {"ours: baseline": ours_timer(ours)}, {"ours: baseline": {}}
+    keep = []  # drafters stay alive while their timers are
+    for method, drafter_name, extra in (("prompt_lookup", "lookup", {"ngram_max": cli.ngram_max}),
+                                        ("standalone_draft", "standalone", None)):
+        gamma = best[method][1]
+        if drafter_name == "standalone":
+            k = hf_draft.config.num_hidden_layers
+            cfg = ours.config(drafter="standalone", draft_budget=0, sinks=cli.sinks, draft=str(ckpt) if ckpt else None,
+                              draft_name=None if ckpt else cli.model_name)
+            drafter = ours.drafter(cfg, {"draft": (replace(ours.engine.target_config, n_layers=k), None)})
+        else:
+            cfg = ours.config(drafter=drafter_name, **extra)
+            drafter = ours.drafter(cfg)
+        keep.append(drafter)
+        timers[f"ours: {method}"] = ours_timer(ours, cfg, drafter, gamma)
+        what[f"ours: {method}"] = {"gamma": gamma}
+    for kind in ("plain", "prompt_lookup", "assisted"):
+        found = fastest(hf_runs, kind)
+        if found is None:
+            continue
+        name, kw = found
+        if name.startswith("assisted (gamma"):
+            for key, value in assisted_mine["assisted_settings"].items():
+                setattr(hf_draft.generation_config, key, value)
+        timers[f"transformers: {name}"] = hf_timer(hf, prompts, n, device, **kw)
+        what[f"transformers: {name}"] = {key: str(v) if key in ("compiled", "assistant_model") else v
+                                         for key, v in kw.items()}
+    result = interleaved(timers, cli.rounds, ref, not cli.no_progress)
+    plain = next((t for t in timers if t.startswith("transformers: ") and fastest(hf_runs, "plain")
+                  and t.endswith(fastest(hf_runs, "plain")[0])), None)
+    look = next((t for t in timers if t.startswith("transformers: prompt_lookup")), None)
+    assisted = next((t for t in timers if t.startswith("transformers: assisted")), None)
+    pairs = [("ours: prompt_lookup", "ours: baseline"), ("ours: standalone_draft", "ours: baseline"),
+             ("ours: baseline", plain), ("ours: prompt_lookup", plain), ("ours: prompt_lookup", look),
+             ("ours: standalone_draft", assisted), (look, plain), (assisted, plain)]
+    emit(1, P, "both", "interleaved rounds", None, {"methods": {k: result[k] | {"settings": what[k]} for k in result},
+                                                    "ratios": ratios(result, [p for p in pairs if None not in p]),
+                                                    "rounds": cli.rounds}, ref)
 
 
 def print_table(records, summary):
@@ -439,6 +561,15 @@ def print_table(records, summary):
         relative = rate / base[(r["B"], r["prefix_len"])] if rate else None
         print(f"| {r['B']} | {r['prefix_len']} | {r['library']} | {r['method']} | {f'{rate:.1f}' if rate else '-'} | "
               f"{f'{relative:.2f}' if relative else '-'} | {f'{agree:.3f}' if agree is not None else '-'} | {note} |")
+    for r in records:
+        if r["method"] == "interleaved rounds":
+            print(f"\nB = 1, prefix {r['prefix_len']}: {r['metrics']['rounds']} interleaved rounds, decode tokens/s "
+                  "median [min-max] and ratios of the same rounds\n")
+            for name, m in r["metrics"]["methods"].items():
+                print(f"- {name} {m['settings']}: {m['median']:.1f} [{m['min']:.1f}-{m['max']:.1f}], agreement "
+                      f"{m['agreement_with_our_baseline']:.3f}")
+            for name, m in r["metrics"]["ratios"].items():
+                print(f"- {name}: {m['median']:.2f}x [{m['min']:.2f}-{m['max']:.2f}]")
     # The issue's goal: our baseline >= 2x transformers' batched generate at B >= 8 and prefix >= 8K.
     theirs = [r for r in records if r["library"] == "transformers" and r["B"] > 1 and r.get("metrics")]
     if theirs:

@@ -120,9 +120,11 @@ def compare(a) -> dict:
                                              target.workload.gen_len, eos, target.workload.seed,
                                              base_cfg.runtime.graphed, a.repeats)
         (b_out, b_counts, b_s), results = timed[0], timed[1:]
-        b = met.generation_metrics(b_counts, b_s, a.B, base_decoder.stats, base_decoder.round_seconds)
+        b = met.generation_metrics(b_counts, b_s, a.B, base_decoder.stats, base_decoder.round_seconds,
+                                     base_decoder.round_rates)
         for (row, cfg, decoder), (out, counts, s) in zip(made, results):
-            m = met.generation_metrics(counts, s, a.B, decoder.stats, decoder.round_seconds)
+            m = met.generation_metrics(counts, s, a.B, decoder.stats, decoder.round_seconds,
+                                           decoder.round_rates)
             m |= met.speculation_metrics(m, decoder.stats, b, a.gamma)
             summary = m["speculation"].get("drafter")
             rows.append(row | {"alpha": m["alpha"], "acceptance_length": m["omega"],

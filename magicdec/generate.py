@@ -14,6 +14,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from magicdec import tp
+from magicdec.errors import MagicDecError
 from magicdec.model import Transformer
 from magicdec.planner import AutoGamma
 from magicdec.sampling import probabilities
@@ -300,6 +301,7 @@ class Decoder:
         self.stats = Stats(self.gamma)
         self.seconds = None  # wall seconds of the last generation, from the loop's own syncs (see generate)
         self.round_seconds: list[float] = []  # seconds of each timed run (timing.timed_generations)
+        self.round_rates: list[tuple] = []  # ... and its decode tokens/s, all reach and first done
 
     def generate(self, cache, first: torch.Tensor, n_new: int, eos_ids=(), progress: bool = False,
                  prev: torch.Tensor | None = None):
@@ -393,7 +395,7 @@ class Decoder:
 
     @property
     def _greedy(self) -> bool:
-        return self.sampling.greedy or self.synthetic is not None
+        return self.sampling.greedy
 
     def _distribution(self, model, tokens, cache, logits: str):
         """Greedy: argmax ids (across vocabulary shards without gathering them); sampling: probabilities."""
@@ -433,7 +435,12 @@ class Decoder:
             at = batch.drafted_columns(drafted.shape[1])
             rate = position_rates(self.synthetic_positions, self.synthetic, drafted.shape[1], str(drafted.device)) \
                 if self.synthetic_positions else self.synthetic
-            accepted, nxt = synthetic_verify(verified, drafted, rate, self.landscape.gather(1, at))
+            draws = self.landscape.gather(1, at)
+            if verified.dim() == 3:  # sampled: the sampling's work as a real run does it, the coin flips' acceptance
+                accepted, nxt = speculative_sampling_verify(verified, verified[:, :0] if q is None else q, drafted,
+                                                            keep=draws < rate)
+            else:
+                accepted, nxt = synthetic_verify(verified, drafted, rate, draws)
         elif verified.dim() == 2:
             accepted, nxt = greedy_verify(verified, drafted)
         else:
@@ -449,6 +456,9 @@ class Decoder:
         """A token tree's verification: every node over the committed cache and its ancestors in one pass, the
         longest accepted path (greedy) or the multi-candidate rule's (sampled, tree.py), its KV moved to the slots
         its positions take. Returns what _verify does, the drafted chain being the path's tokens."""
+        if self.synthetic is not None and not self._greedy:
+            raise MagicDecError("--synthetic_acceptance with --temperature: a tree's sampled acceptance has no "
+                                "synthetic form; drop --temperature for a tree drafter")
         cache.tree = tree
         try:
             verified = self.verify_step(tokens, cache).clone()

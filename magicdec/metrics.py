@@ -6,8 +6,9 @@ from magicdec import cost_model
 from magicdec.kv_cache import KVCache
 
 
-def generation_metrics(counts, seconds, B: int, stats, round_seconds) -> dict:
-    """Throughput of a timed generation (`seconds`: its median run; `round_seconds`: every run's, in round order).
+def generation_metrics(counts, seconds, B: int, stats, round_seconds, round_rates=()) -> dict:
+    """Throughput of a timed generation (`seconds`: its median run; `round_seconds`: every run's, in round order;
+    `round_rates`: every run's decode tokens/s, all reach and first done).
     Token 1 comes from the prefill logits, so decode produced counts - 1. Over several batches of B sequences
     (a sweep's skip_tokens list): counts side by side, seconds, stats and iterations summed over the batches."""
     decoded = int((counts - 1).sum())
@@ -18,7 +19,9 @@ def generation_metrics(counts, seconds, B: int, stats, round_seconds) -> dict:
             "generated_tokens": int(counts.sum()), "batch_size": B, "batches": batches,
             "iterations": stats.iterations, "decode_steps": stats.iterations,
             "ms_per_step": 1e3 * seconds / stats.iterations if stats.iterations else None,
-            "time_split_s": stats.time, "round_s": round_seconds}
+            "time_split_s": stats.time, "round_s": round_seconds,
+            "round_tokens_per_s": [r[0] for r in round_rates] or None,
+            "round_tokens_per_s_first_done": [r[1] for r in round_rates] or None}
 
 
 def bandwidth_metrics(model, config, B: int, prefix_len: int, gen_len: int, dtype, seconds, copy_bw) -> dict:
@@ -46,6 +49,19 @@ def baseline_step_seconds(baseline: dict) -> float | None:
     return baseline["ms_per_step"] / 1e3 if baseline.get("ms_per_step") else None
 
 
+def round_speedups(metrics: dict, baseline: dict | None) -> dict:
+    """Each timed round's speedup over the baseline's run of the same round (timing.timed_generations interleaves
+    them), all reach and first done: the spread a median speedup is read with. Empty unless both were timed in the
+    same rounds."""
+    base = (baseline or {}).get("round_tokens_per_s") or []
+    out = {}
+    for key in ("", "_first_done"):
+        mine = metrics.get(f"round_tokens_per_s{key}") or []
+        if len(mine) == len(base) and base and all(mine) and all(base):
+            out[f"measured_speedup{key}_rounds"] = [a / b for a, b in zip(mine, base)]
+    return out
+
+
 def speculation_metrics(metrics: dict, stats, baseline: dict | None, gamma: int) -> dict:
     """Acceptance, the measured cost ratios and the cost model's prediction Omega / (gamma*T_D/T_T + T_V/T_T)."""
     out = {"speculation": stats.to_dict()}
@@ -67,6 +83,7 @@ def speculation_metrics(metrics: dict, stats, baseline: dict | None, gamma: int)
             first_tokens = metrics["batch_size"] * metrics["batches"]  # each batch's prefill token
             out["decode_tokens_per_s_first_done"] = (first["tokens"] - first_tokens) / first["seconds"]
             out["measured_speedup_first_done"] = out["decode_tokens_per_s_first_done"] / baseline["decode_tokens_per_s"]
+    out.update(round_speedups(metrics, baseline))
     out.update(alpha=alpha, omega=omega, acceptance_length=omega)
     if metrics.get("iterations"):
         # Tokens per sequence per verification of the whole batch: the loop runs until its slowest sequence is done,

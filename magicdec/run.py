@@ -72,7 +72,8 @@ def run(cfg: RunConfig) -> dict:
         return timing.timed_as_configured(decoders, cfg, cache, first, prev, eos)
 
     def baseline_metrics(decoder, counts, seconds):
-        m = met.generation_metrics(counts, seconds, w.B, decoder.stats, decoder.round_seconds)
+        m = met.generation_metrics(counts, seconds, w.B, decoder.stats, decoder.round_seconds,
+                                   decoder.round_rates)
         return m | met.bandwidth_metrics(target, engine.target_config, w.B, w.prefix_len, w.gen_len, engine.dtype,
                                          seconds, copy_bw)
 
@@ -94,7 +95,8 @@ def run(cfg: RunConfig) -> dict:
                 paired = baseline_metrics(base_decoder, b_counts, b_s)
             else:
                 (out, counts, s), = timed([decoder])
-            sweep[g] = met.generation_metrics(counts, s, w.B, decoder.stats, decoder.round_seconds)
+            sweep[g] = met.generation_metrics(counts, s, w.B, decoder.stats, decoder.round_seconds,
+                                              decoder.round_rates)
             sweep[g].update(met.speculation_metrics(sweep[g], decoder.stats, baseline_given or paired, g))
             sweep[g].update(auto_gamma_profile_s=profile_s, paired_baseline=paired)
             if decoder.trace is not None:

@@ -137,7 +137,9 @@ class Speculation:
     max_gamma: int = option(5, "--gamma auto: candidates 1..max_gamma")
     alpha_prior: float = option(0.8, "--gamma auto: acceptance rate assumed at the start")
     synthetic_acceptance: float | None = option(None, "random-weight runs: accept each drafted token with this "
-                                                      "probability instead of comparing", parse=float)
+                                                      "probability instead of comparing (with --temperature the "
+                                                      "draft and the target still sample: a sampled run's work at "
+                                                      "this acceptance)", parse=float)
     tree_width: int = option(1, "candidates per drafted position: above 1 a model draft proposes a token tree, its "
                                 "chain of gamma tokens with the draft's next width - 1 candidates beside each "
                                 "(greedy: its likeliest; sampled: drawn without replacement), prompt lookup that many "
@@ -466,9 +468,11 @@ class RunConfig:
         self.runtime.check(self.models.random_weights)
         self.timing.check(self.speculation.speculative)
         self.output.check()
-        if self.speculation.synthetic_acceptance is not None and not self.decoding.greedy:
-            raise MagicDecError("--synthetic_acceptance decides acceptance by coin flips and takes the target's "
-                                "argmax: drop --temperature (it would not be applied)")
+        sp = self.speculation
+        if sp.synthetic_acceptance is not None and not self.decoding.greedy and (sp.tree_width > 1 or sp.tree_nodes):
+            raise MagicDecError("--synthetic_acceptance with --temperature decides a chain's acceptance by coin flips "
+                                "over sampled work; a tree's sampled acceptance has no synthetic form: drop "
+                                "--temperature (greedy trees) or the tree options")
         if self.models.random_weights and not self.models.model_name:
             raise MagicDecError("--random_weights needs --model_name to pick the shapes")
         if self.draft is not None:

@@ -26,7 +26,9 @@ def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int
                       min_seconds: float = 0.0, progress: bool = False):
     """(tokens, counts, seconds) of each decoder: warmed up, then rounds that time every decoder once, each from the
     prompt, until `repeats` rounds are done and every decoder has been timed for `min_seconds` in all (at most
-    MAX_ROUNDS); each keeps its median run, and `decoder.round_seconds` lists all of its runs in round order.
+    MAX_ROUNDS); each keeps its median run, `decoder.round_seconds` lists all of its runs in round order and
+    `decoder.round_rates` their decode tokens/s, all reach and first done (metrics pair them with the baseline's by
+    round: the spread of a speedup).
     Interleaved, a speculative decoder and the baseline see the same state of the machine (clocks, host load,
     neighbours): timed minutes apart, the same graph on one GPU has measured further apart than the differences a
     comparison must resolve (results/planner_sweeps). The order alternates
@@ -50,9 +52,19 @@ def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int
     results = []
     for decoder, runs_of in zip(decoders, timings):
         decoder.round_seconds = [r[0] for r in runs_of]
+        decoder.round_rates = [round_rates(*r) for r in runs_of]
         seconds, decoder.stats, out, counts = sorted(runs_of, key=lambda r: r[0])[len(runs_of) // 2]
         results.append((out, counts, seconds))
     return results
+
+
+def round_rates(seconds: float, stats, out, counts) -> tuple[float | None, float | None]:
+    """One run's decode tokens/s, all reach and first done (metrics.speculation_metrics' conventions: each
+    sequence's prefill token is not decoded)."""
+    decoded = int((counts - 1).sum())
+    first = stats.first_done or {}
+    first_rate = (first["tokens"] - len(counts)) / first["seconds"] if first.get("seconds") else None
+    return (decoded / seconds if decoded and seconds else None), first_rate
 
 
 def timed_as_configured(decoders, cfg, cache, first, prev, eos):

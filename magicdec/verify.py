@@ -24,19 +24,23 @@ def greedy_verify(best: torch.Tensor, drafted: torch.Tensor):
     return accepted, best.gather(1, accepted[:, None])[:, 0]
 
 
-def speculative_sampling_verify(p: torch.Tensor, q: torch.Tensor, drafted: torch.Tensor, correct: bool = True):
+def speculative_sampling_verify(p: torch.Tensor, q: torch.Tensor, drafted: torch.Tensor, correct: bool = True,
+                                keep: torch.Tensor | None = None):
     """Lossless speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
     p [B, gamma+1, V]: target probabilities at each verified position; q [B, gamma, V]: the draft's probabilities
     that drafted [B, gamma] was sampled from. Token i is kept with probability min(1, p/q); at the first rejection
     the next token is drawn from norm(max(0, p - q)), after full acceptance from p (the bonus). The result is
     distributed exactly as sampling from p. `correct=False` draws from p instead of the residual after a rejection:
-    that is NOT lossless, and exists so a test can show the statistical test catches it.
+    that is NOT lossless, and exists so a test can show the statistical test catches it. `keep` [B, gamma] bool:
+    which drafted tokens pass, decided elsewhere (synthetic acceptance of a sampled random-weight run: the same work,
+    the acceptance of its coin flips).
     """
     B, gamma = drafted.shape
     p_d = p[:, :gamma].gather(-1, drafted[..., None])[..., 0]
     q_d = q.gather(-1, drafted[..., None])[..., 0]
-    keep = torch.rand_like(p_d) * q_d < p_d  # u < p/q without dividing
+    passed = torch.rand_like(p_d) * q_d < p_d  # u < p/q without dividing
+    keep = passed if keep is None else keep
     accepted = leading_true(keep)
     rows = torch.arange(B, device=p.device)
     p_next = p[rows, accepted]

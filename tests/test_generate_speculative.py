@@ -48,7 +48,7 @@ def first_layers(model: Transformer, n: int) -> Transformer:
 
 
 def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(), backend="sdpa", synthetic=None,
-              width=1, shape=None, reindex=False, **decoder_options):
+              width=1, shape=None, reindex=False, sampling=None, **decoder_options):
     """Greedy speculative generation (`width` > 1: the draft's token trees; `shape`: a tree.Tree it drafts level by
     level); returns (ids, counts, decoder)."""
     a, d, (B, P) = target.args, draft_model.args, prompts.shape
@@ -65,7 +65,8 @@ def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(
     drafter = ModelDraft(draft_model, draft_cache)
     drafter.width = width if shape is None else shape.max_children
     drafter.shape = shape
-    decoder = Decoder(target, Sampling(), drafter=drafter, gamma=gamma, trace=True, synthetic_acceptance=synthetic,
+    decoder = Decoder(target, sampling or Sampling(), drafter=drafter, gamma=gamma, trace=True,
+                      synthetic_acceptance=synthetic,
                       **decoder_options)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, eos, prev=prompts[:, -1])
     return out, counts, decoder
@@ -206,6 +207,20 @@ def test_synthetic_acceptance_reads_one_landscape_for_every_gamma(tiny):
         landscapes.append(decoder.landscape[:, :n_new])
     assert all(torch.equal(landscapes[0], other) for other in landscapes[1:])
     assert 0.55 < (landscapes[0] < alpha).double().mean() < 0.85  # ~180 uniform draws
+
+
+def test_synthetic_acceptance_under_sampling_keeps_what_the_landscape_says(tiny):
+    """A sampled random-weight speed run does a sampled run's work (the draft samples and returns q, the target's
+    probabilities are computed and the next token drawn) and keeps what the landscape says: verification by
+    verification, the same counts as the greedy synthetic run on the same landscape, with other (sampled) tokens."""
+    torch.manual_seed(0)
+    greedy_out, _, greedy = speculate(tiny, tiny, tiny_prompts(), 40, 3, budget=20, synthetic=0.6)
+    sampled_out, counts, sampled = speculate(tiny, tiny, tiny_prompts(), 40, 3, budget=20, synthetic=0.6,
+                                             sampling=Sampling(temperature=1.0))
+    assert counts.tolist() == [40] * 3
+    assert sampled.trace == greedy.trace
+    assert any(0 < k < 3 for row in sampled.trace for k in row)
+    assert not torch.equal(greedy_out, sampled_out)
 
 
 def test_per_position_rates_read_the_landscape_at_each_positions_own_rate(tiny):

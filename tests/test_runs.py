@@ -744,18 +744,19 @@ def test_baseline_json_from_other_device_or_model(tiny, jsonl, tiny_baseline, tm
                                          str(base)))
 
 
-def test_synthetic_acceptance_with_temperature_is_not_reported_as_sampled():
+def test_synthetic_acceptance_with_temperature_is_a_sampled_run():
+    """Random weights at a synthetic rate with --temperature: the draft and the target sample (the record says
+    sampled), acceptance comes from the coin flips; a tree has no synthetic sampled form and says so in one line."""
     from magicdec.errors import MagicDecError
 
-    try:
-        record = selfspec_benchmark.run([*LLAMA68M, "--synthetic_acceptance", "0.5", "--temperature", "0.6",
-                                         "--top_p", "0.9", "--B", "2", "--prefix_len", "32", "--gen_len", "8",
-                                         "--streamingllm_budget", "16", "--sinks", "4", "--device", "cpu",
-                                         "--no_progress"])
-    except MagicDecError as e:  # refusing the combination is a fix too
-        assert "--synthetic_acceptance" in str(e)
-        return
-    assert not record["decoding"].startswith("sampled"), record["decoding"]
+    flags = [*LLAMA68M, "--synthetic_acceptance", "0.5", "--temperature", "0.6", "--top_p", "0.9", "--B", "2",
+             "--prefix_len", "32", "--gen_len", "8", "--streamingllm_budget", "16", "--sinks", "4", "--device", "cpu",
+             "--no_progress"]
+    record = selfspec_benchmark.run(flags)
+    assert record["decoding"].startswith("sampled"), record["decoding"]
+    assert record["metrics"]["alpha"] is not None
+    with pytest.raises(MagicDecError, match="tree"):
+        selfspec_benchmark.run([*flags, "--tree_width", "2", "--synthetic_siblings", "0.3"])
 
 
 # ------------------------------------------------------------------ llama2.c: tokenizer.bin beside model.pth

@@ -51,9 +51,22 @@ def check(summary: dict, hf) -> None:
             assert r["tokens"] == expected, (r["library"], r["method"])
             assert r["agreement_with_our_baseline"] == 1.0
             assert r["metrics"]["decode_tokens_per_s"] > 0, r
+    # the interleaved rounds: each library's fastest of each kind, three rounds, every one greedy-exact
+    rounds, = [r for r in records if r["method"] == "interleaved rounds"]
+    methods = rounds["metrics"]["methods"]
+    assert {"ours: baseline", "ours: prompt_lookup", "ours: standalone_draft"} <= set(methods), methods
+    assert any(m.startswith("transformers: prompt_lookup") for m in methods)
+    assert any(m.startswith("transformers: assisted") for m in methods)
+    assert any(m in ("transformers: dynamic", "transformers: static") for m in methods)
+    for m in methods.values():
+        assert len(m["tokens_per_s"]) == 3 and m["min"] <= m["median"] <= m["max"]
+        assert m["agreement_with_our_baseline"] == 1.0
+    lookup = rounds["metrics"]["ratios"]["ours: prompt_lookup / ours: baseline"]
+    speeds = methods["ours: prompt_lookup"]["tokens_per_s"], methods["ours: baseline"]["tokens_per_s"]
+    assert lookup["per_round"] == [a / b for a, b in zip(*speeds)]
     compiled = [r for r in records if r["method"] == "static+compiled"]
     assert compiled and all("CUDA only" in r["error"] for r in compiled)  # no compile on CPU, and it says why
-    assert all(r.get("error") or r["metrics"]["decode_tokens_per_s"] > 0 for r in records)
+    assert all(r.get("error") or r["metrics"]["decode_tokens_per_s"] > 0 for r in records if r is not rounds)
 
 
 def test_checkpoint_side_by_side(tiny_hf, tmp_path):

@@ -32,7 +32,8 @@ def test_timing_rounds_until_min_seconds(monkeypatch, repeats, min_seconds, run_
     def fake_decode(decoder, cache, first, n, eos, progress=False, prev=None):
         calls.append(decoder.name)
         decoder.seconds = run_s * (1.0 if decoder.name == "fast" else 2.0) * (1 + 0.01 * len(calls))
-        return "tokens", "counts"
+        decoder.stats = SimpleNamespace(first_done={"tokens": 12, "seconds": decoder.seconds / 2})
+        return "tokens", torch.tensor([9, 9])  # two sequences, 8 decoded tokens each
 
     monkeypatch.setattr(timing, "decode", fake_decode)
     decoders = [SimpleNamespace(name="fast", gamma=0, stats=None), SimpleNamespace(name="slow", gamma=0, stats=None)]
@@ -42,6 +43,8 @@ def test_timing_rounds_until_min_seconds(monkeypatch, repeats, min_seconds, run_
     assert calls[2:] == (["fast", "slow", "slow", "fast"] * rounds)[:2 * rounds]
     fast_runs = [run_s * (1 + 0.01 * (i + 1)) for i, name in enumerate(calls) if name == "fast"][1:]
     assert decoders[0].round_seconds == pytest.approx(fast_runs)
+    # each run's decode tokens/s, all reach (16 tokens) and first done (12 - 2 prefill tokens in half the time)
+    assert decoders[0].round_rates == pytest.approx([(16 / s, 10 / (s / 2)) for s in fast_runs])
     assert fast_s == pytest.approx(sorted(fast_runs)[rounds // 2])
     assert slow_s == pytest.approx(sorted(decoders[1].round_seconds)[rounds // 2])
 
@@ -56,7 +59,8 @@ def test_warm_up_meets_every_shape_of_a_varying_draft(monkeypatch, varying, grap
     def fake_decode(decoder, cache, first, n, *a, **k):
         lengths.append(n)
         decoder.seconds = 1.0
-        return "tokens", "counts"
+        decoder.stats = SimpleNamespace(first_done={})
+        return "tokens", torch.tensor([n + 1])
 
     monkeypatch.setattr(timing, "decode", fake_decode)
     decoder = SimpleNamespace(gamma=2, stats=None, drafter=SimpleNamespace(varying_lengths=varying))

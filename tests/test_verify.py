@@ -78,3 +78,24 @@ def test_synthetic_acceptance_rate():
     accepted, _ = synthetic_verify(torch.zeros(n, GAMMA + 1, dtype=torch.long), torch.zeros(n, GAMMA, dtype=torch.long), alpha)
     expected = alpha * (1 - alpha ** GAMMA) / (1 - alpha)  # E[kept] with i.i.d. acceptance
     assert abs(accepted.double().mean().item() - expected) < 0.01
+
+
+def test_speculative_sampling_with_given_acceptance_draws_the_residual():
+    """`keep` (synthetic acceptance of a sampled run) decides the kept count; the next token is still drawn as the
+    lossless rule draws it: from norm(max(0, p - q)) at a rejection, from p after full acceptance."""
+    V = 6
+    p = torch.zeros(2, 3, V)
+    p[:, :, :3] = torch.tensor([0.5, 0.3, 0.2])  # the target: tokens 0-2
+    q = torch.zeros(2, 2, V)
+    q[:, :, 0] = 1.0  # the draft always proposed token 0: the residual at a rejection is tokens 1-2 only
+    drafted = torch.zeros(2, 2, dtype=torch.long)
+    keep = torch.tensor([[False, True], [True, True]])
+    torch.manual_seed(0)
+    seen = {0: set(), 1: set()}
+    for _ in range(200):
+        accepted, nxt = speculative_sampling_verify(p, q, drafted, keep=keep)
+        assert accepted.tolist() == [0, 2]
+        seen[0].add(int(nxt[0]))
+        seen[1].add(int(nxt[1]))
+    assert seen[0] == {1, 2}  # the residual: never the rejected token 0
+    assert seen[1] == {0, 1, 2}  # the bonus: from p
