@@ -113,6 +113,38 @@ def reproduce(exp: dict, output: Path | None, anywhere: bool = False) -> tuple[b
     return ok, record
 
 
+def reproduce_all(files: list[Path], output_dir: Path) -> int:
+    """Every experiment of this machine's device class rerun in turn, its record to output_dir/NAME.json; a summary
+    line per experiment (PASS, FAIL, or skipped and why) at the end. Exit status 1 if any ran and failed."""
+    experiments = [load(f) for f in files]  # every file checked before anything runs
+    writable_folder(output_dir, f"--output_dir {output_dir}")
+    lines, ok = [], True
+    for exp in experiments:
+        if not on_device_class(exp["device"]):
+            lines.append(f"{exp['path'].stem}: skipped, measured on {exp['device']} (this is {device_name()})")
+            continue
+        try:
+            passed, record = reproduce(exp, output_dir / f"{exp['path'].stem}.json")
+        except Exception as e:  # noqa: BLE001 - one experiment's failure (out of memory, a bad flag) is its line
+            passed, record = False, {"reproduce": {"verdict": f"ERROR: {type(e).__name__}: {str(e).splitlines()[0]}"}}
+        finally:
+            release_memory()
+        ok &= passed
+        lines.append(f"{exp['path'].stem}: {record['reproduce']['verdict']}")
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+def release_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def cited(exp: dict, root: Path | None = None) -> tuple[float | None, dict | None]:
     """The value the experiment's committed record holds, and the record (its path is relative to the repository,
     the folder above experiments/)."""
@@ -162,6 +194,9 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiments", type=Path, nargs="*", help="experiment files (default with --table: experiments/)")
     p.add_argument("--output", type=Path, default=None, help="where the rerun's record goes (one experiment)")
+    p.add_argument("--output_dir", type=Path, default=None,
+                   help="rerun every experiment named (default: experiments/*.toml) of this machine's device class, "
+                        "each record to DIR/NAME.json; the others are listed as skipped, with the class they need")
     p.add_argument("--anywhere", action="store_true", help="run on a device of another class than the experiment's")
     p.add_argument("--table", action="store_true", help="write the README's headline table instead of running")
     p.add_argument("--readme", type=Path, default=Path("README.md"), help="the README whose table --table writes")
@@ -170,8 +205,10 @@ def main(argv=None) -> int:
         files = a.experiments or sorted(Path("experiments").glob("*.toml"))
         write_table(a.readme, sorted((load(f) for f in files), key=lambda e: (e.get("order", 100), e["path"].name)))
         return 0
+    if a.output_dir:
+        return reproduce_all(a.experiments or sorted(Path("experiments").glob("*.toml")), a.output_dir)
     if not a.experiments:
-        raise MagicDecError("name an experiment file (experiments/*.toml), or pass --table")
+        raise MagicDecError("name an experiment file (experiments/*.toml), or pass --table or --output_dir")
     if a.output and len(a.experiments) > 1:
         raise MagicDecError("--output names one record: run one experiment at a time")
     results = [reproduce(load(f), a.output, a.anywhere)[0] for f in a.experiments]
