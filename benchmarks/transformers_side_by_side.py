@@ -521,7 +521,8 @@ def rounds_b1(cli, ours, ckpt, hf, hf_draft, prompts, ref, best, hf_runs, assist
             for key, value in assisted_mine["assisted_settings"].items():
                 setattr(hf_draft.generation_config, key, value)
         timers[f"transformers: {name}"] = hf_timer(hf, prompts, n, device, **kw)
-        what[f"transformers: {name}"] = {key: str(v) if key in ("compiled", "assistant_model") else v
+        what[f"transformers: {name}"] = {key: f"the target's first {hf_draft.config.num_hidden_layers} layers"
+                                         if key == "assistant_model" else str(v) if key == "compiled" else v
                                          for key, v in kw.items()}
     result = interleaved(timers, cli.rounds, ref, not cli.no_progress)
     plain = next((t for t in timers if t.startswith("transformers: ") and fastest(hf_runs, "plain")

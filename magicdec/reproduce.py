@@ -15,7 +15,9 @@ An experiment file:
     metric = "metrics.measured_speedup_first_done"                        # a dotted path into the record
     expected = 1.54                                                       # the value the README states
     tolerance = 0.05                                                      # relative: PASS within ±5%
-    weights = "random weights, synthetic α 0.8"                           # what the row must say of its numbers
+    weights = "random, Llama-3.1-8B's shapes"                             # the weights the run used
+    acceptance = "synthetic, iid α 0.8"                                   # where its acceptance came from
+    prediction = "1.73× at TP = 8 (cost model)"                           # ours for the paper's setup, if any
     details = "results/selfspec/README.md"
     order = 10                                                            # the row's place in the table
     [run]                                                                 # the run's options (magicdec run)
@@ -33,8 +35,8 @@ from pathlib import Path
 from magicdec.errors import MagicDecError
 from magicdec.run_config import RunConfig, writable_folder
 
-KEYS = {"claim", "paper", "device", "record", "metric", "expected", "tolerance", "weights", "details", "run",
-        "also", "note", "order"}
+KEYS = {"claim", "paper", "device", "record", "metric", "expected", "tolerance", "weights", "acceptance",
+        "prediction", "details", "run", "also", "note", "order"}
 REQUIRED = ("claim", "device", "record", "metric", "expected", "tolerance", "run")
 README_MARKERS = ("<!-- headline table: magicdec reproduce --table -->", "<!-- /headline table -->")
 
@@ -156,25 +158,52 @@ def cited(exp: dict, root: Path | None = None) -> tuple[float | None, dict | Non
     return metric(record, exp["metric"]), record
 
 
+COLUMNS = ("setting", "paper (its device, weights, data, decoding)", "ours", "spread of the rounds", "device",
+           "weights", "acceptance", "decoding, tokens", "our prediction", "check", "reproduce")
+
+
+def spread(exp: dict, record: dict) -> str:
+    """The per-round values of the metric (each timed round's speedup over the same round's baseline), or what the
+    record cannot give."""
+    rounds = metric(record, exp["metric"] + "_rounds")
+    if isinstance(rounds, list) and len(rounds) >= 3:
+        return f"{min(rounds):.3f}–{max(rounds):.3f} ({len(rounds)} interleaved rounds)"
+    return "single run, not interleaved"
+
+
+def decoding(exp: dict, record: dict) -> str:
+    """Greedy or sampled, and the tokens generated, from the record's run config (else the experiment's)."""
+    cfg = record.get("config") if isinstance(record.get("config"), dict) else exp["run"]
+    temperature, tokens = cfg.get("temperature") or 0, cfg.get("gen_len")
+    how = "greedy" if not temperature else f"sampled, T {temperature}, top-p {cfg.get('top_p', 1.0)}"
+    return f"{how}, {tokens} tokens" if tokens else how
+
+
 def table(experiments: list[dict]) -> str:
-    """The README's headline table: one row per experiment, its value from the record it cites, and how to rerun it."""
-    lines = ["| setting | paper (device, α) | ours (device, weights, α) | check | reproduce |", "|---|---|---|---|---|"]
+    """The README's headline table: one row per experiment, its value from the record it cites, the spread of its
+    interleaved rounds, what differs from the paper's run (device, weights, acceptance, decoding, tokens), our own
+    prediction where we have one, and how to rerun it."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for exp in experiments:
         value, record = cited(exp)
+        link = f"[{exp['path'].stem}]({exp['path'].as_posix()})"
+        link += f", [details]({exp['details']})" if exp.get("details") else ""
         if record is None:
-            ours, check = f"record {exp['record']} missing", "—"
+            cells = [f"record {exp['record']} missing"] + ["—"] * (len(COLUMNS) - 4)
         else:
             env = record.get("environment") or {}
-            device = env.get("gpu") or exp["device"]
-            ours = f"**{value:.2f}**" if isinstance(value, (int, float)) else "—"
-            ours += f" ({device}; {exp.get('weights', '')})" + (f"; {exp['also']}" if exp.get("also") else "")
+            count, _, _ = exp["device"].rpartition(" x ")
+            device = (f"{count} × " if count else "") + (env.get("gpu") or exp["device"])
+            kind = "first done" if exp["metric"].endswith("first_done") else ""
+            ours = (f"**{value:.3f}×**" + (f" {kind}" if kind else "")) if isinstance(value, (int, float)) else "—"
+            ours += f"; {exp['also']}" if exp.get("also") else ""
             check = verdict(exp, value)[1].split(":")[0] if value is not None else "—"
             when = (record.get("reproduce") or {}).get("verdict")
             check = f"{check} (± {exp['tolerance']:.0%} of {exp['expected']})" + (" · rerun: " + when.split(":")[0]
                                                                                  if when else "")
-        link = f"[{exp['path'].stem}]({exp['path'].as_posix()})"
-        details = f", [details]({exp['details']})" if exp.get("details") else ""
-        lines.append(f"| {exp['claim']} | {exp.get('paper', '—')} | {ours} | {check} | {link}{details} |")
+            cells = [ours, spread(exp, record), device, exp.get("weights", "—"), exp.get("acceptance", "—"),
+                     decoding(exp, record), exp.get("prediction", "—"), check]
+        lines.append("| " + " | ".join([exp["claim"], exp.get("paper", "—"), *cells, link]) + " |")
     return "\n".join(lines)
 
 

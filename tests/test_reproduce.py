@@ -44,7 +44,14 @@ def test_the_headline_table_is_written_between_markers(tmp_path):
     readme.write_text(f"# x\n\n{start}\nold\n{end}\n\nafter\n")
     reproduce.write_table(readme, [reproduce.load(exp_file)])
     text = readme.read_text()
-    assert "old" not in text and "| a claim | — | **1.50** (NVIDIA H100; random) | PASS" in text and text.endswith("after\n")
+    assert "old" not in text and text.endswith("after\n")
+    assert "| a claim | — | **1.500×** | single run, not interleaved | NVIDIA H100 | random | — | greedy | — | PASS" in text
+    rounds = {"metrics": {"x": 1.5, "x_rounds": [1.4, 1.5, 1.6]}, "environment": {"gpu": "NVIDIA H100"},
+              "config": {"temperature": 0.6, "top_p": 0.9, "gen_len": 256}}
+    (tmp_path / "r.json").write_text(json.dumps(rounds))
+    reproduce.write_table(readme, [reproduce.load(exp_file)])
+    assert "| **1.500×** | 1.400–1.600 (3 interleaved rounds) | NVIDIA H100 | random | — | sampled, T 0.6, top-p 0.9, " \
+           "256 tokens |" in readme.read_text()
     readme.write_text("no markers")
     with pytest.raises(MagicDecError, match="no headline-table markers"):
         reproduce.write_table(readme, [reproduce.load(exp_file)])
@@ -56,6 +63,17 @@ def test_an_experiment_runs_on_its_device_class_only():
         pytest.skip("this machine is of the experiment's class")
     with pytest.raises(MagicDecError, match="--anywhere runs it regardless"):
         reproduce.reproduce(exp, None)
+
+
+def test_output_dir_skips_experiments_of_another_device_class(tmp_path, capsys):
+    """--output_dir reruns the experiments of this machine's class and lists the others as skipped; on a machine of
+    no experiment's class (CPU) nothing runs and nothing is written."""
+    if not reproduce.device_name().startswith("CPU"):
+        pytest.skip("a GPU machine would run them")
+    assert reproduce.main([*map(str, EXPERIMENTS[:3]), "--output_dir", str(tmp_path / "out")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all("skipped, measured on" in line for line in lines)
+    assert not list((tmp_path / "out").glob("*.json"))
 
 
 def test_bad_experiment_files_are_one_line(tmp_path):
