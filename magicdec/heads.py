@@ -374,8 +374,12 @@ def check_taps(taps, n_layers: int, what: str = "EAGLE-3") -> None:
 
 
 def new_head(family: str, target_args: ModelArgs, *, num_heads: int = 4, num_layers: int = 1, layers=None,
-             draft_vocab: int | None = None, grounded: bool = True, seed: int = 0, target=None) -> nn.Module:
-    """A fresh head for a target, initialised as the original code does (module docstring); fp32 on the CPU."""
+             draft_vocab: int | None = None, grounded: bool = True, seed: int = 0, target=None,
+             init: str = "original") -> nn.Module:
+    """A fresh head for a target, initialised as the original code does (module docstring); fp32 on the CPU.
+    init "identity" (EAGLE-1, for speed runs without a trained head): fc passes the target's feature through and
+    each layer's output projections are zero, so the head predicts the feature it was given and drafts what the
+    target's own LM head said (a random head is never accepted)."""
     if family not in FAMILIES:
         raise MagicDecError(f"unknown head family {family!r}: choose one of {', '.join(FAMILIES)}")
     if num_heads < 1 or num_layers < 1:
@@ -411,6 +415,12 @@ def new_head(family: str, target_args: ModelArgs, *, num_heads: int = 4, num_lay
                 lm.weight.copy_(target.output.weight.float())
         if family == "eagle3" and head.draft_vocab != a.vocab_size:  # the d2t of the first draft_vocab ids
             head.t2d[:head.draft_vocab] = True
+        if family == "eagle" and init == "identity":
+            head.fc.weight.zero_()
+            head.fc.weight[:, a.dim:].copy_(torch.eye(a.dim))
+            for block in head.blocks:
+                block.self_attn.o_proj.weight.zero_()
+                block.mlp.down_proj.weight.zero_()
     return head.eval()
 
 
@@ -458,14 +468,19 @@ def read_weights(path: Path) -> dict:
             from safetensors.torch import load_file
 
             return load_file(str(path))
-        return torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # a file of torch's legacy format cannot be memory-mapped
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - a damaged file, whatever the library raises
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise MagicDecError(f"--head: cannot read {path} ({first}); re-save or re-download the head") from None
 
 
-def load(directory, target_args: ModelArgs, family: str | None = None) -> nn.Module:
-    """A head from its published files, checked against the target; fp32 on the CPU (the drafter moves it)."""
+def load(directory, target_args: ModelArgs, family: str | None = None, dtype=torch.float32,
+         check_only: bool = False) -> nn.Module:
+    """A head from its published files, checked against the target, on the CPU in `dtype` (the drafter moves it).
+    `check_only`: the checks alone (the files memory-mapped, nothing copied): a head on the meta device."""
     d = Path(directory)
     found = detect(d)
     if family is not None and {found, family} != {"eagle", "eagle3"} and found != family:
@@ -473,12 +488,13 @@ def load(directory, target_args: ModelArgs, family: str | None = None) -> nn.Mod
                             f"{family} checkpoint)")
     cfg = read_config(d)
     a = target_args
-    if found == "medusa":
-        head = _medusa_from(cfg, d, a)
-    elif found == "hydra":
-        head = _hydra_from(cfg, d, a)
-    else:
-        head = _eagle_from(cfg, d, a, found == "eagle3")
+    build = {"medusa": _medusa_from, "hydra": _hydra_from, "eagle": _eagle_from, "eagle3": _eagle_from}[found]
+    head, state, ignore = build(cfg, d, a)
+    _load_state(head, state, d, ignore, dtype, check_only)
+    if isinstance(head, EagleHead) and not check_only:
+        from magicdec.model import rope_inv_freq
+
+        head.inv_freq = rope_inv_freq(head.args)
     return head.eval()
 
 
@@ -497,7 +513,7 @@ def _check_dims(d: Path, what: str, dim: int, vocab: int, a: ModelArgs, dim_key=
                             f"{a.vocab_size}: it was trained for another tokenizer; use a head for this target")
 
 
-def _load_state(head: nn.Module, state: dict, d: Path, ignore=()) -> None:
+def _load_state(head: nn.Module, state: dict, d: Path, ignore=(), dtype=torch.float32, check_only=False) -> None:
     state = {k: v for k, v in state.items() if k not in ignore}
     want = head.state_dict()
     missing = [k for k in want if k not in state]
@@ -509,7 +525,9 @@ def _load_state(head: nn.Module, state: dict, d: Path, ignore=()) -> None:
         if tuple(v.shape) != tuple(want[k].shape):
             raise MagicDecError(f"--head {d}: {k} has shape {tuple(v.shape)}, its config.json implies "
                                 f"{tuple(want[k].shape)}; re-save the head")
-    head.load_state_dict({k: v.to(want[k].dtype) for k, v in state.items()}, strict=True)
+    if not check_only:
+        head.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v.clone() for k, v in state.items()},
+                             strict=True, assign=True)
 
 
 def _medusa_from(cfg: dict, d: Path, a: ModelArgs) -> MedusaHead:
@@ -524,9 +542,9 @@ def _medusa_from(cfg: dict, d: Path, a: ModelArgs) -> MedusaHead:
     if n_file < n_heads:
         raise MagicDecError(f"--head {d}: config.json names {n_heads} Medusa heads, medusa_lm_head.pt holds {n_file}; "
                             "set medusa_num_heads to the file's count")
-    head = MedusaHead(a.dim, a.vocab_size, n_heads, n_layers)  # a file with more heads: the first n_heads (strict=False)
-    _load_state(head, {k: v for k, v in state.items() if int(k.split(".")[0]) < n_heads}, d)
-    return head
+    with torch.device("meta"):  # a file with more heads: the first n_heads (the original loads strict=False)
+        head = MedusaHead(a.dim, a.vocab_size, n_heads, n_layers)
+    return head, {k: v for k, v in state.items() if int(k.split(".")[0]) < n_heads}, ()
 
 
 def _hydra_from(cfg: dict, d: Path, a: ModelArgs) -> HydraHead:
@@ -547,13 +565,14 @@ def _hydra_from(cfg: dict, d: Path, a: ModelArgs) -> HydraHead:
     if not 0 <= offset <= a.n_layers:
         raise MagicDecError(f"--head {d}: hidden_state_offset {offset} reads a hidden-state layer the target's "
                             f"{a.n_layers} layers do not have: use a head made for this target")
-    head = HydraHead(a.dim, a.vocab_size, int(_need(cfg, "hydra_num_heads", d)), int(_need(cfg, "hydra_num_layers", d)),
-                     bool(cfg.get("grounded_heads", False)), offset)
-    _load_state(head, state, d, ignore=("input_embed_fn.weight",))
-    return head
+    with torch.device("meta"):
+        head = HydraHead(a.dim, a.vocab_size, int(_need(cfg, "hydra_num_heads", d)),
+                         int(_need(cfg, "hydra_num_layers", d)), bool(cfg.get("grounded_heads", False)), offset)
+    return head, state, ("input_embed_fn.weight",)
 
 
-def _eagle_from(cfg: dict, d: Path, a: ModelArgs, eagle3: bool) -> EagleHead:
+def _eagle_from(cfg: dict, d: Path, a: ModelArgs) -> EagleHead:
+    eagle3 = detect(d) == "eagle3"
     path = next(d / n for n in EAGLE_WEIGHTS if (d / n).is_file())
     state = read_weights(path)
     args = ModelArgs.from_hf_config(dict(cfg, model_type="llama"), name="eagle-head")
@@ -575,9 +594,10 @@ def _eagle_from(cfg: dict, d: Path, a: ModelArgs, eagle3: bool) -> EagleHead:
         raise MagicDecError(f"--head {d}: its hidden size {args.dim} differs from the target's {a.dim} and it has no "
                             "embed_tokens.weight of its own to embed tokens with; use a head for this target")
     draft_vocab = int(cfg.get("draft_vocab_size", args.vocab_size)) if eagle3 else None
-    head = EagleHead(args, eagle3, target_dim, args.vocab_size, taps, draft_vocab, bool(cfg.get("bias", True)),
-                     bool(cfg.get("qkv_bias", False)), own)
-    ignore = ()
+    with torch.device("meta"):
+        head = EagleHead(args, eagle3, target_dim, args.vocab_size, taps, draft_vocab, bool(cfg.get("bias", True)),
+                         bool(cfg.get("qkv_bias", False)), own)
+    state = dict(state)
     if eagle3 and draft_vocab == args.vocab_size:  # the original drops d2t / t2d when the vocabularies agree
         state.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.long))
         state.setdefault("t2d", torch.ones(args.vocab_size, dtype=torch.bool))
@@ -588,8 +608,7 @@ def _eagle_from(cfg: dict, d: Path, a: ModelArgs, eagle3: bool) -> EagleHead:
             if top >= a.vocab_size or int((torch.arange(draft_vocab) + d2t.long()).min()) < 0:
                 raise MagicDecError(f"--head {d}: its d2t maps draft ids to target id {top}, outside the target's "
                                     f"vocabulary of {a.vocab_size}: it was made for another tokenizer")
-    _load_state(head, state, d, ignore)
-    return head
+    return head, state, ()
 
 
 def place(head: nn.Module, device, dtype) -> nn.Module:
