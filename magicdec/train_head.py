@@ -870,6 +870,15 @@ def train(argv: list[str]) -> dict:
 
 def run_steps(o, runtime, trainer, model, head, opt, params, train_windows, held, log, bar, t_run, start, save,
               device) -> None:
+    def held_out(step: int) -> None:
+        ev = evaluate(trainer, head, model, held, o.batch_size, device)
+        log["evals"].append({"step": step, "loss": round(ev["loss"], 6),
+                             "acceptance": [round(a, 4) for a in ev["acceptance"]]})
+        bar.write(f"step {step}: held-out loss {ev['loss']:.4f}, acceptance "
+                  + " ".join(f"{a:.3f}" for a in ev["acceptance"]))
+
+    if start == 0:
+        held_out(0)  # the fresh head's, for the curve to start from
     for step in range(start + 1, o.steps + 1):
         t0 = time.perf_counter()
         tokens = train_windows.batch(o.seed, step, o.batch_size).to(device)
@@ -893,11 +902,7 @@ def run_steps(o, runtime, trainer, model, head, opt, params, train_windows, held
         bar.set_postfix(loss=f"{shown['loss']:.4f}", refresh=False)
         bar.update(1)
         if step % runtime["eval_every"] == 0 or step == o.steps:
-            ev = evaluate(trainer, head, model, held, o.batch_size, device)
-            log["evals"].append({"step": step, "loss": round(ev["loss"], 6),
-                                 "acceptance": [round(a, 4) for a in ev["acceptance"]]})
-            bar.write(f"step {step}: held-out loss {ev['loss']:.4f}, acceptance "
-                      + " ".join(f"{a:.3f}" for a in ev["acceptance"]))
+            held_out(step)
         if step % runtime["save_every"] == 0 and step < o.steps:
             save(step)
 
