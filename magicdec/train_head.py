@@ -442,9 +442,13 @@ class TTTCache:
         mask = self.mask()
 
         def attend(q, k, v, layer):
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
             rep = q.shape[1] // k.shape[1]
-            return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1).to(q.dtype),
-                                                  v.repeat_interleave(rep, 1).to(q.dtype), attn_mask=mask)
+            # the math kernel: its backward is deterministic (the fused kernels' accumulate in any order on a GPU)
+            with sdpa_kernel([SDPBackend.MATH]):
+                return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1).to(q.dtype),
+                                                      v.repeat_interleave(rep, 1).to(q.dtype), attn_mask=mask)
         return attend
 
 
