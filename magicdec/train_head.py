@@ -341,9 +341,28 @@ class TargetPass:
     taps: dict  # tap -> [B, T, D], heads.py's numbering: tap i < n_layers the residual stream entering layer i,
     #             tap n_layers the final norm's output (the LM head's input)
     logits: torch.Tensor  # [B, T, V] the target's next-token logits at each position (its dtype)
+    cached: dict = field(default_factory=dict)
 
     def features(self, taps) -> torch.Tensor:
         return torch.cat([self.taps[t] for t in taps], -1)
+
+    def probs(self) -> torch.Tensor:
+        """[B, T, V] fp32: the target's distributions, computed once for every head and step that reads them."""
+        if "probs" not in self.cached:
+            self.cached["probs"] = self.logits.float().softmax(-1)
+        return self.cached["probs"]
+
+    def entropy(self) -> torch.Tensor:
+        """[B, T]: the entropy of the target's distribution at each position."""
+        if "entropy" not in self.cached:
+            p = self.probs()
+            self.cached["entropy"] = -(p * p.clamp_min(1e-30).log()).sum(-1)
+        return self.cached["entropy"]
+
+    def argmax(self) -> torch.Tensor:
+        if "argmax" not in self.cached:
+            self.cached["argmax"] = self.logits.argmax(-1)
+        return self.cached["argmax"]
 
 
 @torch.no_grad()
@@ -378,27 +397,16 @@ def target_pass(model, tokens: torch.Tensor, taps=()) -> TargetPass:
 
 # ---------------------------------------------------------------------------------------------------- losses
 
-def soft_ce(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """Mean over positions of -sum p log q, p the target's softmax, q the head's; fp32."""
-    p = target_logits.float().softmax(-1)
-    return -(p * logits.float().log_softmax(-1)).sum(-1).mean()
-
-
-def entropy(target_logits: torch.Tensor) -> torch.Tensor:
-    lp = target_logits.float().log_softmax(-1)
-    return -(lp.exp() * lp).sum(-1).mean()
-
-
-def token_loss(o: Options, logits: torch.Tensor, target_logits: torch.Tensor, text: torch.Tensor) -> tuple:
-    """The loss of head logits [..., V] against the target's logits at the same positions (distill: KL, reported
-    as soft CE minus the target's entropy, which has the same gradient) and/or the text's tokens [...] (text: CE).
-    Returns (loss, reported value)."""
+def token_loss(o: Options, logits: torch.Tensor, tp: TargetPass, at: slice, text: torch.Tensor) -> tuple:
+    """The loss of head logits [B, n, V] against the target's distributions at positions `at` (distill: soft
+    cross-entropy, reported as the KL: minus the target's entropy, which has no gradient) and/or the text's tokens
+    [B, n] (text: cross-entropy). Returns (loss, reported value)."""
     loss = logits.new_zeros((), dtype=torch.float32)
     shown = 0.0
     if o.loss in ("distill", "both"):
-        ce = soft_ce(logits, target_logits)
+        ce = -(tp.probs()[:, at] * logits.float().log_softmax(-1)).sum(-1).mean()
         loss = loss + ce
-        shown += (ce - entropy(target_logits)).item()
+        shown += (ce - tp.entropy()[:, at].mean()).item()
     if o.loss in ("text", "both"):
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), text.reshape(-1))
         loss = loss + ce
@@ -500,12 +508,12 @@ class MedusaTrainer(Trainer):
         for k in range(min(self.o.num_heads, T - 2)):
             n = T - k - 2
             logits = head.head(k, self.head_inputs(head, tp, k)[:, :n])
-            yield k, logits, tp.logits[:, k + 1:T - 1], tp.tokens[:, k + 2:]
+            yield k, logits, slice(k + 1, T - 1), tp.tokens[:, k + 2:]
 
     def loss(self, head, tp: TargetPass, gen):
         total, shown = 0.0, {}
-        for k, logits, target, text in self.per_head(head, tp):
-            loss, value = token_loss(self.o, logits, target, text)
+        for k, logits, at, text in self.per_head(head, tp):
+            loss, value = token_loss(self.o, logits, tp, at, text)
             total = total + loss
             shown[f"head{k + 1}"] = value
         shown["loss"] = sum(shown.values())
@@ -513,8 +521,8 @@ class MedusaTrainer(Trainer):
 
     def agreement(self, head, tp: TargetPass):
         hits, counts = [], []
-        for k, logits, target, _ in self.per_head(head, tp):
-            match = logits.argmax(-1) == target.argmax(-1)
+        for k, logits, at, _ in self.per_head(head, tp):
+            match = logits.argmax(-1) == tp.argmax()[:, at]
             hits.append(int(match.sum()))
             counts.append(match.numel())
         return hits, counts
@@ -570,16 +578,16 @@ class EagleTrainer(Trainer):
 
     def step_losses(self, head, tp: TargetPass, j: int, h: torch.Tensor):
         """Step j at positions p in [j, T - 2) (the feature at p + 1 predicted; the text's token at p + 2 known):
-        (its logits, the target's logits at p + 1, the text's tokens at p + 2), each [B, T - 2 - j, ...]."""
+        (its logits, the target's positions p + 1, the text's tokens at p + 2), each [B, T - 2 - j, ...]."""
         logits = head.logits(h[:, j:-2], self.model.output)
-        return logits, tp.logits[:, j + 1:-1], tp.tokens[:, j + 2:]
+        return logits, slice(j + 1, tp.tokens.shape[1] - 1), tp.tokens[:, j + 2:]
 
     def loss(self, head, tp: TargetPass, gen):
         total, shown = 0.0, {}
         L = self.args.n_layers
         for j, h in self.unroll(head, tp, self.train_steps, gen):
-            logits, target, text = self.step_losses(head, tp, j, h)
-            ploss, value = token_loss(self.o, logits, target, text)
+            logits, at, text = self.step_losses(head, tp, j, h)
+            ploss, value = token_loss(self.o, logits, tp, at, text)
             w = 0.8 ** j
             if self.family == "eagle":
                 vloss = F.smooth_l1_loss(h[:, j:-2].float(), tp.taps[L][:, j + 1:-1].float())
@@ -594,8 +602,8 @@ class EagleTrainer(Trainer):
     def agreement(self, head, tp: TargetPass):
         hits, counts = [], []
         for j, h in self.unroll(head, tp, self.o.num_heads):
-            logits, target, _ = self.step_losses(head, tp, j, h)
-            match = head.to_target(logits.argmax(-1)) == target.argmax(-1)
+            logits, at, _ = self.step_losses(head, tp, j, h)
+            match = head.to_target(logits.argmax(-1)) == tp.argmax()[:, at]
             hits.append(int(match.sum()))
             counts.append(match.numel())
         return hits, counts
@@ -781,7 +789,7 @@ def train(argv: list[str]) -> dict:
         raise MagicDecError("--eval_every and --save_every must be at least 1")
     if resume:  # the saved run's target and corpus, unless named again (then they must be the same)
         target_arg = target_arg if target_arg is not None else meta["target"]["path"]
-        corpus_arg = corpus_arg if corpus_arg is not None else meta["corpus"]
+        corpus_arg = corpus_arg if corpus_arg is not None else meta["corpus_resolved"]
     ckpt = target_checkpoint(target_arg)
     corpus_path = Path(corpus_arg).expanduser() if corpus_arg is not None else default_corpus()
 
@@ -830,7 +838,7 @@ def train(argv: list[str]) -> dict:
     command = "magicdec train-head " + " ".join(shlex.quote(a) for a in argv)
     if log is None:
         log = {"command": command, "options": asdict(o),
-               "target": {"path": str(ckpt), "name": args.name or ckpt.parent.name, "fingerprint": fingerprint,
+               "target": {"path": str(ckpt.resolve()), "name": args.name or ckpt.parent.name, "fingerprint": fingerprint,
                           "dtype": str(dtype).removeprefix("torch.")},
                "corpus": corpus.describe, "environment": environment(device), "code": code_version(),
                "head_parameters": sum(p.numel() for p in params), "steps": [], "evals": []}
