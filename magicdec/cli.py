@@ -1,6 +1,7 @@
 """The `magicdec` command: `run` (one run), `compare` (every drafter side by side on one prefill: the default job),
 `sweep` (a grid from a TOML file), `report` (records to tables and plots), `reproduce` (a headline claim, PASS or
-FAIL), `datastore` (REST's). The run flags are the run config's options (magicdec/run_config.py and each drafter's own)."""
+FAIL), `datastore` (REST's), `train-head` (an EAGLE, Medusa or Hydra draft head for a target). The run flags are
+the run config's options (magicdec/run_config.py and each drafter's own)."""
 from __future__ import annotations
 
 import argparse
@@ -88,6 +89,7 @@ COMMANDS = {
     "report": "sweep records to tables, plots and a results page",
     "reproduce": "run a headline experiment (experiments/*.toml) and print PASS or FAIL",
     "datastore": "REST's datastore: books tokenized with the target's tokenizer, and a suffix array over them",
+    "train-head": "train a draft head (eagle, eagle3, medusa, hydra) for a target on a text corpus, resumable",
 }
 
 
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "run":
         run_main(rest, prog="magicdec run")
         return 0
-    module = __import__(f"magicdec.{command}", fromlist=["main"])
+    module = __import__(f"magicdec.{command.replace('-', '_')}", fromlist=["main"])
     with one_line_errors():
         return module.main(rest) or 0
 

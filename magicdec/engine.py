@@ -156,6 +156,8 @@ class Prefilled:
     seconds: float | None  # the prefill's (None: random KV stood in for it)
     prompt_source: str
     tokenizer: object = None
+    features: torch.Tensor | None = None  # a head's hidden states of the prompt (DrafterKind.prefill_features)
+    feature_positions: torch.Tensor | None = None
 
 
 class Engine:
@@ -322,9 +324,10 @@ class Engine:
                                   self.backend, rt.on_chip, w.prefix_len)
         return KVCache(a.n_layers, w.B, target.n_kv_heads, slots, a.head_dim, self.dtype, self.device, self.backend)
 
-    def prefill(self, cfg: RunConfig, queries: int = 0, slots: int | None = None) -> Prefilled:
+    def prefill(self, cfg: RunConfig, queries: int = 0, slots: int | None = None, features=None) -> Prefilled:
         """A batch of prompts in a new target cache: a chunked prefill (random KV for --skip_prefill), keeping the
-        prompt's last `queries` queries per layer when a drafter selects from them."""
+        prompt's last `queries` queries per layer when a drafter selects from them, or the hidden states a head
+        reads (`features`: DrafterKind.prefill_features's (taps, positions); with random KV, the last position's)."""
         prompts, tokenizer, source = self.prompts(cfg)
         prompts = prompts.to(self.device)
         target, rt = self.load_target(), cfg.runtime
@@ -332,8 +335,26 @@ class Engine:
         progress = cfg.output.progress
         random_kv = cfg.workload.seed if rt.skip_prefill else None
         kept, seconds = None, None
+        feats = positions = None
         with torch.inference_mode():
-            if queries:
+            if features is not None:
+                from magicdec.generate import prefill_features
+                from magicdec.heads import FeatureRequest
+
+                taps, positions = features
+                if random_kv is not None:
+                    cache.fill_random(cfg.workload.prefix_len - 1, random_kv)
+                    cache.features = FeatureRequest(tuple(taps), torch.empty(
+                        prompts.shape[0], 1, len(taps) * target.args.dim, dtype=self.dtype, device=self.device))
+                    logits = target(prompts[:, -1:], cache, logits="last")[:, -1]
+                    cache.advance(1)
+                    feats, cache.features = cache.features.out, None
+                    positions = torch.tensor([prompts.shape[1] - 1])
+                else:
+                    (logits, feats), seconds = dev.timed(lambda: prefill_features(
+                        target, cache, prompts, rt.prefill_chunk, taps, torch.as_tensor(positions), progress),
+                        self.device)
+            elif queries:
                 (logits, kept), seconds = dev.timed(lambda: draft_cache.prefill_recording(
                     target, cache, prompts, queries, rt.prefill_chunk, progress, random_kv), self.device)
             elif random_kv is not None:
@@ -342,14 +363,16 @@ class Engine:
             else:
                 logits, seconds = dev.timed(lambda: prefill(target, cache, prompts, rt.prefill_chunk, progress),
                                             self.device)
-        return Prefilled(prompts, cache, logits, kept, seconds, source, tokenizer)
+        return Prefilled(prompts, cache, logits, kept, seconds, source, tokenizer, feats,
+                         None if positions is None else torch.as_tensor(positions))
 
     def prepare(self, cfg: RunConfig, batch: Prefilled, models: dict, ahead: int | None = None):
         """(the drafter over this batch, the seconds its preparation took, notes for the record)."""
         ctx = PrepareContext(cfg=cfg, target=self.target, cache=batch.cache, prompts=batch.prompts,
                              queries=batch.queries, lookahead=cfg.lookahead if ahead is None else ahead,
                              backend=self.backend, models=models, load=self.load, target_shard=self.target_shard,
-                             rank=self.rank, world=self.world, tokenizer=self.tokenizer)
+                             rank=self.rank, world=self.world, tokenizer=self.tokenizer, features=batch.features,
+                             feature_positions=batch.feature_positions)
         with torch.inference_mode():
             drafter, seconds = dev.timed(lambda: cfg.drafter.prepare(cfg, ctx), self.device)
         return drafter, seconds, ctx.notes
@@ -396,10 +419,11 @@ def build(cfg: RunConfig, preflight=None) -> Built:
         preflight(engine)
     engine.load_target()
     queries = cfg.drafter.prefill_queries(cfg) if cfg.drafter else 0
-    batch = engine.prefill(cfg, queries)
+    features = cfg.drafter.prefill_features(cfg, engine.target_config) if cfg.drafter else None
+    batch = engine.prefill(cfg, queries, features=features)
     drafter = seconds = None
     notes = {}
     if cfg.drafter:
         drafter, seconds, notes = engine.prepare(cfg, batch, models)
-        batch.queries = None  # the selection has read them
+        batch.queries = batch.features = None  # the selection, or the head, has read them
     return Built(engine, batch, drafter, seconds, models, notes)

@@ -52,6 +52,33 @@ def prefill(model: Transformer, cache, prompts: torch.Tensor, chunk: int, progre
     return logits[:, -1]
 
 
+def prefill_features(model: Transformer, cache, prompts: torch.Tensor, chunk: int, taps: tuple[int, ...],
+                     keep: torch.Tensor | None = None, progress: bool = False, desc: str = "prefill (target)"):
+    """prefill() that also keeps the target's hidden states `taps` (heads.py) at the prompt positions `keep` (an
+    ascending [n] tensor; None: every position) for a head: (last logits [B, V], features [B, n, F]). Only the
+    kept rows are held, so a window's features cost a window, not the prompt."""
+    from magicdec.heads import FeatureRequest
+
+    B, P = prompts.shape
+    keep = torch.arange(P, device=prompts.device) if keep is None else keep.to(prompts.device)
+    width = sum(model.args.dim for _ in taps)
+    dtype = model.tok_embeddings.weight.dtype
+    out = torch.empty(B, keep.numel(), width, dtype=dtype, device=prompts.device)
+    request = FeatureRequest(tuple(taps), torch.empty(B, min(chunk, P), width, dtype=dtype, device=prompts.device))
+    cache.features = request
+    logits = None
+    try:
+        for start in tqdm(range(0, P, chunk), desc=desc, disable=not progress, leave=False):
+            piece = prompts[:, start:start + chunk]
+            logits = model(piece, cache, logits="last" if start + chunk >= P else "none")
+            cache.advance(piece.shape[1])
+            rows = ((keep >= start) & (keep < start + piece.shape[1])).nonzero()[:, 0]
+            out[:, rows] = request.out[:, keep[rows] - start]
+    finally:
+        cache.features = None
+    return logits[:, -1], out
+
+
 class Drafter:
     """What the loop asks of whatever drafts (each kind is a module of magicdec/drafters/): gamma proposed tokens
     per verification, and hooks around each verification. The defaults do nothing, so a drafter implements only
@@ -287,9 +314,11 @@ class Decoder:
             wrap = lambda f: torch.compile(f, mode="reduce-overhead", fullgraph=True, dynamic=False)  # noqa: E731
         elif step_mode == "cuda_graphs":
             # a refresh's verification also writes its attention scores, and a tree's masks another way: a graph each
+            # a head's drafter has the target's forward copy hidden states into its buffer: a graph per request
             wrap = lambda f: GraphedStep(f, key=lambda *args: (args[-1].scores is not None,  # noqa: E731
                                                                getattr(args[-1].tree, "tree", None),
-                                                               getattr(args[-1], "level", None)))
+                                                               getattr(args[-1], "level", None),
+                                                               getattr(args[-1], "features", None)))
         else:
             wrap = lambda f: f  # noqa: E731
         self.verify_step = wrap(self._verify_step) if graph_target else self._verify_step

@@ -25,6 +25,7 @@ def store_kv(k_cache, v_cache, rows, slots, k, v) -> None:
 class KVCache:
     tree = None  # tree.TreeOnDevice while a forward verifies a token tree (its nodes' positions and mask)
     level = None  # tree.TreeLevel while a draft's forward feeds one level of a token tree it drafts
+    features = None  # heads.FeatureRequest while a drafter asks the target's forward for hidden states (a head's)
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device, backend: str = "sdpa"):

@@ -206,10 +206,22 @@ class Transformer(nn.Module):
         if self.rope_scale != 1.0:  # YaRN
             cos, sin = cos * self.rope_scale, sin * self.rope_scale
         x, delta = self.tok_embeddings(tokens), None
+        want = getattr(cache, "features", None)  # a drafter's FeatureRequest (heads.py): hidden states it reads
+        taps = {}
         for i, layer in enumerate(self.layers):
+            if want is not None and i in want.taps:
+                taps[i] = x if delta is None else x + delta  # the residual stream entering layer i
             x, delta = layer(x, delta, cos, sin, cache, i, attend)
+        normed = None
+        if want is not None:
+            if len(self.layers) in want.taps:  # the final norm's output, every position
+                taps[len(self.layers)] = normed = self.norm.residual(x, delta)[1]
+            want.out[:, :T].copy_(torch.cat([taps[t] for t in want.taps], -1))
         if logits == "none":
             return None
+        if normed is not None:
+            out = self.output(normed[:, -1:] if logits == "last" else normed)
+            return tp.gather_vocab(out, self.shard, self.args.vocab_size) if gather else out
         if logits == "last":
             x, delta = x[:, -1:], delta[:, -1:]
         out = self.output(self.norm.residual(x, delta)[1])

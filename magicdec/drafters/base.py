@@ -48,6 +48,8 @@ class PrepareContext:
     world: int = 1
     notes: dict = field(default_factory=dict)  # what the record should say about the preparation
     tokenizer: object = None  # the tokenizer that cut the prompts (None: random prompt ids)
+    features: torch.Tensor | None = None  # [B, n, F]: the target's hidden states a head asked for (prefill_features)
+    feature_positions: torch.Tensor | None = None  # [n]: the prompt positions they are at
 
     @property
     def random_kv(self) -> int | None:
@@ -108,6 +110,11 @@ class DrafterKind:
     def prefill_queries(self, cfg) -> int:
         """How many of the prompt's last queries per layer the target's prefill keeps for it (a KV selection)."""
         return 0
+
+    def prefill_features(self, cfg, target: ModelArgs):
+        """(taps, positions [n]): the target's hidden states (heads.py's taps) a head needs of the prompt and at
+        which positions, kept by the target's prefill for `prepare` (PrepareContext.features); None: none."""
+        return None
 
     def prepare(self, cfg, ctx: PrepareContext) -> Drafter:
         raise NotImplementedError

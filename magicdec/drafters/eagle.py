@@ -1,0 +1,263 @@
+"""EAGLE (EAGLE-1/2 and EAGLE-3): a feature-level draft (magicdec/heads.py). The head keeps its own KV over the
+context, fed pairs (the target's feature at position t, the embedding of token t + 1) at position t; after each
+verification the accepted positions' target features are fed (the verification's side output), then the head
+drafts autoregressively from its own predicted features, the target's LM head (EAGLE-1) or its own norm and LM head
+over a reduced vocabulary (EAGLE-3, mapped by d2t) giving the tokens. A chain, or a tree drafted level by level (one
+head forward per level over that level's nodes, each seeing its ancestors: a static tree, --tree_width or
+--tree_nodes; EAGLE-2's dynamic tree is not built).
+
+The head's KV (`--head_kv`): `full`, every position of the context; or `window`, a StreamingLLM ring of
+`--head_sinks` sink positions and a recent window (`--head_budget` in all) whose attention sees positions inside the
+ring (re-indexed: LongSpec's constant-memory draft), filled from the prompt's sinks and last window alone (a one-layer
+head's KV at a position depends on that position's pair only).
+
+Per proposal, fixed shapes: the head re-feeds the last verification's rows from its root (gamma + 1 pairs, or the
+tree's accepted path), keeps those up to the bonus token's parent, then drafts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from magicdec import heads
+from magicdec.drafters.base import DrafterKind, Part
+from magicdec.drafters.medusa import (FeatureTap, HeadOptions, Sampler, check_head_files, check_head_run, head_bytes,
+                                      level_picks, load_head, prompt_features, sampler_of, tree_at)
+from magicdec.drafters.model_draft import appended_for
+from magicdec.errors import MagicDecError
+from magicdec.generate import Drafter
+from magicdec.kv_cache import KVCache, StreamingCache
+from magicdec.options import option
+
+HEAD_KV = ("full", "window")
+PREPARE_CHUNK = 256  # pairs per head forward while the prompt is fed (a ring holds a chunk past its window)
+
+
+@dataclass(frozen=True)
+class Config(HeadOptions):
+    head_kv: str = option("full", "the EAGLE head's own KV over the context: full (every position) or window (a "
+                                  "StreamingLLM ring of --head_budget positions, attention re-indexed inside it: "
+                                  "constant memory)", choices=HEAD_KV)
+    head_budget: int = option(256, "--head_kv window: positions the head's ring keeps (sinks + recent window)")
+    head_sinks: int = option(4, "--head_kv window: sink positions kept at the start")
+    eagle3: bool = option(False, "a fresh head (no --head) is EAGLE-3's: fc over several target layers, its own norm "
+                                 "and LM head")
+    eagle3_layers: tuple = option((), "a fresh EAGLE-3 head's target layers (hidden-state taps: the inputs of those "
+                                      "layers; default 2, n/2, n-3 as EAGLE-3)", parse=int, nargs="+")
+    draft_vocab: int = option(0, "a fresh EAGLE-3 head's draft vocabulary (0: the target's)")
+
+    @property
+    def window(self) -> bool:
+        return self.head_kv == "window"
+
+
+def head_cache(head, B: int, slots: int, window: bool, budget: int, sinks: int, max_new: int, dtype, device, backend):
+    a = head.args
+    if window:
+        return StreamingCache(a.n_layers, B, a.n_kv_heads, budget, sinks, max_new, a.head_dim, dtype, device, backend,
+                              head.inv_freq)
+    return KVCache(a.n_layers, B, a.n_kv_heads, slots, a.head_dim, dtype, device, backend)
+
+
+def feed(head, cache, features: torch.Tensor, next_ids: torch.Tensor, embed, chunk: int = PREPARE_CHUNK) -> None:
+    """Pairs (features [B, n, F], next_ids [B, n]) at the cache's next n positions, in chunks."""
+    for s in range(0, next_ids.shape[1], chunk):
+        head(features[:, s:s + chunk], next_ids[:, s:s + chunk], embed, cache)
+        cache.advance(next_ids[:, s:s + chunk].shape[1])
+
+
+def prompt_positions(P: int, window: bool, budget: int, sinks: int) -> torch.Tensor:
+    """The prompt positions whose target features the head needs: all, or a window's sinks and last positions (the
+    last, P - 1, is the first verification's root)."""
+    if not window or budget >= P:
+        return torch.arange(P)
+    return torch.cat([torch.arange(sinks), torch.arange(P - 1 - (budget - sinks), P)])
+
+
+class EagleDraft(Drafter):
+    shape = None
+
+    def __init__(self, head: heads.EagleHead, cache, tap: FeatureTap, embed: torch.Tensor, lm_head: torch.Tensor,
+                 sampler: Sampler, vocab: int):
+        self.head, self.cache, self.tap, self.embed, self.lm_head = head, cache, tap, embed, lm_head
+        self.sampler, self.vocab = sampler, vocab
+
+    @classmethod
+    def over_prompt(cls, head, target, prompts: torch.Tensor, features: torch.Tensor, sampler: Sampler, lookahead: int,
+                    gen_len: int, window: bool = False, budget: int = 256, sinks: int = 4, backend: str = "sdpa",
+                    random_seed: int | None = None):
+        """The draft over a prefilled prompt: features [B, n, F] at prompt_positions(P, window, budget, sinks)."""
+        B, P = prompts.shape
+        dtype, device = features.dtype, features.device
+        max_new = max(PREPARE_CHUNK, 2 * (lookahead + 2))
+        cache = head_cache(head, B, P + appended_for(gen_len, lookahead), window, budget, sinks, max_new, dtype,
+                           device, backend)
+        taps = head.taps(target.args.n_layers)
+        tap = FeatureTap(taps, B, lookahead + 1, features.shape[-1], dtype, device)
+        embed = target.tok_embeddings.weight
+        draft = cls(head, cache, tap, embed, target.output.weight, sampler, target.args.vocab_size)
+        if random_seed is not None:  # random KV stood in for the prefill: the head's too
+            cache.fill_random(P - 1, random_seed)
+        else:
+            pos = prompt_positions(P, window, budget, sinks).to(device)
+            ids = prompts[:, 1:]
+            if pos.numel() == P:
+                feed(head, cache, features[:, :P - 1], ids, embed)
+            else:  # the sinks, then the window up to P - 2
+                feed(head, cache, features[:, :sinks], ids[:, :sinks], embed, max_new)
+                cache.lengths.fill_(int(pos[sinks]))
+                feed(head, cache, features[:, sinks:-1], ids[:, int(pos[sinks]):], embed, max_new)
+        tap.start(features[:, -1], torch.full((B,), P - 1, dtype=torch.long, device=device))
+        return draft
+
+    def tree_for(self, tokens: int):
+        return tree_at(self, tokens // self.width)
+
+    def _tokens(self, hidden: torch.Tensor, n: int = 1):
+        """Draft ids in the target's vocabulary [R, n] and their q over it [R, n, V] (or None) from predicted
+        features [R, H]."""
+        ids, q = self.sampler.pick(self.head.logits(hidden, self.lm_head), n)
+        if q is not None and q.shape[-1] != self.vocab:  # EAGLE-3's draft vocabulary, spread over the target's
+            full = q.new_zeros(*q.shape[:-1], self.vocab)
+            q = full.scatter_(-1, self.head.to_target(torch.arange(q.shape[-1], device=q.device)).expand_as(q), q)
+        return self.head.to_target(ids), q
+
+    def _catch_up(self, hist, m, start) -> torch.Tensor:
+        """Feed the last verification's target features (rows at root ..) with the tokens after them; keep the head's
+        cache up to the bonus token's parent (position start); return the predicted feature at the bonus token."""
+        rows, root = self.tap.rows, self.tap.root
+        R = rows.shape[1]
+        a = (start - root).clamp(0, R - 1)  # the row of the bonus token's parent
+        cols = (m - 1 - a)[:, None] + torch.arange(R, device=hist.device)  # the token after each row's position
+        ids = hist.gather(1, cols.clamp(0, hist.shape[1] - 1))
+        self.cache.rollback(root)
+        out = self.head(rows, ids, self.embed, self.cache)
+        self.cache.rollback(start + 1)
+        return out.gather(1, a[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
+
+    def propose(self, step, hist, m, start, gamma: int):
+        h = self._catch_up(hist, m, start)
+        tree = tree_at(self, gamma)
+        tokens, qs = [], []
+        if tree is None:
+            for k in range(gamma):
+                ids, q = self._tokens(h)
+                tokens.append(ids)
+                qs.append(q)
+                if k + 1 < gamma:
+                    h = self.head(h[:, None], ids, self.embed, self.cache)[:, 0]
+                    self.cache.advance(1)
+            return torch.cat(tokens, 1), (None if qs[0] is None else torch.cat(qs, 1))
+        hidden = h[:, None]  # [B, n, H]: the predicted feature at each node of the level above (the root's)
+        for depth in range(1, tree.depth + 1):
+            level = tree.level_on_device(depth, h.device)
+            B, above, H = hidden.shape
+            logits = self.head.logits(hidden, self.lm_head)
+            picks, q = level_picks(logits, level, self.sampler)
+            picks = self.head.to_target(picks)
+            if q is not None and q.shape[-1] != self.vocab:
+                full = q.new_zeros(*q.shape[:-1], self.vocab)
+                q = full.scatter_(-1, self.head.to_target(torch.arange(q.shape[-1], device=q.device)).expand_as(q), q)
+            tokens.append(picks)
+            qs.append(q)
+            if depth < tree.depth:
+                self.cache.level = level
+                try:
+                    hidden = self.head(hidden[:, level.parent_at], picks, self.embed, self.cache)
+                finally:
+                    self.cache.level = None
+        return torch.cat(tokens, 1), (None if qs[0] is None else torch.cat(qs, 1))
+
+    def before_verify(self, cache, gamma: int) -> None:
+        self.tap.before_verify(cache)
+        self.T = gamma + 1
+
+    def after_verify(self, verified, path=None) -> None:
+        self.tap.after_verify(path)
+
+    def after_commit(self, cache) -> None:
+        self.tap.after_commit(cache, self.T)
+
+
+class Eagle(DrafterKind):
+    name = "eagle"
+    aliases = ("eagle3",)
+    description = ("EAGLE: a one-layer feature-level draft head over the target's hidden states (EAGLE-3: several "
+                   "layers'), with its own KV over the context (--head_kv full or window)")
+    Config = Config
+    supports_auto_gamma = False
+    supports_trees = drafts_shaped_trees = True
+    example = {"head_kv": "window", "head_budget": 24, "head_sinks": 4}
+    variants = ({}, {"head_kv": "window"})
+    family = "eagle"
+
+    def label(self, draft) -> str:
+        who = Path(draft.head).name if draft.head else ("fresh eagle3" if draft.eagle3 else "fresh")
+        return f"{self.name} {who}" + (f" window {draft.head_budget}" if draft.window else "")
+
+    def describe(self, cfg) -> str:
+        d = cfg.draft
+        kv = f"a re-indexed window of {d.head_budget}" if d.window else "its full KV"
+        return f"a feature-level head ({d.head or 'fresh'}) over the target's hidden states, {kv}"
+
+    def check(self, cfg) -> None:
+        super().check(cfg)
+        check_head_run(cfg, self.name)
+        d = cfg.draft
+        if d.window:
+            if d.head_sinks < 0 or d.head_budget <= d.head_sinks:
+                raise MagicDecError(f"--head_budget {d.head_budget} must exceed --head_sinks {d.head_sinks} (>= 0): the "
+                                    "ring holds the sinks and a recent window")
+        elif d.head_budget != 256 or d.head_sinks != 4:
+            raise MagicDecError("--head_budget and --head_sinks size the head's window: give --head_kv window")
+        if d.head and (d.eagle3 or d.eagle3_layers or d.draft_vocab):
+            raise MagicDecError("--eagle3, --eagle3_layers and --draft_vocab shape a fresh head; --head's checkpoint "
+                                "says its own (drop them, or drop --head)")
+        if (d.eagle3_layers or d.draft_vocab) and not d.eagle3:
+            raise MagicDecError("--eagle3_layers and --draft_vocab shape a fresh EAGLE-3 head: add --eagle3")
+
+    def check_models(self, cfg, target, models) -> None:
+        d = cfg.draft
+        check_head_files(cfg, target, ("eagle", "eagle3"), self.name)
+        if d.eagle3 and not d.head:
+            heads.check_taps(d.eagle3_layers or heads.eagle3_default_taps(target.n_layers), target.n_layers,
+                             "--eagle3_layers")
+            if d.draft_vocab and not 1 <= d.draft_vocab <= target.vocab_size:
+                raise MagicDecError(f"--draft_vocab {d.draft_vocab}: must be 1..{target.vocab_size} (the target's)")
+
+    def memory(self, cfg, target, models, rank) -> list[Part]:
+        d, w = cfg.draft, cfg.workload
+        slots = d.head_budget + max(PREPARE_CHUNK, 2 * (cfg.lookahead + 2)) if d.window else \
+            w.prefix_len + appended_for(w.gen_len, cfg.lookahead)
+        item = torch.empty((), dtype=cfg.runtime.torch_dtype).element_size()
+        n = len(prompt_positions(w.prefix_len, d.window, d.head_budget, d.head_sinks))
+        taps = len(self._taps(cfg, target))
+        # the head's KV as slots of a one-layer model of the target's shape; the prompt's kept features as KV bytes
+        return [Part(heads.head_args(target, 1), False, slots, head_bytes(cfg, target, self.family),
+                     kv_bytes=n * taps * target.dim * item)]
+
+    def _taps(self, cfg, target) -> tuple[int, ...]:
+        d = cfg.draft
+        if d.head:
+            return heads.load(Path(d.head), target, check_only=True).taps(target.n_layers)
+        if d.eagle3:
+            return tuple(d.eagle3_layers) or heads.eagle3_default_taps(target.n_layers)
+        return (heads.final_tap(target.n_layers),)
+
+    def prefill_features(self, cfg, target):
+        d, P = cfg.draft, cfg.workload.prefix_len
+        return self._taps(cfg, target), prompt_positions(P, d.window, d.head_budget, d.head_sinks)
+
+    def prepare(self, cfg, ctx) -> EagleDraft:
+        d = cfg.draft
+        head = load_head(cfg, ctx, self.family)
+        B, P = ctx.prompts.shape
+        taps = head.taps(ctx.target.args.n_layers)
+        features = prompt_features(ctx, taps, prompt_positions(P, d.window, d.head_budget, d.head_sinks))
+        return EagleDraft.over_prompt(head, ctx.target, ctx.prompts, features, sampler_of(cfg), ctx.lookahead,
+                                      cfg.workload.gen_len, d.window, d.head_budget, d.head_sinks, ctx.backend,
+                                      None if ctx.random_kv is None else ctx.random_kv + 2)
+
+
+DRAFTER = Eagle()

@@ -1,0 +1,141 @@
+"""Medusa as a drafter (magicdec/drafters/medusa.py), and the harness the head drafters' tests share: greedy
+speculation with the heads equals a plain autoregressive loop (chain and tree, a ragged batch, the tiny model and
+SmolLM2), and sampled speculation keeps the target's distribution (chi-square against the exact one)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import chi_square, fixed_first_token
+from magicdec import heads
+from magicdec.drafters.eagle import EagleDraft, prompt_positions
+from magicdec.drafters.hydra import HydraDraft
+from magicdec.drafters.medusa import FeatureTap, MedusaDraft, Sampler
+from magicdec.generate import Decoder, Sampling, decode, prefill_features
+from magicdec.kv_cache import KVCache
+from magicdec.tree import optimal_tree
+from test_generate_speculative import assert_ragged, plain_greedy, tiny_prompts
+
+
+@pytest.fixture(autouse=True)
+def no_grad():
+    with torch.inference_mode():
+        yield
+
+
+def shaped():
+    return optimal_tree((0.7, 0.4, 0.3), 12, 3)
+
+
+def speculate(target, head, prompts, n_new, gamma, sampling=Sampling(), width=1, shape=None, first=None,
+              window=False, budget=20, sinks=4):
+    """Speculation with a head drafter over a prefill that kept the head's features; (ids, decoder)."""
+    a, (B, P) = target.args, prompts.shape
+    nodes = gamma * width if shape is None else shape.size - 1
+    cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + nodes + 2, a.head_dim, torch.float32, "cpu")
+    taps = head.taps(a.n_layers)
+    eagle = isinstance(head, heads.EagleHead)
+    positions = prompt_positions(P, window, budget, sinks) if eagle else torch.tensor([P - 1])
+    logits, feats = prefill_features(target, cache, prompts, 64, taps, positions)
+    sampler = Sampler(sampling.greedy, sampling.temperature, sampling.top_p, sampling.top_k)
+    if eagle:
+        drafter = EagleDraft.over_prompt(head, target, prompts, feats, sampler, nodes, n_new, window, budget, sinks)
+    else:
+        tap = FeatureTap(taps, B, nodes + 1, feats.shape[-1], torch.float32, "cpu")
+        tap.start(feats[:, -1], torch.full((B,), P - 1))
+        drafter = MedusaDraft(head, tap, sampler) if isinstance(head, heads.MedusaHead) else \
+            HydraDraft(head, tap, target.tok_embeddings.weight, sampler)
+    drafter.width = width if shape is None else shape.max_children
+    drafter.shape = shape
+    decoder = Decoder(target, sampling, drafter=drafter, gamma=gamma, trace=True)
+    first = logits.argmax(-1) if first is None else first
+    out, counts = decode(decoder, cache, first, n_new, prev=prompts[:, -1])
+    assert counts.tolist() == [n_new] * B
+    return out, decoder
+
+
+def check_greedy(target, head, prompts, n_new, gamma, expected=None, **kw):
+    expected = plain_greedy(target, prompts, n_new) if expected is None else expected
+    out, decoder = speculate(target, head, prompts, n_new, gamma, **kw)
+    assert out.tolist() == expected.tolist()
+    assert_ragged(decoder)
+    return decoder
+
+
+def check_sampled(target, head, monkeypatch, gamma=2):
+    """N copies of one prompt, the first token fixed: the first drafted position's token follows the target's own
+    distribution (T 0.6, top-p 0.9); drawing from p instead of the residual after a rejection fails the check."""
+    from magicdec import generate, verify
+
+    N, sampling = 4_000, Sampling(0.6, 0.9)
+    prompt, first, p = fixed_first_token(target, N)
+    torch.manual_seed(0)
+    out, decoder = speculate(target, head, prompt.expand(N, -1), 2, gamma, sampling, first=first)
+    stat, bound = chi_square(out[:, 1], p)
+    assert stat < bound and decoder.stats.alpha < 0.98, (stat, bound, decoder.stats.alpha)
+    if decoder.stats.alpha < 0.02:  # the head's q missed the target here: the wrong rule cannot show
+        return
+    wrong = lambda p_, q, d: verify.speculative_sampling_verify(p_, q, d, correct=False)  # noqa: E731
+    monkeypatch.setattr(generate, "speculative_sampling_verify", wrong)
+    torch.manual_seed(0)
+    out, _ = speculate(target, head, prompt.expand(N, -1), 2, gamma, sampling, first=first)
+    stat, bound = chi_square(out[:, 1], p)
+    assert stat > 2 * bound, (stat, bound)
+
+
+def medusa_head(model, seed=0, num_heads=4):
+    """Medusa's own initialisation (identity ResBlocks, the target's LM head): head k repeats the target's
+    prediction, which a repetitive model sometimes keeps; a little noise makes the heads differ."""
+    head = heads.new_head("medusa", model.args, num_heads=num_heads, target=model, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    for block in head:
+        block[0].linear.weight.copy_(0.05 * torch.randn(block[0].linear.weight.shape, generator=g))
+    return head
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 4])
+def test_medusa_chain_equals_plain_greedy(tiny, gamma):
+    check_greedy(tiny, medusa_head(tiny), tiny_prompts(), 50, gamma)
+
+
+def test_medusa_trees_equal_plain_greedy(tiny):
+    expected = plain_greedy(tiny, tiny_prompts(), 50)
+    check_greedy(tiny, medusa_head(tiny), tiny_prompts(), 50, 3, expected, width=3)
+    check_greedy(tiny, medusa_head(tiny), tiny_prompts(), 50, 3, expected, shape=shaped())
+
+
+def test_medusa_sampled_keeps_the_targets_distribution(tiny, monkeypatch):
+    check_sampled(tiny, medusa_head(tiny), monkeypatch)
+
+
+def test_medusa_heads_draft_what_each_head_says(tiny):
+    """A proposal is head k's argmax at the bonus token's parent, as the heads computed by hand from the target's
+    final hidden state there."""
+    from magicdec.generate import prefill
+
+    head, prompts = medusa_head(tiny, num_heads=3), tiny_prompts(2, 30)
+    _, drafter_dec = speculate(tiny, head, prompts, 4, 3)
+    a = tiny.args
+    cache = KVCache(a.n_layers, 2, a.n_kv_heads, 40, a.head_dim, torch.float32, "cpu")
+    prefill(tiny, cache, prompts[:, :-1], 64)
+    x = tiny.tok_embeddings(prompts[:, -1:])
+    # the final hidden at the prompt's last position, by the model's own layers, then each head by hand
+    cache2 = KVCache(a.n_layers, 2, a.n_kv_heads, 40, a.head_dim, torch.float32, "cpu")
+    _, feats = prefill_features(tiny, cache2, prompts, 64, (a.n_layers,), torch.tensor([29]))
+    f = feats[:, 0]
+    tap = FeatureTap((a.n_layers,), 2, 4, a.dim, torch.float32, "cpu")
+    tap.start(f, torch.full((2,), 29))
+    drafter = MedusaDraft(head, tap, Sampler(True))
+    hist = torch.stack([prompts[:, -1], tiny(prompts[:, -1:], cache)[:, -1].argmax(-1)], 1)
+    tokens, q = drafter.propose(None, hist, torch.tensor([2, 2]), torch.full((2,), 29), 3)
+    sd = head.state_dict()
+    for k in range(3):
+        w, b, lm = sd[f"{k}.0.linear.weight"], sd[f"{k}.0.linear.bias"], sd[f"{k}.1.weight"]
+        h = f + torch.nn.functional.silu(f @ w.T + b)
+        assert torch.equal(tokens[:, k], (h @ lm.T).argmax(-1)), k
+    assert q is None and x.shape[0] == 2
+
+
+def test_smollm2_medusa_equals_plain_greedy(smol_model, smol_prompts):
+    out, decoder = speculate(smol_model, medusa_head(smol_model, num_heads=3), smol_prompts, 24, 3)
+    assert out.tolist() == plain_greedy(smol_model, smol_prompts, 24).tolist()
