@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_generate_speculative import plain_greedy, tiny_prompts
+from test_medusa import check_greedy, check_sampled, shaped
 
 from magicdec import heads
 from magicdec.generate import prefill_features
 from magicdec.kv_cache import KVCache
-from test_generate_speculative import plain_greedy, tiny_prompts
-from test_medusa import check_greedy, check_sampled, shaped
 
 
 def trained(model, family, steps=120, seed=0, **kw):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
-from magicdec import heads
-from magicdec.drafters.hydra import HydraDraft
-from magicdec.drafters.medusa import FeatureTap, Sampler
 from test_generate_speculative import plain_greedy, tiny_prompts
 from test_medusa import check_greedy, check_sampled, shaped
+
+from magicdec import heads
+from magicdec.drafters.head_draft import FeatureTap, Sampler
+from magicdec.drafters.hydra import HydraDraft
 
 
 @pytest.fixture(autouse=True)

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import chi_square, fixed_first_token
+from test_generate_speculative import assert_ragged, plain_greedy, tiny_prompts
+
 from magicdec import heads
 from magicdec.drafters.eagle import EagleDraft, prompt_positions
+from magicdec.drafters.head_draft import FeatureTap, Sampler
 from magicdec.drafters.hydra import HydraDraft
-from magicdec.drafters.medusa import FeatureTap, MedusaDraft, Sampler
+from magicdec.drafters.medusa import MedusaDraft
 from magicdec.generate import Decoder, Sampling, decode, prefill_features
 from magicdec.kv_cache import KVCache
 from magicdec.tree import optimal_tree
-from test_generate_speculative import assert_ragged, plain_greedy, tiny_prompts
 
 
 @pytest.fixture(autouse=True)

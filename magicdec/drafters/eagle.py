@@ -22,8 +22,19 @@ import torch
 
 from magicdec import heads
 from magicdec.drafters.base import DrafterKind, Part
-from magicdec.drafters.medusa import (FeatureTap, HeadOptions, Sampler, check_head_files, check_head_run, head_bytes,
-                                      level_picks, load_head, prompt_features, sampler_of, tree_at)
+from magicdec.drafters.head_draft import (
+    FeatureTap,
+    HeadOptions,
+    Sampler,
+    check_head_files,
+    check_head_run,
+    head_bytes,
+    level_picks,
+    load_head,
+    prompt_features,
+    sampler_of,
+    tree_at,
+)
 from magicdec.drafters.model_draft import appended_for
 from magicdec.errors import MagicDecError
 from magicdec.generate import Drafter

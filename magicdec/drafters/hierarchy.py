@@ -24,7 +24,12 @@ from magicdec import quant_kv
 from magicdec.config import check_context
 from magicdec.drafters import lookup, selfspec
 from magicdec.drafters.base import DrafterKind, ModelRef, OnRanks, Part, raise_auto
-from magicdec.drafters.model_draft import DraftCacheOptions, ModelDraft, own_prefill, ring_extra_for
+from magicdec.drafters.model_draft import (
+    DraftCacheOptions,
+    ModelDraft,
+    own_prefill,
+    ring_extra_for,
+)
 from magicdec.drafters.standalone import check_same_vocabulary
 from magicdec.errors import MagicDecError
 from magicdec.generate import Batch, Decoder, Drafter, Sampling

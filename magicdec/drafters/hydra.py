@@ -11,8 +11,20 @@ import torch
 
 from magicdec import heads
 from magicdec.drafters.base import DrafterKind, Part
-from magicdec.drafters.medusa import (Config, FeatureTap, Sampler, check_depth, check_head_files, check_head_run,
-                                      head_bytes, hidden_offset, level_picks, prepare_head, sampler_of, tree_at)
+from magicdec.drafters.head_draft import (
+    FeatureTap,
+    KHeadsConfig,
+    Sampler,
+    check_depth,
+    check_head_files,
+    check_head_run,
+    head_bytes,
+    hidden_offset,
+    level_picks,
+    prepare_head,
+    sampler_of,
+    tree_at,
+)
 from magicdec.generate import Drafter
 
 
@@ -67,7 +79,7 @@ class Hydra(DrafterKind):
     name = "hydra"
     description = ("Hydra: trained heads over the target's hidden state, each also reading the tokens drafted before "
                    "its own")
-    Config = Config
+    Config = KHeadsConfig
     supports_auto_gamma = False
     supports_trees = drafts_shaped_trees = True
     example = {"num_heads": 3}

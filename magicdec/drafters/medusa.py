@@ -3,160 +3,31 @@
 logits gave the bonus token (a side output of the verification, `KVCache.features`); head k proposes the token k + 1
 positions after the bonus token: a chain of gamma <= K tokens, or a token tree whose level d holds head d's
 likeliest candidates (greedy) or draws without replacement from it (sampled), under every node of level d - 1
-(Medusa's trees are Cartesian: a head does not see the path). `--tree_width` / `--tree_nodes` shape the tree.
-
-Also the pieces the three head drafters share (Medusa, Hydra, EAGLE): the `--head` options, the checks of a head
-against the target before anything large is allocated, the head loaded or made fresh, the feature request, and
-how a head's distribution becomes drafted tokens (greedy, or sampled with the q the verification needs)."""
+(Medusa's trees are Cartesian: a head does not see the path). `--tree_width` / `--tree_nodes` shape the tree."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from magicdec import heads
 from magicdec.drafters.base import DrafterKind, Part
-from magicdec.drafters.model_draft import without_replacement
-from magicdec.errors import MagicDecError
-from magicdec.generate import Drafter, prefill_features
-from magicdec.kv_cache import KVCache
-from magicdec.options import option
-from magicdec.sampling import probabilities, sample_from
-from magicdec.tree import Tree
+from magicdec.drafters.head_draft import (
+    FeatureTap,
+    KHeadsConfig,
+    Sampler,
+    check_depth,
+    check_head_files,
+    check_head_run,
+    head_bytes,
+    level_picks,
+    prepare_head,
+    sampler_of,
+    tree_at,
+)
+from magicdec.generate import Drafter
 
-
-@dataclass(frozen=True)
-class HeadOptions:
-    head: str | None = option(None, "a trained head: the directory of its published checkpoint (Medusa: config.json "
-                                    "+ medusa_lm_head.pt; Hydra: config.json + hydra_lm_head.pt; EAGLE / EAGLE-3: "
-                                    "config.json + pytorch_model.bin or model.safetensors; magicdec/heads.py). "
-                                    "Without it a fresh head at the target's shapes, initialised as its family's "
-                                    "training starts (speed runs)", metavar="DIR")
-    head_seed: int = option(0, "the seed of a fresh head's weights (no --head)")
-
-
-@dataclass(frozen=True)
-class Config(HeadOptions):
-    num_heads: int = option(4, "a fresh Medusa / Hydra head's number of heads (--head: its checkpoint's); gamma, or "
-                               "a tree's depth, is at most this")
-
-
-class Sampler:
-    """How a head's logits become drafted tokens: greedy, the likeliest (top-n for a tree's candidates); sampled,
-    drawn from the run's distribution (temperature, top-p, top-k) without replacement, with the q each was drawn
-    from (the verification's)."""
-
-    def __init__(self, greedy: bool, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0):
-        self.greedy, self.temperature, self.top_p, self.top_k = greedy, temperature, top_p, top_k
-
-    def pick(self, logits: torch.Tensor, n: int = 1):
-        """logits [R, V] -> (ids [R, n], q [R, n, V] or None)."""
-        if self.greedy:
-            return torch.topk(logits, n).indices, None
-        p = probabilities(logits, self.temperature, self.top_p, self.top_k)
-        if n == 1:
-            ids = sample_from(p)[:, None]
-            return ids, p[:, None]
-        return without_replacement(p, n)
-
-
-def sampler_of(cfg) -> Sampler:
-    d = cfg.decoding
-    return Sampler(d.greedy or cfg.speculation.synthetic_acceptance is not None, d.temperature, d.top_p, d.top_k)
-
-
-def tree_at(drafter, depth: int):
-    """The tree a head drafter drafts `depth` levels deep: its --tree_nodes shape, else above width 1 the chain with
-    width - 1 candidates beside each position; None: a chain."""
-    if drafter.shape is not None:
-        return drafter.shape
-    return None if drafter.width == 1 else Tree.chain_with_siblings(depth, drafter.width)
-
-
-def level_picks(logits: torch.Tensor, level, sampler: Sampler):
-    """A tree level's tokens from the logits at each node of the level above ([B, n_above, V]): a node's children
-    are its likeliest (greedy) or drawn without replacement (sampled): ids [B, n], q [B, n, V] or None."""
-    B, above, V = logits.shape
-    ids, q = sampler.pick(logits.reshape(B * above, V), level.candidates)
-    picks = ids.view(B, above, -1)[:, level.parent_at, level.rank]
-    if q is not None:
-        q = q.view(B, above, -1, V)[:, level.parent_at, level.rank]
-    return picks, q
-
-
-class FeatureTap:
-    """The target's hidden states a head reads, asked of each verification (`before_verify`: the cache's features
-    request, a static buffer) and kept along the accepted path (`after_verify`, `after_commit`): `rows` [B, R, F]
-    holds them at positions root .. root + R - 1, where root is the target's cache length at the verification."""
-
-    def __init__(self, taps: tuple[int, ...], B: int, longest: int, width: int, dtype, device):
-        self.request = heads.FeatureRequest(tuple(taps), torch.zeros(B, longest, width, dtype=dtype, device=device))
-        self.rows = None
-        self.root = None
-        self.path = None
-
-    def start(self, last: torch.Tensor, root: torch.Tensor) -> None:
-        """Before the first verification: the prompt's last feature [B, F] at position root [B]."""
-        self.rows, self.root = last[:, None].clone(), root.clone()
-
-    def before_verify(self, cache) -> None:
-        self.root = cache.lengths.clone()
-        cache.features = self.request
-
-    def after_verify(self, path) -> None:
-        self.path = path
-
-    def after_commit(self, cache, T: int) -> None:
-        cache.features = None
-        out = self.request.out[:, :T]
-        if self.path is not None:  # a tree's accepted path, in depth order
-            out = out.gather(1, self.path[..., None].expand(-1, -1, out.shape[-1]))
-        self.rows, self.path = out.clone(), None
-
-    def at(self, p: torch.Tensor) -> torch.Tensor:
-        """[B, F]: the feature at position p [B] (kept rows; a stopped sequence's clamped inside them)."""
-        i = (p - self.root).clamp(0, self.rows.shape[1] - 1)
-        return self.rows.gather(1, i[:, None, None].expand(-1, 1, self.rows.shape[-1]))[:, 0]
-
-
-def resolve_head(kind: str, d, target, families: tuple[str, ...]):
-    """The head of a run: loaded from --head (checked against the target) or fresh; fp32 on the CPU."""
-    if d.head:
-        return heads.load(Path(d.head), target, None if len(families) > 1 else families[0])
-    return None
-
-
-def check_head_files(cfg, target, families: tuple[str, ...], name: str):
-    """Before anything large is allocated: the --head files are of this drafter's family and fit the target."""
-    d = cfg.draft
-    if not d.head:
-        return None
-    found = heads.detect(Path(d.head))
-    if found not in families:
-        raise MagicDecError(f"--head {d.head} holds a {found} head, not a {name} one: use --drafter "
-                            f"{'eagle' if found.startswith('eagle') else found} (or a {name} checkpoint)")
-    return heads.load(Path(d.head), target, found, check_only=True)
-
-
-def prompt_features(ctx, taps: tuple[int, ...], positions: torch.Tensor) -> torch.Tensor:
-    """[B, n, F]: the target's features at the prompt positions a head asked for: what the prefill kept
-    (PrepareContext.features), or, where a shared prefill kept none (compare, sweeps), a second pass of the target
-    over the prompt into a scratch cache (its cost and memory: a prefill's)."""
-    kept = ctx.feature_positions
-    if ctx.features is not None and kept is not None:
-        if ctx.random_kv is not None:  # random KV stood in for the prefill: the last position's only
-            return ctx.features[:, -1:].expand(-1, positions.numel(), -1)
-        where = {int(p): i for i, p in enumerate(kept.tolist())}
-        if ctx.features.shape[-1] == len(taps) * ctx.target.args.dim and all(int(p) in where for p in positions):
-            return ctx.features[:, [where[int(p)] for p in positions]]
-    if ctx.random_kv is not None:
-        raise MagicDecError("a head over random KV (--skip_prefill) needs the engine's feature prefill")
-    a, (B, P) = ctx.target.args, ctx.prompts.shape
-    scratch = KVCache(a.n_layers, B, ctx.target.n_kv_heads, P, a.head_dim, ctx.cfg.runtime.torch_dtype,
-                      ctx.prompts.device, ctx.backend)
-    ctx.notes["head_features"] = "a second target pass over the prompt (the shared prefill kept no features)"
-    return prefill_features(ctx.target, scratch, ctx.prompts, ctx.cfg.runtime.prefill_chunk, taps, positions)[1]
+Config = KHeadsConfig
 
 
 class MedusaDraft(Drafter):
@@ -236,78 +107,6 @@ class Medusa(DrafterKind):
     def prepare(self, cfg, ctx) -> MedusaDraft:
         head, tap = prepare_head(cfg, ctx, self.family)
         return MedusaDraft(head, tap, sampler_of(cfg))
-
-
-def hidden_offset(cfg) -> int:
-    """Hydra's hidden_state_offset (a tap below the final norm), read from --head's config; 0 otherwise."""
-    if not cfg.draft.head:
-        return 0
-    import json
-
-    try:
-        return int(json.loads((Path(cfg.draft.head) / "config.json").read_text()).get("hidden_state_offset", 0))
-    except (OSError, ValueError):
-        return 0
-
-
-def check_head_run(cfg, name: str) -> None:
-    """Checks that need no file: heads read one process's hidden states."""
-    if len(cfg.runtime.rank_group) > 1:
-        raise MagicDecError(f"--drafter {name}: a trained head reads the target's hidden states on one process; run it "
-                            "with --rank_group 0 (no tensor parallelism)")
-    if cfg.runtime.offload:
-        raise MagicDecError(f"--drafter {name} with --offload: not supported (give one or the other)")
-
-
-def check_depth(cfg, num_heads: int, name: str) -> None:
-    """gamma (a chain) or a tree's depth within the heads."""
-    s = cfg.speculation
-    deepest = s.largest
-    if deepest > num_heads:
-        raise MagicDecError(f"--gamma {deepest}: {name} drafts at most one token per head and has {num_heads} heads; "
-                            f"give --gamma {num_heads} or less (or a head with more heads)")
-
-
-def fresh_head(cfg, target_args, family: str, target=None):
-    d = cfg.draft
-    if family in ("eagle", "eagle3"):
-        return heads.new_head(family, target_args, layers=getattr(d, "eagle3_layers", None) or None,
-                              draft_vocab=getattr(d, "draft_vocab", 0) or None, seed=d.head_seed, init="identity")
-    return heads.new_head(family, target_args, num_heads=d.num_heads, grounded=True, seed=d.head_seed, target=target)
-
-
-def head_bytes(cfg, target, family: str) -> int:
-    """The head's weights in the run's dtype (a fresh one's at its shapes; a checkpoint's from its files)."""
-    item = torch.empty((), dtype=cfg.runtime.torch_dtype).element_size()
-    if cfg.draft.head:
-        return heads.weight_bytes(heads.load(Path(cfg.draft.head), target, check_only=True), item)
-    with torch.device("meta"):
-        return heads.weight_bytes(fresh_head(cfg, target, resolved_family(cfg, family)), item)
-
-
-def resolved_family(cfg, family: str) -> str:
-    return "eagle3" if family == "eagle" and getattr(cfg.draft, "eagle3", False) else family
-
-
-def load_head(cfg, ctx, family: str):
-    """The run's head on the device in its dtype: loaded from --head, or fresh at the target's shapes."""
-    target, dtype = ctx.target, cfg.runtime.torch_dtype
-    a = target.args
-    head = heads.load(Path(cfg.draft.head), a, dtype=dtype) if cfg.draft.head else \
-        fresh_head(cfg, a, resolved_family(cfg, family), target)
-    return heads.place(head, cfg.runtime.torch_device, dtype)
-
-
-def prepare_head(cfg, ctx, family: str):
-    """The head (load_head) and its feature tap, started at the prompt's last position."""
-    head = load_head(cfg, ctx, family)
-    a, dtype, device = ctx.target.args, cfg.runtime.torch_dtype, cfg.runtime.torch_device
-    taps = head.taps(a.n_layers)
-    B, P = ctx.prompts.shape
-    tap = FeatureTap(taps, B, ctx.lookahead + 1, len(taps) * a.dim, dtype, device)
-    last = prompt_features(ctx, taps, torch.tensor([P - 1]))[:, -1]
-    tap.start(last, torch.full((B,), P - 1, dtype=torch.long, device=device))
-    return head, tap
 
 
 DRAFTER = Medusa()

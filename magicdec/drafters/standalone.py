@@ -10,8 +10,14 @@ from magicdec import cost_model as cm
 from magicdec import tp
 from magicdec.config import check_context
 from magicdec.drafters.base import DrafterKind, ModelRef, OnRanks, Part
-from magicdec.drafters.model_draft import (DraftCacheOptions, DraftWeightOptions, ModelDraft, draft_prefill_chunk,
-                                           own_prefill, tree_of)
+from magicdec.drafters.model_draft import (
+    DraftCacheOptions,
+    DraftWeightOptions,
+    ModelDraft,
+    draft_prefill_chunk,
+    own_prefill,
+    tree_of,
+)
 from magicdec.errors import MagicDecError
 from magicdec.options import option
 
