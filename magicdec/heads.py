@@ -377,9 +377,10 @@ def new_head(family: str, target_args: ModelArgs, *, num_heads: int = 4, num_lay
              draft_vocab: int | None = None, grounded: bool = True, seed: int = 0, target=None,
              init: str = "original") -> nn.Module:
     """A fresh head for a target, initialised as the original code does (module docstring); fp32 on the CPU.
-    init "identity" (EAGLE-1, for speed runs without a trained head): fc passes the target's feature through and
-    each layer's output projections are zero, so the head predicts the feature it was given and drafts what the
-    target's own LM head said (a random head is never accepted)."""
+    init "identity" (speed runs without a trained head): EAGLE-1's fc passes the target's feature through and each
+    layer's output projections are zero, so the head predicts the feature it was given; a grounded Hydra head's
+    first residual map passes the hidden state through and drops the embeddings. Either then drafts what the
+    target's own LM head said, as a fresh Medusa head does (a random head is never accepted)."""
     if family not in FAMILIES:
         raise MagicDecError(f"unknown head family {family!r}: choose one of {', '.join(FAMILIES)}")
     if num_heads < 1 or num_layers < 1:
@@ -415,6 +416,11 @@ def new_head(family: str, target_args: ModelArgs, *, num_heads: int = 4, num_lay
                 lm.weight.copy_(target.output.weight.float())
         if family == "eagle3" and head.draft_vocab != a.vocab_size:  # the d2t of the first draft_vocab ids
             head.t2d[:head.draft_vocab] = True
+        if family == "hydra" and init == "identity" and grounded:  # the hidden state through, the embeddings not:
+            for k in range(num_heads):  # each head starts as Medusa's does, at the target's own prediction
+                res = head.hydra_mlp[k][0].res_connection.weight
+                res.zero_()
+                res[:, :a.dim].copy_(torch.eye(a.dim))
         if family == "eagle" and init == "identity":
             head.fc.weight.zero_()
             head.fc.weight[:, a.dim:].copy_(torch.eye(a.dim))

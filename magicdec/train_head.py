@@ -718,9 +718,10 @@ def rng_state(device: torch.device) -> dict:
 
 
 def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
+    # RNG states are CPU byte tensors whatever device the checkpoint was loaded onto (map_location moved them)
+    torch.set_rng_state(state["torch"].cpu())
     if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
 def plot_losses(log: dict, path: Path) -> None:

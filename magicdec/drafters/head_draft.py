@@ -181,7 +181,8 @@ def fresh_head(cfg, target_args, family: str, target=None):
     if family in ("eagle", "eagle3"):
         return heads.new_head(family, target_args, layers=getattr(d, "eagle3_layers", None) or None,
                               draft_vocab=getattr(d, "draft_vocab", 0) or None, seed=d.head_seed, init="identity")
-    return heads.new_head(family, target_args, num_heads=d.num_heads, grounded=True, seed=d.head_seed, target=target)
+    return heads.new_head(family, target_args, num_heads=d.num_heads, grounded=True, seed=d.head_seed, target=target,
+                          init="identity")
 
 
 def head_bytes(cfg, target, family: str) -> int:
