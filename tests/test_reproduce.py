@@ -52,6 +52,13 @@ def test_the_headline_table_is_written_between_markers(tmp_path):
     reproduce.write_table(readme, [reproduce.load(exp_file)])
     assert "| **1.500×** | 1.400–1.600 (3 interleaved rounds) | NVIDIA H100 | random | — | sampled, T 0.6, top-p 0.9, " \
            "256 tokens |" in readme.read_text()
+    # the record's own rerun verdict, against the claim of its time: named when the claim has changed since
+    for expected, shown in (("1.5", "PASS (± 5% of 1.5) · rerun: PASS |"),
+                            ("2.3", "PASS (± 5% of 1.5) · rerun against the earlier claim 2.3: FAIL |")):
+        verdict = f"{'PASS' if expected == '1.5' else 'FAIL'}: metrics.x = 1.5, expected {expected} ± 5% (...)"
+        (tmp_path / "r.json").write_text(json.dumps(rounds | {"reproduce": {"verdict": verdict}}))
+        reproduce.write_table(readme, [reproduce.load(exp_file)])
+        assert shown in readme.read_text(), readme.read_text()
     readme.write_text("no markers")
     with pytest.raises(MagicDecError, match="no headline-table markers"):
         reproduce.write_table(readme, [reproduce.load(exp_file)])

@@ -22,22 +22,10 @@ import torch
 
 from magicdec import heads
 from magicdec.drafters.base import DrafterKind, Part
-from magicdec.drafters.head_draft import (
-    FeatureTap,
-    HeadOptions,
-    Sampler,
-    check_head_files,
-    check_head_run,
-    head_bytes,
-    level_picks,
-    load_head,
-    prompt_features,
-    sampler_of,
-    tree_at,
-)
+from magicdec.drafters.head_draft import (FeatureTap, HeadDraft, HeadOptions, Sampler, check_head_files, check_head_run,
+                                          head_bytes, level_picks, load_head, prompt_features, sampler_of, tree_at)
 from magicdec.drafters.model_draft import appended_for
 from magicdec.errors import MagicDecError
-from magicdec.generate import Drafter
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.options import option
 
@@ -86,9 +74,7 @@ def prompt_positions(P: int, window: bool, budget: int, sinks: int) -> torch.Ten
     return torch.cat([torch.arange(sinks), torch.arange(P - 1 - (budget - sinks), P)])
 
 
-class EagleDraft(Drafter):
-    shape = None
-
+class EagleDraft(HeadDraft):
     def __init__(self, head: heads.EagleHead, cache, tap: FeatureTap, embed: torch.Tensor, lm_head: torch.Tensor,
                  sampler: Sampler, vocab: int):
         self.head, self.cache, self.tap, self.embed, self.lm_head = head, cache, tap, embed, lm_head
@@ -121,9 +107,6 @@ class EagleDraft(Drafter):
                 feed(head, cache, features[:, sinks:-1], ids[:, int(pos[sinks]):], embed, max_new)
         tap.start(features[:, -1], torch.full((B,), P - 1, dtype=torch.long, device=device))
         return draft
-
-    def tree_for(self, tokens: int):
-        return tree_at(self, tokens // self.width)
 
     def _tokens(self, hidden: torch.Tensor, n: int = 1):
         """Draft ids in the target's vocabulary [R, n] and their q over it [R, n, V] (or None) from predicted
@@ -179,16 +162,6 @@ class EagleDraft(Drafter):
                 finally:
                     self.cache.level = None
         return torch.cat(tokens, 1), (None if qs[0] is None else torch.cat(qs, 1))
-
-    def before_verify(self, cache, gamma: int) -> None:
-        self.tap.before_verify(cache)
-        self.T = gamma + 1
-
-    def after_verify(self, verified, path=None) -> None:
-        self.tap.after_verify(path)
-
-    def after_commit(self, cache) -> None:
-        self.tap.after_commit(cache, self.T)
 
 
 class Eagle(DrafterKind):

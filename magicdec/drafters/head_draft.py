@@ -11,9 +11,10 @@ from pathlib import Path
 import torch
 
 from magicdec import heads
+from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import without_replacement
 from magicdec.errors import MagicDecError
-from magicdec.generate import prefill_features
+from magicdec.generate import Drafter, prefill_features
 from magicdec.kv_cache import KVCache
 from magicdec.options import option
 from magicdec.sampling import probabilities, sample_from
@@ -217,3 +218,60 @@ def prepare_head(cfg, ctx, family: str):
     last = prompt_features(ctx, taps, torch.tensor([P - 1]))[:, -1]
     tap.start(last, torch.full((B,), P - 1, dtype=torch.long, device=device))
     return head, tap
+
+
+class HeadDraft(Drafter):
+    """What every head drafter does around a verification: its feature tap asks the target's forward for the hidden
+    states the head reads, and keeps them along the accepted path; its tree, if any, is tree_at's."""
+
+    shape = None
+
+    def tree_for(self, tokens: int):
+        return tree_at(self, tokens // self.width)
+
+    def before_verify(self, cache, gamma: int) -> None:
+        self.tap.before_verify(cache)
+        self.T = gamma + 1
+
+    def after_verify(self, verified, path=None) -> None:
+        self.tap.after_verify(path)
+
+    def after_commit(self, cache) -> None:
+        self.tap.after_commit(cache, self.T)
+
+
+class KHeads(DrafterKind):
+    """Medusa and Hydra: K heads over the target's hidden state at the bonus token's parent, no KV of their own; a
+    subclass names its family and makes its runtime drafter (`draft`)."""
+    Config = KHeadsConfig
+    supports_auto_gamma = False
+    supports_trees = drafts_shaped_trees = True
+    example = {"num_heads": 3}
+    family = ""
+
+    def draft(self, head, tap: FeatureTap, cfg, ctx) -> HeadDraft:
+        raise NotImplementedError
+
+    def label(self, draft) -> str:
+        return f"{self.name} " + (Path(draft.head).name if draft.head else f"fresh k{draft.num_heads}")
+
+    def check(self, cfg) -> None:
+        super().check(cfg)
+        check_head_run(cfg, self.name)
+        if not cfg.draft.head:
+            check_depth(cfg, cfg.draft.num_heads, self.name)
+
+    def check_models(self, cfg, target, models) -> None:
+        head = check_head_files(cfg, target, (self.family,), self.name)
+        if head is not None:
+            check_depth(cfg, head.num_heads, self.name)
+
+    def memory(self, cfg, target, models, rank) -> list[Part]:
+        return [Part(target, False, 0, extra_bytes=head_bytes(cfg, target, self.family))]
+
+    def prefill_features(self, cfg, target):
+        return (heads.final_tap(target.n_layers) - hidden_offset(cfg),), torch.tensor([cfg.workload.prefix_len - 1])
+
+    def prepare(self, cfg, ctx) -> HeadDraft:
+        head, tap = prepare_head(cfg, ctx, self.family)
+        return self.draft(head, tap, cfg, ctx)

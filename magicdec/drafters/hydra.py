@@ -5,37 +5,15 @@ head's likeliest (greedy) or drawn without replacement (sampled) given that node
 checkpoint's `grounded_heads` false) read the hidden state alone, as Medusa's do."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from magicdec import heads
-from magicdec.drafters.base import DrafterKind, Part
-from magicdec.drafters.head_draft import (
-    FeatureTap,
-    KHeadsConfig,
-    Sampler,
-    check_depth,
-    check_head_files,
-    check_head_run,
-    head_bytes,
-    hidden_offset,
-    level_picks,
-    prepare_head,
-    sampler_of,
-    tree_at,
-)
-from magicdec.generate import Drafter
+from magicdec.drafters.head_draft import FeatureTap, HeadDraft, KHeads, Sampler, level_picks, sampler_of, tree_at
 
 
-class HydraDraft(Drafter):
-    shape = None
-
+class HydraDraft(HeadDraft):
     def __init__(self, head: heads.HydraHead, tap: FeatureTap, embed: torch.Tensor, sampler: Sampler):
         self.head, self.tap, self.embed, self.sampler = head, tap, embed, sampler
-
-    def tree_for(self, tokens: int):
-        return tree_at(self, tokens // self.width)
 
     def _grow(self, inputs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """A head's inputs one token on: the path's, then the new token's embedding (grounded heads)."""
@@ -64,52 +42,17 @@ class HydraDraft(Drafter):
             inputs = self._grow(inputs[:, level.parent_at], picks)  # each node's path, for its children
         return torch.cat(tokens, 1), (None if qs[0] is None else torch.cat(qs, 1))
 
-    def before_verify(self, cache, gamma: int) -> None:
-        self.tap.before_verify(cache)
-        self.T = gamma + 1
 
-    def after_verify(self, verified, path=None) -> None:
-        self.tap.after_verify(path)
-
-    def after_commit(self, cache) -> None:
-        self.tap.after_commit(cache, self.T)
-
-
-class Hydra(DrafterKind):
+class Hydra(KHeads):
     name = "hydra"
     description = ("Hydra: trained heads over the target's hidden state, each also reading the tokens drafted before "
                    "its own")
-    Config = KHeadsConfig
-    supports_auto_gamma = False
-    supports_trees = drafts_shaped_trees = True
-    example = {"num_heads": 3}
     family = "hydra"
-
-    def label(self, draft) -> str:
-        return f"{self.name} " + (Path(draft.head).name if draft.head else f"fresh k{draft.num_heads}")
 
     def describe(self, cfg) -> str:
         return "sequentially dependent heads over the target's hidden state (" + (cfg.draft.head or "a fresh head") + ")"
 
-    def check(self, cfg) -> None:
-        super().check(cfg)
-        check_head_run(cfg, self.name)
-        if not cfg.draft.head:
-            check_depth(cfg, cfg.draft.num_heads, self.name)
-
-    def check_models(self, cfg, target, models) -> None:
-        head = check_head_files(cfg, target, (self.family,), self.name)
-        if head is not None:
-            check_depth(cfg, head.num_heads, self.name)
-
-    def memory(self, cfg, target, models, rank) -> list[Part]:
-        return [Part(target, False, 0, extra_bytes=head_bytes(cfg, target, self.family))]
-
-    def prefill_features(self, cfg, target):
-        return (heads.final_tap(target.n_layers) - hidden_offset(cfg),), torch.tensor([cfg.workload.prefix_len - 1])
-
-    def prepare(self, cfg, ctx) -> HydraDraft:
-        head, tap = prepare_head(cfg, ctx, self.family)
+    def draft(self, head, tap, cfg, ctx) -> HydraDraft:
         return HydraDraft(head, tap, ctx.target.tok_embeddings.weight, sampler_of(cfg))
 
 
