@@ -180,13 +180,13 @@ def decoding(exp: dict, record: dict) -> str:
 
 
 def rerun(exp: dict, record: dict) -> str:
-    """What `magicdec reproduce` said when it made the record, against the claim of that time: a claim since changed
-    (a re-measurement under other settings) is named, so its verdict is not read as this row's."""
+    """What `magicdec reproduce` said when it made the record, against the claim of that time: a failure against a
+    claim since changed (a re-measurement under other settings) names that claim, so it is not read as this row's."""
     when = (record.get("reproduce") or {}).get("verdict")
     if not when:
         return ""
     then = re.search(r"expected (\S+) ±", when)
-    if then and float(then.group(1)) != float(f"{exp['expected']:.4g}"):
+    if when.startswith("FAIL") and then and float(then.group(1)) != float(f"{exp['expected']:.4g}"):
         return f" · rerun against the earlier claim {then.group(1)}: {when.split(':')[0]}"
     return " · rerun: " + when.split(":")[0]
 
