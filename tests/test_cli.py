@@ -60,7 +60,7 @@ def test_a_script_shows_the_defaults_it_applies():
 def test_lookup_help_offers_no_auto():
     """--gamma auto is refused by prompt lookup: its help says so, and its run says so in one line naming the fix."""
     help_text = " ".join(run_cli(REPO / "tests" / "lookup_benchmark.py", "--help").stdout.split())
-    assert "'auto' (not for hierarchy, lookahead, lookup, rest)" in help_text
+    assert "'auto' (not for eagle, hierarchy, hydra, lookahead, lookup, medusa, rest)" in help_text
     one_line_error(run_cli(REPO / "tests" / "lookup_benchmark.py", *LLAMA68M, "--gamma", "auto"), "--gamma auto",
                    "--gamma N")
 
