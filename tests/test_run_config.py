@@ -35,7 +35,7 @@ def test_nothing_mutates_it():
     ({"drafter": "selfspec", "ngram_max": 2}, "--ngram_max is an option of hierarchy, lookup; this run's drafter is selfspec"),
     ({"sinks": 4}, "--sinks is an option of hierarchy, selfspec, standalone; this run's drafter is the baseline"),
     ({"gamma": [2]}, "--gamma applies to a speculative run; this is the baseline"),
-    ({"drafter": "medusa"}, "unknown drafter 'medusa': choose baseline or one of"),
+    ({"drafter": "quokka"}, "unknown drafter 'quokka': choose baseline or one of"),
     ({"B": "two"}, "B = 'two': must be a number"),
     ({"B": 2.5}, "B = 2.5: must be an integer"),
     ({"drafter": "selfspec", "draft_policy": "h2o"}, "must be one of streaming, snapkv, retrieval"),
@@ -57,7 +57,8 @@ def test_bad_options_are_one_line(given, needle):
     ({"drafter": "hierarchy"}, "the hierarchy needs a bottom draft"),
     ({"baseline": True, "baseline_json": "b.json", "drafter": "selfspec"}, "pass one of them"),
     ({"step_mode": "compile", "device": "cpu"}, "--step_mode compile captures CUDA graphs: it needs a CUDA device"),
-    ({"temperature": 0.6, "drafter": "selfspec", "synthetic_acceptance": 0.5}, "drop --temperature"),
+    ({"temperature": 0.6, "drafter": "selfspec", "synthetic_acceptance": 0.5, "tree_width": 2, "synthetic_siblings": (0.3,)},
+     "a tree's sampled acceptance has no synthetic form"),
     ({"on_chip": 2}, "add --offload"),
     ({"attn_backend": "warp"}, "unknown attention backend 'warp'"),
 ])
