@@ -172,7 +172,7 @@ def sweep_cli(tmp_path, text, *extra):
 
 @pytest.mark.parametrize("old,new,needle", [
     ("sinks = 4", "colour = 'blue'", "unknown keys ['colour']"),
-    ('"standalone", "auto"]', '"medusa"]', "unknown drafter 'medusa'"),
+    ('"standalone", "auto"]', '"quokka"]', "unknown drafter 'quokka'"),
     ("gamma = [1, 2]", "gamma = [0]", "--gamma must be at least 1"),
     ("gen_len = 8", "gen_len = 8 8", "cannot read sweep config"),
     ("B = [2]", "B = [0]", "B = 0: must be a positive integer"),
