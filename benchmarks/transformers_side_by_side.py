@@ -228,6 +228,14 @@ def ours_timer(ours: Ours, cfg: RunConfig | None = None, drafter=None, gamma=0):
     return once
 
 
+def agreement(tokens: torch.Tensor, reference: torch.Tensor) -> float:
+    """The mean common prefix of each row with our baseline's, over its length (a method that stopped early agrees on
+    fewer tokens)."""
+    t = min(tokens.shape[1], reference.shape[1])
+    same = (tokens[:, :t].cpu() == reference[:, :t].cpu()).long().cumprod(1).sum(1)
+    return float(same.float().mean()) / reference.shape[1]
+
+
 def interleaved(timers: dict, rounds: int, ref, progress: bool) -> dict:
     """Each timer run once per round, the order reversed every other round (timing.timed_generations' rule), so
     every library meets the same state of the machine; per method its rates in round order, median, min and max,
@@ -237,9 +245,7 @@ def interleaved(timers: dict, rounds: int, ref, progress: bool) -> dict:
         for name in names if r % 2 == 0 else names[::-1]:
             tokens, m = timers[name]()
             rates[name].append(m["decode_tokens_per_s"])
-            t = min(tokens.shape[1], ref.shape[1])
-            same = (tokens[:, :t].cpu() == ref[:, :t].cpu()).long().cumprod(1).sum(1)
-            agree[name] = float(same.float().mean()) / ref.shape[1]
+            agree[name] = agreement(tokens, ref)
     return {n: {"tokens_per_s": v, "median": statistics.median(v), "min": min(v), "max": max(v),
                 "agreement_with_our_baseline": agree[n]} for n, v in rates.items()}
 
@@ -321,9 +327,7 @@ def main(argv=None):
         rec = {"B": B, "prefix_len": P, "gen_len": cli.gen_len, "library": library, "method": method, **extra,
                "run_elapsed_s": time.perf_counter() - start}  # compile and prefill included: for planning runs
         if tokens is not None:
-            t = min(tokens.shape[1], reference.shape[1])  # a method that stopped early agrees on fewer tokens
-            same = (tokens[:, :t].cpu() == reference[:, :t].cpu()).long().cumprod(1).sum(1)  # common prefix per row
-            rec["agreement_with_our_baseline"] = float(same.float().mean()) / cli.gen_len
+            rec["agreement_with_our_baseline"] = agreement(tokens, reference)
             if cli.save_tokens:
                 rec["tokens"] = tokens.tolist()
         rec["metrics"] = metrics

@@ -339,16 +339,11 @@ class Engine:
         with torch.inference_mode():
             if features is not None:
                 from magicdec.generate import prefill_features
-                from magicdec.heads import FeatureRequest
 
                 taps, positions = features
-                if random_kv is not None:
+                if random_kv is not None:  # random KV before the last token, which is fed for its features
                     cache.fill_random(cfg.workload.prefix_len - 1, random_kv)
-                    cache.features = FeatureRequest(tuple(taps), torch.empty(
-                        prompts.shape[0], 1, len(taps) * target.args.dim, dtype=self.dtype, device=self.device))
-                    logits = target(prompts[:, -1:], cache, logits="last")[:, -1]
-                    cache.advance(1)
-                    feats, cache.features = cache.features.out, None
+                    logits, feats = prefill_features(target, cache, prompts[:, -1:], 1, taps)
                     positions = torch.tensor([prompts.shape[1] - 1])
                 else:
                     (logits, feats), seconds = dev.timed(lambda: prefill_features(

@@ -118,6 +118,10 @@ def reproduce(exp: dict, output: Path | None, anywhere: bool = False) -> tuple[b
 def reproduce_all(files: list[Path], output_dir: Path) -> int:
     """Every experiment of this machine's device class rerun in turn, its record to output_dir/NAME.json; a summary
     line per experiment (PASS, FAIL, or skipped and why) at the end. Exit status 1 if any ran and failed."""
+    import torch
+
+    from magicdec import device as dev
+
     experiments = [load(f) for f in files]  # every file checked before anything runs
     writable_folder(output_dir, f"--output_dir {output_dir}")
     lines, ok = [], True
@@ -130,21 +134,11 @@ def reproduce_all(files: list[Path], output_dir: Path) -> int:
         except Exception as e:  # noqa: BLE001 - one experiment's failure (out of memory, a bad flag) is its line
             passed, record = False, {"reproduce": {"verdict": f"ERROR: {type(e).__name__}: {str(e).splitlines()[0]}"}}
         finally:
-            release_memory()
+            dev.release_memory(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         ok &= passed
         lines.append(f"{exp['path'].stem}: {record['reproduce']['verdict']}")
     print("\n".join(lines))
     return 0 if ok else 1
-
-
-def release_memory() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def cited(exp: dict, root: Path | None = None) -> tuple[float | None, dict | None]:
