@@ -29,8 +29,10 @@ def shaped():
 
 
 def speculate(target, head, prompts, n_new, gamma, sampling=Sampling(), width=1, shape=None, first=None,
-              window=False, budget=20, sinks=4):
-    """Speculation with a head drafter over a prefill that kept the head's features; (ids, decoder)."""
+              window=False, budget=20, sinks=4, runs=1):
+    """Speculation with a head drafter over a prefill that kept the head's features; (ids, decoder). `runs` > 1:
+    the same decoder generates again from the prompt (as timed rounds do), and each run's acceptance trace is kept
+    in decoder.traces."""
     a, (B, P) = target.args, prompts.shape
     nodes = gamma * width if shape is None else shape.size - 1
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + nodes + 2, a.head_dim, torch.float32, "cpu")
@@ -50,8 +52,21 @@ def speculate(target, head, prompts, n_new, gamma, sampling=Sampling(), width=1,
     drafter.shape = shape
     decoder = Decoder(target, sampling, drafter=drafter, gamma=gamma, trace=True)
     first = logits.argmax(-1) if first is None else first
-    out, counts = decode(decoder, cache, first, n_new, prev=prompts[:, -1])
-    assert counts.tolist() == [n_new] * B
+    prompt_lengths, decoder.traces, decoder.proposals = cache.lengths.clone(), [], []
+    propose = drafter.propose
+
+    def recorded(*args):
+        out = propose(*args)
+        decoder.proposals[-1].append(out[0].clone())
+        return out
+
+    drafter.propose = recorded
+    for _ in range(runs):
+        cache.rollback(prompt_lengths)
+        decoder.proposals.append([])
+        out, counts = decode(decoder, cache, first, n_new, prev=prompts[:, -1])
+        assert counts.tolist() == [n_new] * B
+        decoder.traces.append(decoder.trace)
     return out, decoder
 
 
@@ -61,6 +76,24 @@ def check_greedy(target, head, prompts, n_new, gamma, expected=None, **kw):
     assert out.tolist() == expected.tolist()
     assert_ragged(decoder)
     return decoder
+
+
+@pytest.mark.parametrize("family", ["medusa", "eagle"])
+def test_a_second_generation_drafts_as_the_first(tiny, family):
+    """Timed rounds generate again from the prompt with the same drafter: the head's kept features (and EAGLE's KV)
+    must start from the prompt again, so a greedy rerun accepts exactly what the first run did; a drafter that kept
+    the last run's features drafts its first proposal from them."""
+    from test_eagle import trained
+
+    if family == "eagle":
+        with torch.inference_mode(False), torch.enable_grad():
+            head = trained(tiny, "eagle")
+    else:
+        head = medusa_head(tiny)
+    _, decoder = speculate(tiny, head, tiny_prompts(), 30, 3, runs=2)
+    for first, again in zip(*decoder.proposals):
+        assert torch.equal(first, again)
+    assert decoder.traces[0] == decoder.traces[1] and sum(max(a, 0) for row in decoder.traces[0] for a in row) > 0
 
 
 def check_sampled(target, head, monkeypatch, gamma=2):

@@ -23,7 +23,8 @@ import torch
 from magicdec import heads
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.head_draft import (FeatureTap, HeadDraft, HeadOptions, Sampler, check_head_files, check_head_run,
-                                          head_bytes, level_picks, load_head, prompt_features, sampler_of, tree_at)
+                                          graphs_for, head_bytes, level_picks, load_head, prompt_features, sampler_of,
+                                          tree_at)
 from magicdec.drafters.model_draft import appended_for
 from magicdec.errors import MagicDecError
 from magicdec.kv_cache import KVCache, StreamingCache
@@ -130,7 +131,7 @@ class EagleDraft(HeadDraft):
         self.cache.rollback(start + 1)
         return out.gather(1, a[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
 
-    def propose(self, step, hist, m, start, gamma: int):
+    def draft_tokens(self, hist, m, start, gamma: int):
         h = self._catch_up(hist, m, start)
         tree = tree_at(self, gamma)
         tokens, qs = [], []
@@ -239,9 +240,11 @@ class Eagle(DrafterKind):
         B, P = ctx.prompts.shape
         taps = head.taps(ctx.target.args.n_layers)
         features = prompt_features(ctx, taps, prompt_positions(P, d.window, d.head_budget, d.head_sinks))
-        return EagleDraft.over_prompt(head, ctx.target, ctx.prompts, features, sampler_of(cfg), ctx.lookahead,
-                                      cfg.workload.gen_len, d.window, d.head_budget, d.head_sinks, ctx.backend,
-                                      None if ctx.random_kv is None else ctx.random_kv + 2)
+        draft = EagleDraft.over_prompt(head, ctx.target, ctx.prompts, features, sampler_of(cfg), ctx.lookahead,
+                                       cfg.workload.gen_len, d.window, d.head_budget, d.head_sinks, ctx.backend,
+                                       None if ctx.random_kv is None else ctx.random_kv + 2)
+        draft.use_graphs(graphs_for(cfg))
+        return draft
 
 
 DRAFTER = Eagle()

@@ -14,7 +14,7 @@ from magicdec import heads
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import without_replacement
 from magicdec.errors import MagicDecError
-from magicdec.generate import Drafter, prefill_features
+from magicdec.generate import Drafter, GraphedStep, prefill_features
 from magicdec.kv_cache import KVCache
 from magicdec.options import option
 from magicdec.sampling import probabilities, sample_from
@@ -56,6 +56,11 @@ class Sampler:
         return without_replacement(p, n)
 
 
+def graphs_for(cfg) -> bool:
+    """Whether a head's proposal replays as a CUDA graph: --step_mode cuda_graphs on a GPU."""
+    return cfg.runtime.step_mode == "cuda_graphs" and cfg.runtime.torch_device.type == "cuda"
+
+
 def sampler_of(cfg) -> Sampler:
     d = cfg.decoding
     return Sampler(d.greedy, d.temperature, d.top_p, d.top_k)
@@ -83,20 +88,32 @@ def level_picks(logits: torch.Tensor, level, sampler: Sampler):
 class FeatureTap:
     """The target's hidden states a head reads, asked of each verification (`before_verify`: the cache's features
     request, a static buffer) and kept along the accepted path (`after_verify`, `after_commit`): `rows` [B, R, F]
-    holds them at positions root .. root + R - 1, where root is the target's cache length at the verification."""
+    holds them at positions root .. root + R - 1, where root is the target's cache length at the verification.
+    `rows` and `root` live in fixed buffers (a CUDA graph of the proposal reads them where it was captured); `begin`
+    puts back what `start` kept, so every generation from the prompt starts alike."""
 
     def __init__(self, taps: tuple[int, ...], B: int, longest: int, width: int, dtype, device):
         self.request = heads.FeatureRequest(tuple(taps), torch.zeros(B, longest, width, dtype=dtype, device=device))
-        self.rows = None
-        self.root = None
-        self.path = None
+        self.kept = torch.zeros(B, longest, width, dtype=dtype, device=device)
+        self.root = torch.zeros(B, dtype=torch.long, device=device)
+        self.rows = self.kept[:, :1]
+        self.first = self.first_root = self.path = None
 
     def start(self, last: torch.Tensor, root: torch.Tensor) -> None:
         """Before the first verification: the prompt's last feature [B, F] at position root [B]."""
-        self.rows, self.root = last[:, None].clone(), root.clone()
+        self.first, self.first_root = last.clone(), root.clone()
+        self.begin()
+
+    def begin(self) -> None:
+        self.keep(self.first[:, None])
+        self.root.copy_(self.first_root)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.rows = self.kept[:, :rows.shape[1]]
+        self.rows.copy_(rows)
 
     def before_verify(self, cache) -> None:
-        self.root = cache.lengths.clone()
+        self.root.copy_(cache.lengths)
         cache.features = self.request
 
     def after_verify(self, path) -> None:
@@ -107,7 +124,8 @@ class FeatureTap:
         out = self.request.out[:, :T]
         if self.path is not None:  # a tree's accepted path, in depth order
             out = out.gather(1, self.path[..., None].expand(-1, -1, out.shape[-1]))
-        self.rows, self.path = out.clone(), None
+        self.keep(out)
+        self.path = None
 
     def at(self, p: torch.Tensor) -> torch.Tensor:
         """[B, F]: the feature at position p [B] (kept rows; a stopped sequence's clamped inside them)."""
@@ -222,12 +240,32 @@ def prepare_head(cfg, ctx, family: str):
 
 class HeadDraft(Drafter):
     """What every head drafter does around a verification: its feature tap asks the target's forward for the hidden
-    states the head reads, and keeps them along the accepted path; its tree, if any, is tree_at's."""
+    states the head reads, and keeps them along the accepted path; its tree, if any, is tree_at's. A subclass
+    drafts in `draft_tokens(hist, m, start, gamma)`; with `use_graphs` the whole proposal replays as one CUDA graph
+    per shape (the kept rows, the width, the tree): eager, a head's small kernels cost as much as the target's
+    graphed step."""
 
     shape = None
+    graph = None
+
+    def use_graphs(self, on: bool) -> None:
+        shape = lambda *args: (self.tap.rows.shape[1], self.width, id(self.shape))  # noqa: E731
+        self.graph = GraphedStep(self.draft_tokens, key=shape) if on else None
+
+    def draft_tokens(self, hist, m, start, gamma: int):
+        raise NotImplementedError
+
+    def propose(self, step, hist, m, start, gamma: int):
+        if self.graph is None:
+            return self.draft_tokens(hist, m, start, gamma)
+        tokens, q = self.graph(hist, m, start, gamma)
+        return tokens.clone(), (None if q is None else q.clone())  # a replay's outputs are overwritten by the next
 
     def tree_for(self, tokens: int):
         return tree_at(self, tokens // self.width)
+
+    def begin(self) -> None:
+        self.tap.begin()
 
     def before_verify(self, cache, gamma: int) -> None:
         self.tap.before_verify(cache)
@@ -274,4 +312,6 @@ class KHeads(DrafterKind):
 
     def prepare(self, cfg, ctx) -> HeadDraft:
         head, tap = prepare_head(cfg, ctx, self.family)
-        return self.draft(head, tap, cfg, ctx)
+        draft = self.draft(head, tap, cfg, ctx)
+        draft.use_graphs(graphs_for(cfg))
+        return draft

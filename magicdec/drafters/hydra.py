@@ -21,7 +21,7 @@ class HydraDraft(HeadDraft):
             return inputs
         return torch.cat([inputs, heads.embedding_of(self.embed, ids).to(inputs.dtype)], -1)
 
-    def propose(self, step, hist, m, start, gamma: int):
+    def draft_tokens(self, hist, m, start, gamma: int):
         f = self.tap.at(start)  # [B, H]: the feature at the bonus token's parent
         bonus = hist.gather(1, (m - 1)[:, None])[:, 0]
         inputs = self._grow(f, bonus)[:, None]  # [B, 1, .]: the root's path

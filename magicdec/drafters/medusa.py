@@ -18,7 +18,7 @@ class MedusaDraft(HeadDraft):
     def __init__(self, head: heads.MedusaHead, tap: FeatureTap, sampler: Sampler):
         self.head, self.tap, self.sampler = head, tap, sampler
 
-    def propose(self, step, hist, m, start, gamma: int):
+    def draft_tokens(self, hist, m, start, gamma: int):
         f = self.tap.at(start)  # the feature at the bonus token's parent (position start = p - 1)
         tree = tree_at(self, gamma)
         if tree is None:
