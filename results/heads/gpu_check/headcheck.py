@@ -11,7 +11,7 @@ ref = run_record(base)
 for extra in (["--drafter", "eagle", "--gamma", "3"],
               ["--drafter", "eagle", "--gamma", "3", "--head_kv", "window", "--head_budget", "128"],
               ["--drafter", "eagle", "--gamma", "3", "--tree_width", "2"],
-              ["--drafter", "eagle", "--gamma", "3", "--eagle3", "--head_kv", "window", "--head_budget", "128"],
+              ["--drafter", "eagle", "--gamma", "3", "--eagle3", "--eagle3_layers", "1", "2", "--head_kv", "window", "--head_budget", "128"],
               ["--drafter", "medusa", "--gamma", "3"],
               ["--drafter", "medusa", "--gamma", "3", "--tree_width", "2"],
               ["--drafter", "hydra", "--gamma", "3"],
