@@ -90,9 +90,10 @@ class Drafter:
     (argmax ids [B], or probabilities [B, V], at the last position, graphed or compiled as the run's step mode
     says); `start` [B] is the target cache position of hist[:, m - 2]."""
 
-    # True where a verification's length varies from one to the next (prompt lookup): timing then warms up over a
-    # whole run, so that no CUDA-graph capture lands in a timed one
-    varying_lengths = False
+    # True where a run meets CUDA-graph shapes that only a whole run meets: a verification's length that varies from
+    # one to the next (prompt lookup), or a graph over the history buffer, whose width is the run's length (lookup's
+    # proposal, a head's). Timing then warms up over a whole run, so that no capture lands in a timed one
+    whole_run_warm_up = False
     # candidates per drafted position (--tree_width): above 1 a drafter proposes a token tree (tree_for), and a
     # greedy draft step returns the draft's `width` likeliest ids [B, width] instead of its argmax
     width = 1

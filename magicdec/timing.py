@@ -19,7 +19,7 @@ def warm_up_length(decoder, gen_len: int, graphed: bool) -> int:
     if not graphed:
         return min(gen_len, 2)
     drafter = decoder.drafter if decoder.gamma else None
-    return gen_len if drafter is not None and drafter.varying_lengths else min(gen_len, 4 * (decoder.gamma + 1))
+    return gen_len if drafter is not None and drafter.whole_run_warm_up else min(gen_len, 4 * (decoder.gamma + 1))
 
 
 def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int, graphed: bool, repeats: int = 1,

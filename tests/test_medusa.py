@@ -173,3 +173,15 @@ def test_medusa_heads_draft_what_each_head_says(tiny):
 def test_smollm2_medusa_equals_plain_greedy(smol_model, smol_prompts):
     out, decoder = speculate(smol_model, medusa_head(smol_model, num_heads=3), smol_prompts, 24, 3)
     assert out.tolist() == plain_greedy(smol_model, smol_prompts, 24).tolist()
+
+
+def test_graphed_heads_warm_up_over_a_whole_run(tiny):
+    """A head's graphed proposal takes the history buffer, as wide as the run is long: a warm-up shorter than the
+    run captures a graph the timed runs never replay, and each timed run's first proposal captures anew."""
+    from types import SimpleNamespace
+
+    from magicdec import timing
+
+    tap = FeatureTap((tiny.args.n_layers,), 2, 4, tiny.args.dim, torch.float32, "cpu")
+    decoder = SimpleNamespace(gamma=3, drafter=MedusaDraft(medusa_head(tiny), tap, Sampler(True)))
+    assert timing.warm_up_length(decoder, 128, graphed=True) == 128

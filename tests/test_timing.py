@@ -63,7 +63,7 @@ def test_warm_up_meets_every_shape_of_a_varying_draft(monkeypatch, varying, grap
         return "tokens", torch.tensor([n + 1])
 
     monkeypatch.setattr(timing, "decode", fake_decode)
-    decoder = SimpleNamespace(gamma=2, stats=None, drafter=SimpleNamespace(varying_lengths=varying))
+    decoder = SimpleNamespace(gamma=2, stats=None, drafter=SimpleNamespace(whole_run_warm_up=varying))
     timing.timed_generations([decoder], fake_cache(), None, None, 20, [], 0, graphs)
     assert lengths == [warm, 20]
 

@@ -139,7 +139,7 @@ class OnRanks(Drafter):
 
     def __init__(self, inner: Drafter | None, ranks: list[int], vocab_size: int, greedy: bool):
         self.inner, self.ranks, self.vocab_size, self.greedy = inner, ranks, vocab_size, greedy
-        self.varying_lengths = getattr(inner, "varying_lengths", False)
+        self.whole_run_warm_up = getattr(inner, "whole_run_warm_up", False)
         self.here = dist.get_rank() in ranks
 
     def begin(self) -> None:

@@ -249,6 +249,7 @@ class HeadDraft(Drafter):
 
     shape = None
     graph = None
+    whole_run_warm_up = True  # the graphed proposal reads the history buffer, as wide as the run is long
 
     def use_graphs(self, on: bool) -> None:
         shape = lambda *args: (self.tap.rows.shape[1], self.width, id(self.shape))  # noqa: E731

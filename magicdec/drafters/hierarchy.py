@@ -66,7 +66,7 @@ class WholeContext(Drafter):
 
     def __init__(self, lookup_drafter):
         self.lookup, self.outer, self.m = lookup_drafter, None, None
-        self.varying_lengths = lookup_drafter.varying_lengths
+        self.whole_run_warm_up = lookup_drafter.whole_run_warm_up
 
     def propose(self, step, hist, m, start, gamma):
         B, W = hist.shape
@@ -84,7 +84,7 @@ class Hierarchy(Drafter):
     def __init__(self, middle: ModelDraft, bottom: Drafter, gamma_bottom: int, sampling: Sampling, target_cache,
                  step_mode: str = "eager", synthetic_acceptance: float | None = None):
         self.middle, self.bottom, self.target_cache = middle, bottom, target_cache
-        self.varying_lengths = bottom.varying_lengths  # the middle's verifications vary as its bottom's do
+        self.whole_run_warm_up = bottom.whole_run_warm_up  # the middle's verifications vary as its bottom's do
         self.inner = MiddleDecoder(middle.model, sampling, drafter=bottom, gamma=gamma_bottom, step_mode=step_mode,
                                    synthetic_acceptance=synthetic_acceptance)
         self.begin()

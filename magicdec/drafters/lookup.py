@@ -60,7 +60,7 @@ class PromptLookup(Drafter):
     one CUDA graph (captured per history shape): launched eagerly they cost half a decode step at SmolLM2's shape
     (results/lookup)."""
 
-    varying_lengths = True  # a verification is as long as the batch's longest proposal: its shape varies
+    whole_run_warm_up = True  # a verification is as long as the batch's longest proposal: its shape varies
 
     def __init__(self, prompts: torch.Tensor, ngram_max: int = 3, vocab_size: int | None = None,
                  cuda_graphs: bool = False):
