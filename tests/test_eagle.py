@@ -109,3 +109,22 @@ def test_smollm2_eagle_equals_plain_greedy(smol_model, smol_prompts):
     head = heads.new_head("eagle", smol_model.args, init="identity")
     out, _ = speculate(smol_model, head, smol_prompts, 24, 3, window=True, budget=32, sinks=4)
     assert out.tolist() == plain_greedy(smol_model, smol_prompts, 24).tolist()
+
+
+@pytest.mark.parametrize("kv, skip, rows", [("full", False, 32768), ("window", False, 4 + 253), ("full", True, 1)])
+def test_memory_counts_the_prompt_features_the_head_is_fed(kv, skip, rows):
+    """The head is fed the target's features at every prompt position (full KV) or at its window's (the sinks, the
+    last 252 positions before the root, the root: window); over random KV (--skip_prefill) at the last position
+    only, its KV being random too: 32K x 13 at Llama-3.1-8B's shape was refused for 3.5 GB of features it never
+    read."""
+    from magicdec import drafters
+    from magicdec.config import ModelArgs
+    from magicdec.run_config import RunConfig
+
+    target = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
+    extra = {"head_budget": 256} if kv == "window" else {}
+    cfg = RunConfig.from_options({"random_weights": True, "model_name": "meta-llama/Meta-Llama-3.1-8B", "B": 13,
+                                  "prefix_len": 32768, "gen_len": 64, "drafter": "eagle", "gamma": [2],
+                                  "head_kv": kv, "skip_prefill": skip, "device": "cpu"} | extra)
+    (part,) = drafters.get("eagle").memory(cfg, target, {}, 0)
+    assert part.kv_bytes == rows * target.dim * cfg.runtime.torch_dtype.itemsize

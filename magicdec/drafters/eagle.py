@@ -216,7 +216,8 @@ class Eagle(DrafterKind):
         slots = d.head_budget + max(PREPARE_CHUNK, 2 * (cfg.lookahead + 2)) if d.window else \
             w.prefix_len + appended_for(w.gen_len, cfg.lookahead)
         item = torch.empty((), dtype=cfg.runtime.torch_dtype).element_size()
-        n = len(prompt_positions(w.prefix_len, d.window, d.head_budget, d.head_sinks))
+        # the prompt's features the head is fed (over random KV, the last position's only: its KV is random too)
+        n = 1 if cfg.runtime.skip_prefill else len(prompt_positions(w.prefix_len, d.window, d.head_budget, d.head_sinks))
         taps = len(self._taps(cfg, target))
         # the head's KV as slots of a one-layer model of the target's shape; the prompt's kept features as KV bytes
         return [Part(heads.head_args(target, 1), False, slots, head_bytes(cfg, target, self.family),

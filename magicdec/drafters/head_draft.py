@@ -157,10 +157,11 @@ def prompt_features(ctx, taps: tuple[int, ...], positions: torch.Tensor) -> torc
         if ctx.features.shape[-1] == len(taps) * ctx.target.args.dim and all(int(p) in where for p in positions):
             return ctx.features[:, [where[int(p)] for p in positions]]
     a, (B, P) = ctx.target.args, ctx.prompts.shape
-    if ctx.random_kv is not None:  # random KV stood in for the prefill (speed runs): random features stand in too
+    if ctx.random_kv is not None:  # random KV stood in for the prefill (speed runs): a random feature stands in too
         gen = torch.Generator(device=ctx.prompts.device).manual_seed(ctx.random_kv + 1)
-        return torch.randn(B, positions.numel(), len(taps) * a.dim, generator=gen, device=ctx.prompts.device,
+        last = torch.randn(B, 1, len(taps) * a.dim, generator=gen, device=ctx.prompts.device,
                            dtype=ctx.cfg.runtime.torch_dtype)
+        return last.expand(-1, positions.numel(), -1)
     scratch = KVCache(a.n_layers, B, ctx.target.n_kv_heads, P, a.head_dim, ctx.cfg.runtime.torch_dtype,
                       ctx.prompts.device, ctx.backend)
     ctx.notes["head_features"] = "a second target pass over the prompt (the shared prefill kept no features)"
