@@ -86,18 +86,29 @@ def weight_time_ratio(c: ModelArgs, d: Device, fmt: str, M: int, group: int = 12
 
 
 def step_time(c: ModelArgs, d: Device, B: int, context: int, T: int = 1, sampled: bool = False,
-              kv_per_token: int | None = None, weights: str = "bf16", group: int = 128) -> float:
+              kv_per_token: int | None = None, weights: str = "bf16", group: int = 128,
+              logit_rows: int | None = None) -> float:
     """Seconds for one forward of T tokens per sequence over `context` cached tokens (`sampled`: and the B * T rows
     of logits turned into probabilities, which every rank does whole); `kv_per_token`: the cache's bytes per token
     where it is not the model's bf16 (a quantized copy); `weights`: a draft's weight format (its matmuls take
-    weight_time_ratio of bf16's)."""
-    matmuls = weight_bytes(c) / d.bandwidth + 2 * B * T * weight_bytes(c, 1) / d.matmul_flops
+    weight_time_ratio of bf16's); `logit_rows`: the rows the LM head (and sampling) runs on where not all B * T (a
+    head's forward whose LM head reads one row per sequence)."""
+    rows = B * T if logit_rows is None else logit_rows
+    lm = c.vocab_size * c.dim
+    matmuls = weight_bytes(c) / d.bandwidth + 2 * (B * T * (weight_bytes(c, 1) - lm) + rows * lm) / d.matmul_flops
     reads = B * context * (kv_per_token or kv_bytes_per_token(c)) / d.bandwidth
     attention = step_flops(c, B, context, T) - 2 * B * T * weight_bytes(c, 1)
     # the decode kernel overlaps its dots with its reads: the longer of the two, once its dot rate is measured
     kv = max(reads, attention / d.attention_flops) if d.attention_flops else reads + attention / d.matmul_flops
     return (matmuls * weight_time_ratio(c, d, weights, B * T, group) + kv) / d.ranks \
-        + c.n_layers * d.layer_overhead_s + (B * T * c.vocab_size * d.sampling_s_per_logit if sampled else 0.0)
+        + c.n_layers * d.layer_overhead_s + (rows * c.vocab_size * d.sampling_s_per_logit if sampled else 0.0)
+
+
+def linear_time(d: Device, params: int, rows: int, item: int = 2) -> float:
+    """Seconds of `rows` rows through weights of `params` numbers that are no whole model's (a head's ResBlock or LM
+    head, EAGLE's fc): as step_time counts a model's weights, read once over the bandwidth plus their FLOPs over the
+    matmul rate."""
+    return (item * params / d.bandwidth + 2 * rows * params / d.matmul_flops) / d.ranks
 
 
 def rescale_ranks(measured_s: float, c: ModelArgs, d: Device, B: int, context: int, T: int, ranks_from: int,
@@ -168,7 +179,13 @@ def refresh_seconds(c: ModelArgs, d: Device, B: int, context: int, policy) -> fl
 
 def without_draft_steps(p: dict, gamma: int) -> dict:
     """A prediction for a drafter that runs no draft model (prompt lookup): T_D = 0."""
-    out = p | {"T_D": 0.0, "T_D_over_T_T": 0.0}
+    return with_draft_step(p, gamma, 0.0)
+
+
+def with_draft_step(p: dict, gamma: int, seconds: float) -> dict:
+    """A prediction whose draft step takes `seconds` (T_D): a drafter whose draft is no model over a cache (a
+    trained head)."""
+    out = p | {"T_D": seconds, "T_D_over_T_T": seconds / p["T_T"]}
     return out | {"speedup": out["omega"] / verification_cost(out, gamma)}
 
 

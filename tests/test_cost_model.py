@@ -229,3 +229,22 @@ def test_the_h100_profile_predicts_its_measured_verifications_within_15_percent(
         B, ctx, T = r["B"], r["prefix"], r["tokens"]
         predicted = cm.step_time(L31, d, B, ctx, T) / cm.step_time(L31, d, B, ctx, 1)
         assert abs(predicted / r["T_V_over_T_T"] - 1) < 0.15, r
+
+
+def test_logit_rows_and_linear_time_by_hand():
+    """step_time's logit_rows: the LM head's FLOPs and the sampling over those rows only, the rest of the forward
+    over all B * T (a head's forward whose LM head reads one row per sequence); linear_time: weights outside a whole
+    model, their bytes once and their FLOPs per row."""
+    d = cm.Device(bandwidth=2e12, matmul_flops=4e14, layer_overhead_s=3e-5, sampling_s_per_logit=1e-11)
+    B, T, lm = 4, 5, L31.vocab_size * L31.dim
+    assert cm.step_time(L31, d, B, 4096, T, True, logit_rows=B * T) == cm.step_time(L31, d, B, 4096, T, True)
+    fewer = B * (T - 1) * (2 * lm / d.matmul_flops + L31.vocab_size * d.sampling_s_per_logit)
+    assert cm.step_time(L31, d, B, 4096, T, True) - cm.step_time(L31, d, B, 4096, T, True, logit_rows=B) == \
+        pytest.approx(fewer, rel=1e-9)
+    assert cm.linear_time(d, 1000, 8) == pytest.approx(2000 / 2e12 + 16000 / 4e14)
+    assert cm.linear_time(replace(d, ranks=4), 1000, 8) == pytest.approx(cm.linear_time(d, 1000, 8) / 4)
+    p = cm.predict(L31, d, B, 4096, 3, 0.8, 512)
+    q = cm.with_draft_step(p, 3, 1e-3)
+    assert q["T_D_over_T_T"] == pytest.approx(1e-3 / p["T_T"])
+    assert q["speedup"] == pytest.approx(p["omega"] / cm.verification_cost(q, 3))
+    assert cm.without_draft_steps(p, 3) == cm.with_draft_step(p, 3, 0.0)
