@@ -10,9 +10,10 @@ from pathlib import Path
 
 import torch
 
+from magicdec import cost_model as cm
 from magicdec import heads
 from magicdec.drafters.base import DrafterKind, Part
-from magicdec.drafters.model_draft import without_replacement
+from magicdec.drafters.model_draft import tree_of, without_replacement
 from magicdec.errors import MagicDecError
 from magicdec.generate import Drafter, GraphedStep, prefill_features
 from magicdec.kv_cache import KVCache
@@ -72,6 +73,12 @@ def tree_at(drafter, depth: int):
     if drafter.shape is not None:
         return drafter.shape
     return None if drafter.width == 1 else Tree.chain_with_siblings(depth, drafter.width)
+
+
+def level_sizes(tree, gamma: int) -> list[int]:
+    """Nodes per level of what a head drafts, the root's first: 1 per drafted token of a chain (tree None), or a
+    tree's levels (for the cost model)."""
+    return [1] * (gamma + 1) if tree is None else [len(level) for level in tree.levels]
 
 
 def level_picks(logits: torch.Tensor, level, sampler: Sampler):
@@ -319,3 +326,50 @@ class KHeads(DrafterKind):
         draft = self.draft(head, tap, cfg, ctx)
         draft.use_graphs(graphs_for(cfg))
         return draft
+
+    def head_shape(self, cfg) -> tuple[int, bool]:
+        """(ResBlocks per head, whether head k also reads k + 1 token embeddings: Hydra's grounded heads), from
+        --head's config.json (no size in it is used, so a prediction at another model's shapes reads it too), else
+        a fresh head's (one ResBlock; Hydra's grounded)."""
+        if not cfg.draft.head:
+            return 1, self.family == "hydra"
+        c = heads.read_config(Path(cfg.draft.head))
+        if self.family == "hydra":
+            return int(c.get("hydra_num_layers", 1)), bool(c.get("grounded_heads", False))
+        return int(c.get("medusa_num_layers", 1)), False
+
+    def head_seconds(self, shape: tuple[int, bool], target, device, k: int, rows: int, pick_rows: int,
+                     sampled: bool) -> float:
+        """Seconds of head k (of `shape`, head_shape's) over `rows` rows: its ResBlocks (dim -> dim and a bias;
+        Hydra's grounded first block reads the hidden and k + 1 embeddings, (k + 2) dim wide, through two maps: its
+        linear and its residual's), then its own LM head (vocab x dim; Hydra's with a bias), as linear_time counts
+        weights (read once, FLOPs per row); one layer's fixed cost for their few launches (fewer than a decoder
+        layer's: an overestimate rather than none); sampled, `pick_rows` rows of logits turned into probabilities.
+        The token embeddings Hydra gathers and the SiLU are not counted: small beside the LM head."""
+        blocks, grounded = shape
+        H, V = target.dim, target.vocab_size
+        wide = H * (k + 2) if grounded else H
+        first = (wide * H + H) * (2 if wide != H else 1)
+        params = first + (blocks - 1) * (H * H + H) + V * H + (V if self.family == "hydra" else 0)
+        return cm.linear_time(device, params, rows) + device.layer_overhead_s + \
+            (pick_rows * V * device.sampling_s_per_logit if sampled else 0.0)
+
+    def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
+        """The target's step and verification as for any draft (cost_model.predict); the draft step T_D is the
+        mean over the gamma levels drafted of one head's work (head_seconds), so that gamma T_D is a proposal's.
+        A head keeps no KV: T_D has no term that grows with the context, and what it does grow with is the
+        vocabulary, an LM head per drafted level (each head its own). A chain runs head k over the B features; in
+        a tree Medusa's head k still runs over the B features (every node of a level shares them) and picks over
+        each node of the level above, while Hydra's runs over each node of the level above (each its own path). A
+        tree needs its later candidates' rates (--synthetic_siblings), as a model draft's does; without them none."""
+        w = cfg.workload
+        tree = tree_of(cfg, gamma)
+        if tree is False:
+            return None
+        sampled = not cfg.decoding.greedy
+        p = cm.predict(target, device, w.B, w.prefix_len + w.gen_len // 2, gamma, alpha, 0, None, 0, sampled,
+                       tree=tree, sibling_rates=cfg.speculation.synthetic_siblings)
+        shape, sizes = self.head_shape(cfg), level_sizes(tree, gamma)
+        seconds = sum(self.head_seconds(shape, target, device, k, w.B * (1 if self.family == "medusa" else above),
+                                        w.B * above, sampled) for k, above in enumerate(sizes[:-1]))
+        return cm.with_draft_step(p, gamma, seconds / gamma)
