@@ -15,17 +15,18 @@ Per proposal, fixed shapes: the head re-feeds the last verification's rows from 
 tree's accepted path), keeps those up to the bonus token's parent, then drafts."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from magicdec import cost_model as cm
 from magicdec import heads
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.head_draft import (FeatureTap, HeadDraft, HeadOptions, Sampler, check_head_files, check_head_run,
-                                          graphs_for, head_bytes, level_picks, load_head, prompt_features, sampler_of,
-                                          tree_at)
-from magicdec.drafters.model_draft import appended_for
+                                          graphs_for, head_bytes, level_picks, level_sizes, load_head, prompt_features,
+                                          sampler_of, tree_at)
+from magicdec.drafters.model_draft import appended_for, tree_of
 from magicdec.errors import MagicDecError
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.options import option
@@ -50,6 +51,65 @@ class Config(HeadOptions):
     @property
     def window(self) -> bool:
         return self.head_kv == "window"
+
+    def window_slots(self, lookahead: int) -> int:
+        """Slots of the head's ring (--head_kv window): its budget and what one forward may write ahead of it (a
+        prompt chunk, or a verification's rows); attention reads them all, masked."""
+        return self.head_budget + max(PREPARE_CHUNK, 2 * (lookahead + 2))
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """What an EAGLE head's draft work depends on beyond the target's shapes."""
+    layers: int  # decoder layers (EAGLE-3: 1)
+    eagle3: bool  # attention over 2 dim-wide inputs, fc over the taps at the catch-up only, its own LM head
+    taps: int  # target layers fc reads (EAGLE-3)
+    lm_vocab: int  # the LM head's rows: the target's vocabulary, or EAGLE-3's draft vocabulary
+
+
+def head_shape(d: Config, target) -> HeadShape:
+    """The head's shape: --head's config.json (only what does not depend on the target's size, so a prediction at
+    another model's shapes reads it too), else the fresh head's options."""
+    if d.head:
+        found = heads.detect(Path(d.head))
+        c = heads.read_config(Path(d.head))
+        if found == "eagle3":
+            taps = c.get("eagle_aux_hidden_state_layer_ids") or heads.eagle3_default_taps(target.n_layers)
+            vocab = min(int(c.get("draft_vocab_size", target.vocab_size)), target.vocab_size)
+            return HeadShape(1, True, len(taps), vocab)
+        return HeadShape(int(c.get("num_hidden_layers", 1)), False, 1, target.vocab_size)
+    if d.eagle3:
+        taps = d.eagle3_layers or heads.eagle3_default_taps(target.n_layers)
+        return HeadShape(1, True, len(taps), min(d.draft_vocab or target.vocab_size, target.vocab_size))
+    return HeadShape(1, False, 1, target.vocab_size)
+
+
+def draft_seconds(shape: HeadShape, target, device, B: int, context: int, sizes: list[int], sampled: bool) -> float:
+    """Seconds of one proposal's draft work (EagleDraft.propose), `sizes` the nodes per level of what it drafts (the
+    root's 1, then 1 per drafted token of a chain, or a tree's levels): the catch-up forward over the last
+    verification's gamma + 1 rows, then one forward per level but the last. Each forward is a step of a one-layer
+    model of the target's shapes (heads.head_args: the head is one such decoder layer; step_time counts its
+    weights, its KV over `context` slots, attention's FLOPs and one layer's fixed cost) whose LM head (the
+    target's, read whole each time) runs only over the rows the next level's tokens come from: the catch-up's over
+    the root (one row per sequence, its other rows only refill the head's KV), a level's over its nodes. EAGLE-1
+    also runs fc (2 dim -> dim, a bias) in every forward; EAGLE-3 runs fc over its taps in the catch-up only (its
+    later forwards feed its own features), its attention reads a 2 dim input (q, k and v twice as wide), and its
+    LM head is its own over its draft vocabulary. Not counted: norms, the embedding gather, the feature tap's
+    copies (small beside a layer and an LM head)."""
+    a = target
+    one = replace(heads.head_args(a, shape.layers), vocab_size=shape.lm_vocab)
+    qkv = a.dim * (a.n_heads + 2 * a.n_kv_heads) * a.head_dim * shape.layers  # EAGLE-3's second input half
+
+    def forward(T: int, logit_rows: int) -> float:
+        extra = cm.linear_time(device, qkv, B * T) if shape.eagle3 else \
+            cm.linear_time(device, 2 * a.dim * a.dim + a.dim, B * T)
+        return cm.step_time(one, device, B, context, T, sampled, logit_rows=logit_rows) + extra
+
+    gamma = len(sizes) - 1
+    seconds = forward(gamma + 1, B)
+    if shape.eagle3:
+        seconds += cm.linear_time(device, shape.taps * a.dim * a.dim, B * (gamma + 1))
+    return seconds + sum(forward(n, B * n) for n in sizes[1:-1])
 
 
 def head_cache(head, B: int, slots: int, window: bool, budget: int, sinks: int, max_new: int, dtype, device, backend):
@@ -213,8 +273,7 @@ class Eagle(DrafterKind):
 
     def memory(self, cfg, target, models, rank) -> list[Part]:
         d, w = cfg.draft, cfg.workload
-        slots = d.head_budget + max(PREPARE_CHUNK, 2 * (cfg.lookahead + 2)) if d.window else \
-            w.prefix_len + appended_for(w.gen_len, cfg.lookahead)
+        slots = d.window_slots(cfg.lookahead) if d.window else w.prefix_len + appended_for(w.gen_len, cfg.lookahead)
         item = torch.empty((), dtype=cfg.runtime.torch_dtype).element_size()
         # the prompt's features the head is fed (over random KV, the last position's only: its KV is random too)
         n = 1 if cfg.runtime.skip_prefill else len(prompt_positions(w.prefix_len, d.window, d.head_budget, d.head_sinks))
@@ -246,6 +305,25 @@ class Eagle(DrafterKind):
                                        None if ctx.random_kv is None else ctx.random_kv + 2)
         draft.use_graphs(graphs_for(cfg))
         return draft
+
+    def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
+        """The target's step and verification as for any draft (cost_model.predict); the draft step T_D is one
+        proposal's head work (draft_seconds) over gamma, so that gamma T_D is a proposal's. The head's KV is the
+        whole context (--head_kv full: T_D grows with it, one layer's worth of the target's reads) or its ring's
+        slots (window: the budget and the ring's spare slots, read masked as a StreamingLLM draft's are, whatever
+        the prefix). A tree needs its later candidates' rates (--synthetic_siblings), as a model draft's does;
+        without them none."""
+        d, w = cfg.draft, cfg.workload
+        tree = tree_of(cfg, gamma)
+        if tree is False:
+            return None
+        context = w.prefix_len + w.gen_len // 2
+        sampled = not cfg.decoding.greedy
+        p = cm.predict(target, device, w.B, context, gamma, alpha, 0, None, 0, sampled, tree=tree,
+                       sibling_rates=cfg.speculation.synthetic_siblings)
+        kv = d.window_slots(lookahead) if d.window else context
+        seconds = draft_seconds(head_shape(d, target), target, device, w.B, kv, level_sizes(tree, gamma), sampled)
+        return cm.with_draft_step(p, gamma, seconds / gamma)
 
 
 DRAFTER = Eagle()
