@@ -119,10 +119,12 @@ class DrafterKind:
     def prepare(self, cfg, ctx: PrepareContext) -> Drafter:
         raise NotImplementedError
 
-    def predict(self, cfg, target: ModelArgs, models: dict, device, B: int, context: int, gamma: int, alpha: float,
+    def predict(self, cfg, target: ModelArgs, models: dict, device, alpha: float, gamma: int, lookahead: int,
                 summary: dict | None = None) -> dict | None:
-        """The cost model's T_T, T_D, T_V, T_O (cost_model.predict's keys) for this drafter at one point, or None:
-        no model for it (the report says so)."""
+        """The cost model's T_T, T_D, T_V, T_O (cost_model.predict's keys) for this drafter at one point of `cfg`
+        (its workload, decoding, speculation and drafter options), at acceptance rate alpha and gamma drafted tokens
+        (`lookahead`: cfg.lookahead; `summary`: the run's drafter summary, where measured), or None: no model for it
+        (the report says so)."""
         return None
 
 
