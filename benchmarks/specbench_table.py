@@ -2,6 +2,11 @@
 the measured speedup and the mean accepted tokens per verification (Ω), greedy / sampled; a bar plot beside it.
 
     python benchmarks/specbench_table.py results/specbench --output results/specbench/table
+
+The trained heads' rows (EAGLE, Hydra, Medusa) come from the sweep's records of those drafters run with `head` set
+(experiments/sweeps/specbench_smollm2_heads.toml) and show only for the heads named here, `--eagle_head DIR`
+`--hydra_head DIR` `--medusa_head DIR`: records of a fresh head (no --head: untrained, initialised as training
+starts, for speed runs) or of another head are left out, and the output says which families have no rows and why.
 """
 from __future__ import annotations
 
@@ -9,6 +14,44 @@ import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
+
+HEADS = {"eagle": "EAGLE", "hydra": "Hydra", "medusa": "Medusa"}  # drafter -> its name in the notes
+
+
+def same_dir(ran: str | None, given: Path) -> bool:
+    """Whether a record's --head is the directory given: the same path from here, or, for a record written on
+    another machine, one ending in the given path (a relative one's parts, an absolute one's last)."""
+    if not ran:
+        return False
+    ran_path = Path(ran)
+    if ran_path.resolve() == given.resolve():
+        return True
+    parts = given.parts if not given.is_absolute() else (given.name,)
+    return ran_path.parts[-len(parts):] == parts
+
+
+def head_records(records: list[dict], given: dict[str, Path | None]) -> tuple[list[dict], list[str]]:
+    """The records to tabulate (a head drafter's only where it ran the head given for its family) and a note per
+    head family saying why it has no rows, or which records were left out."""
+    keep, left_out = [], defaultdict(int)
+    for r in records:
+        family = r["method"]
+        if family in HEADS and not (given.get(family) and same_dir((r.get("config") or {}).get("head"), given[family])):
+            left_out[family] += 1
+            continue
+        keep.append(r)
+    notes = []
+    for family, name in HEADS.items():
+        dropped = left_out[family]
+        others = f"; {dropped} record{'s' * (dropped != 1)} of a fresh or another head left out" if dropped else ""
+        if given.get(family) is None:
+            notes.append(f"{name}: no rows (no --{family}_head DIR given: a fresh head's rows would be an untrained "
+                         f"head's){others}")
+        elif not any(r["method"] == family for r in keep):
+            notes.append(f"{name}: no rows (no record ran --head {given[family]}){others}")
+        elif dropped:
+            notes.append(f"{name}: the rows of --head {given[family]}{others}")
+    return keep, notes
 
 
 def cells(records: list[dict]) -> dict:
@@ -66,11 +109,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("records", type=Path, help="a sweep's output folder")
     p.add_argument("--output", type=Path, required=True, help="writes OUTPUT.md and OUTPUT.png")
+    for family, name in HEADS.items():
+        p.add_argument(f"--{family}_head", type=Path, metavar="DIR",
+                       help=f"the trained {name} head whose rows to show (the directory its records ran --head with); "
+                            f"without it no {name} rows")
     a = p.parse_args(argv)
-    found = cells([json.loads(f.read_text()) for f in sorted(a.records.glob("*.json"))])
-    a.output.with_suffix(".md").write_text(table(found) + "\n")
-    plot(found, a.output.with_suffix(".png"))
-    print(table(found))
+    records = [json.loads(f.read_text()) for f in sorted(a.records.glob("*.json"))]
+    records, notes = head_records(records, {family: getattr(a, f"{family}_head") for family in HEADS})
+    found = cells(records)
+    text = table(found) + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
+    a.output.with_suffix(".md").write_text(text + "\n")
+    if found:
+        plot(found, a.output.with_suffix(".png"))
+    print(text)
     return 0
 
 

@@ -1,0 +1,95 @@
+"""benchmarks/specbench_table.py: Spec-Bench's table from a sweep's records, with the trained heads' rows (EAGLE,
+Hydra, Medusa) only for the heads named by --eagle_head / --hydra_head / --medusa_head; a fresh (untrained) head's
+records are left out and the output says which head families have no rows and why. The sweep runs on the CPU over
+stories260K (a real tiny model with its tokenizer) with heads saved by magicdec.heads at its shapes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import BOOKS, STORIES, benchmark_script
+
+from magicdec import heads, sweep
+from magicdec.config import ModelArgs
+
+specbench_table = benchmark_script("specbench_table")
+pytestmark = pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(), reason=f"no stories260K in {STORIES}")
+
+
+@pytest.fixture(scope="module")
+def head_sweep(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    """(the records folder, the head directories): baseline, EAGLE (full and window), Hydra and Medusa with their
+    saved heads, and Medusa with a fresh head too, at 64 × 2 on stories260K, greedy."""
+    from magicdec.checkpoint import convert_llama2c
+
+    root = tmp_path_factory.mktemp("specbench_heads")
+    model = convert_llama2c(STORIES / "stories260K.bin", root / "stories", STORIES / "tok512.bin")
+    args = ModelArgs.from_hf_config(json.loads((model.parent / "config.json").read_text()))
+    dirs = {"eagle": root / "heads" / "tiny_eagle", "hydra": root / "heads" / "tiny_hydra",
+            "medusa": root / "heads" / "tiny_medusa"}
+    for family, d in dirs.items():
+        heads.save(heads.new_head(family, args, num_heads=2, seed=1, init="identity"), d)
+    book = root / "book.txt"  # a few pages: the pure-Python tokenizer cuts them in a moment, whole books in minutes
+    book.write_text((BOOKS / "pg1342.txt").read_text(encoding="utf-8")[20_000:26_000])
+    config = root / "sweep.toml"
+    config.write_text(f"""
+model = "{model}"
+dataset = "{book}"
+skip_tokens = 0
+prefix_len = [64]
+B = [2]
+gen_len = 8
+gamma = 2
+decoding = ["greedy"]
+methods = ["baseline", "eagle", "hydra", "medusa"]
+[eagle]
+head = "{dirs['eagle']}"
+head_kv = ["full", "window"]
+[hydra]
+head = "{dirs['hydra']}"
+[medusa]
+head = ["{dirs['medusa']}", "none"]
+""")
+    out = root / "records"
+    assert sweep.Sweep(sweep.load_config(config), out, "cpu", False).run(None) == 0
+    return out, dirs
+
+
+def rows(text: str) -> dict[str, str]:
+    return {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+
+
+def test_head_rows_show_for_the_heads_given(head_sweep, tmp_path, capsys):
+    out, dirs = head_sweep
+    records = [json.loads(f.read_text()) for f in out.glob("*.json")]
+    assert {r["label"] for r in records} >= {"medusa fresh k4", "medusa tiny_medusa"}
+    assert all("speedup" in r["metrics"]["cost_model"] for r in records if r["method"] != "baseline")
+
+    argv = [str(out), "--output", str(tmp_path / "table")]
+    assert specbench_table.main(argv + [x for f, d in dirs.items() for x in (f"--{f}_head", str(d))]) == 0
+    printed = capsys.readouterr().out
+    found = rows(printed)
+    assert set(found) == {"drafter", "eagle tiny_eagle", "eagle tiny_eagle window 256", "hydra tiny_hydra",
+                          "medusa tiny_medusa"}
+    assert all("× (" in line for label, line in found.items() if label != "drafter")  # a greedy cell in each row
+    assert f"Medusa: the rows of --head {dirs['medusa']}; 1 record of a fresh or another head left out" in printed
+    assert "EAGLE" not in printed.split("|")[-1] and "Hydra" not in printed.split("|")[-1]  # no note: all their rows
+    assert (tmp_path / "table.md").read_text().strip() == printed.strip() and (tmp_path / "table.png").is_file()
+
+
+def test_without_head_directories_there_are_no_head_rows_and_the_output_says_so(head_sweep, tmp_path, capsys):
+    out, dirs = head_sweep
+    assert specbench_table.main([str(out), "--output", str(tmp_path / "table"), "--hydra_head", str(dirs["hydra"]),
+                                 "--medusa_head", str(dirs["eagle"])]) == 0
+    printed = capsys.readouterr().out
+    assert set(rows(printed)) == {"drafter", "hydra tiny_hydra"}
+    assert "EAGLE: no rows (no --eagle_head DIR given: a fresh head's rows would be an untrained head's); 2 records" \
+        in printed
+    assert f"Medusa: no rows (no record ran --head {dirs['eagle']}); 2 records" in printed
+
+
+def test_a_head_is_matched_by_its_path_as_given_on_another_machine():
+    assert specbench_table.same_dir("/root/repo/heads/smollm2_medusa", Path("heads/smollm2_medusa"))
+    assert not specbench_table.same_dir("/root/repo/heads/smollm2_hydra", Path("heads/smollm2_medusa"))
+    assert not specbench_table.same_dir(None, Path("heads/smollm2_medusa"))
