@@ -5,14 +5,13 @@ measured (the `device_model` its other records carry), beside what was measured:
     python benchmarks/head_cost_check.py results/heads/sweep_llama31_8b results/heads/sweep_smollm2_shape \
         --output results/heads/cost_check
 
-Each sweep's points are rebuilt from the sweep.toml it keeps (matched to records by label, prefix and B). The
-prediction takes T_O (a verification's fixed cost beyond its steps) as the sweep's fit for that drafter, 0 where none.
+Each sweep's points are rebuilt from the sweep.toml it keeps (matched to records by label, prefix and B). T_O (a
+verification's fixed cost beyond its steps) is the recorded device's, which a sweep fits for the drafters it plans.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from magicdec import cost_model as cm

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_generate_speculative import plain_greedy, tiny_prompts
+from test_head_draft import DEVICE, L31, predicted, run_config
 from test_medusa import check_greedy, check_sampled, shaped
 
 from magicdec import cost_model as cm
@@ -127,10 +128,8 @@ def test_memory_counts_the_prompt_features_the_head_is_fed(kv, skip, rows):
     only, its KV being random too: 32K x 13 at Llama-3.1-8B's shape was refused for 3.5 GB of features it never
     read."""
     from magicdec import drafters
-    from magicdec.config import ModelArgs
-    from magicdec.run_config import RunConfig
 
-    target = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
+    target = L31
     extra = {"head_budget": 256} if kv == "window" else {}
     cfg = RunConfig.from_options({"random_weights": True, "model_name": "meta-llama/Meta-Llama-3.1-8B", "B": 13,
                                   "prefix_len": 32768, "gen_len": 64, "drafter": "eagle", "gamma": [2],
@@ -140,21 +139,6 @@ def test_memory_counts_the_prompt_features_the_head_is_fed(kv, skip, rows):
 
 
 # --- the cost model's prediction (Eagle.predict): no model is run --------------------------------------------------
-L31 = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
-DEVICE = cm.Device(bandwidth=2e12, matmul_flops=4e14, layer_overhead_s=3e-5)
-
-
-def run_config(drafter: str, **options) -> RunConfig:
-    """A run at Llama-3.1-8B's shapes with random weights (what `magicdec compare` predicts at)."""
-    base = {"random_weights": True, "model_name": L31.name, "B": 4, "prefix_len": 4096, "gen_len": 64, "gamma": [3],
-            "drafter": drafter, "device": "cpu", "dataset": "stdlib"}
-    return RunConfig.from_options(base | options, strict=False)
-
-
-def predicted(cfg: RunConfig, device=DEVICE, target=L31, alpha=0.8) -> dict:
-    return cfg.drafter.predict(cfg, target, {}, device, alpha, cfg.speculation.largest, cfg.lookahead)
-
-
 def eagle_forward_by_hand(d: cm.Device, B: int, context: int, T: int, logit_rows: int) -> float:
     """One EAGLE-1 head forward over T rows per sequence, written out: fc (2 dim -> dim, a bias), one decoder layer
     of Llama-3.1-8B's shapes over `context` cached positions, the target's LM head over `logit_rows` rows."""
