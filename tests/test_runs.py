@@ -207,7 +207,7 @@ HEAD_FAMILIES = ("eagle", "hydra", "medusa")
 
 @pytest.fixture(scope="module")
 def tiny_heads(tiny, jsonl, tmp_path_factory):
-    """family -> the directory of a head trained for the tiny target by `magicdec train-head` (150 steps on the
+    """family -> the directory of a head trained for the tiny target by `magicdec train-head` (300 steps on the
     prompts' prose, the first document held out). A fresh head drafts the target's own last prediction again (how
     its training starts), which this target never keeps: the lossless check would be the trivial one."""
     from magicdec import train_head
@@ -223,7 +223,7 @@ def tiny_heads(tiny, jsonl, tmp_path_factory):
             train_head.train(["--family", family, "--target", str(tiny["target"]), "--corpus", str(corpus), "--out",
                               str(out), "--batch_size", "4", "--seq_len", "40", "--lr", "3e-3", "--warmup", "3",
                               "--eval_windows", "2", "--holdout_B", "0", "--exclude", "doc0", "--device", "cpu",
-                              "--no_progress", "--steps", "150", "--eval_every", "150", "--save_every", "150"])
+                              "--no_progress", "--steps", "300", "--eval_every", "300", "--save_every", "300"])
             done[family] = out
         return done[family]
 
