@@ -24,9 +24,9 @@ from magicdec import cost_model as cm
 from magicdec import heads
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.head_draft import (FeatureTap, HeadDraft, HeadOptions, Sampler, check_head_files, check_head_run,
-                                          graphs_for, head_bytes, level_picks, level_sizes, load_head, prompt_features,
-                                          sampler_of, tree_at)
-from magicdec.drafters.model_draft import appended_for, tree_of
+                                          graphs_for, head_bytes, head_prediction, level_picks, load_head,
+                                          prompt_features, sampler_of, tree_at)
+from magicdec.drafters.model_draft import appended_for
 from magicdec.errors import MagicDecError
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.options import option
@@ -307,23 +307,14 @@ class Eagle(DrafterKind):
         return draft
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
-        """The target's step and verification as for any draft (cost_model.predict); the draft step T_D is one
-        proposal's head work (draft_seconds) over gamma, so that gamma T_D is a proposal's. The head's KV is the
-        whole context (--head_kv full: T_D grows with it, one layer's worth of the target's reads) or its ring's
-        slots (window: the budget and the ring's spare slots, read masked as a StreamingLLM draft's are, whatever
-        the prefix). A tree needs its later candidates' rates (--synthetic_siblings), as a model draft's does;
-        without them none."""
+        """The draft step T_D is one proposal's head work (draft_seconds) over gamma (head_prediction). The head's
+        KV is the whole context (--head_kv full: T_D grows with it, one layer's worth of the target's reads) or its
+        ring's slots (window: the budget and the ring's spare slots, read masked as a StreamingLLM draft's are,
+        whatever the prefix)."""
         d, w = cfg.draft, cfg.workload
-        tree = tree_of(cfg, gamma)
-        if tree is False:
-            return None
-        context = w.prefix_len + w.gen_len // 2
-        sampled = not cfg.decoding.greedy
-        p = cm.predict(target, device, w.B, context, gamma, alpha, 0, None, 0, sampled, tree=tree,
-                       sibling_rates=cfg.speculation.synthetic_siblings)
-        kv = d.window_slots(lookahead) if d.window else context
-        seconds = draft_seconds(head_shape(d, target), target, device, w.B, kv, level_sizes(tree, gamma), sampled)
-        return cm.with_draft_step(p, gamma, seconds / gamma)
-
+        kv = d.window_slots(lookahead) if d.window else w.prefix_len + w.gen_len // 2
+        shape = head_shape(d, target)
+        return head_prediction(cfg, target, device, alpha, gamma,
+                               lambda sizes, sampled: draft_seconds(shape, target, device, w.B, kv, sizes, sampled))
 
 DRAFTER = Eagle()

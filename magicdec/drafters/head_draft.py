@@ -81,6 +81,21 @@ def level_sizes(tree, gamma: int) -> list[int]:
     return [1] * (gamma + 1) if tree is None else [len(level) for level in tree.levels]
 
 
+def head_prediction(cfg, target, device, alpha: float, gamma: int, proposal_seconds) -> dict | None:
+    """A head drafter's prediction: the target's step and verification as for any draft (cost_model.predict, a tree
+    at its later candidates' rates), T_D one proposal's head work (`proposal_seconds(level_sizes, sampled)`) over
+    gamma, so that gamma T_D is a proposal's. None for a tree without those rates (--synthetic_siblings), as a
+    model draft's."""
+    w = cfg.workload
+    tree = tree_of(cfg, gamma)
+    if tree is False:
+        return None
+    sampled = not cfg.decoding.greedy
+    p = cm.predict(target, device, w.B, w.prefix_len + w.gen_len // 2, gamma, alpha, 0, None, 0, sampled, tree=tree,
+                   sibling_rates=cfg.speculation.synthetic_siblings)
+    return cm.with_draft_step(p, gamma, proposal_seconds(level_sizes(tree, gamma), sampled) / gamma)
+
+
 def level_picks(logits: torch.Tensor, level, sampler: Sampler):
     """A tree level's tokens from the logits at each node of the level above ([B, n_above, V]): a node's children
     are its likeliest (greedy) or drawn without replacement (sampled): ids [B, n], q [B, n, V] or None."""
@@ -355,21 +370,15 @@ class KHeads(DrafterKind):
             (pick_rows * V * device.sampling_s_per_logit if sampled else 0.0)
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
-        """The target's step and verification as for any draft (cost_model.predict); the draft step T_D is the
-        mean over the gamma levels drafted of one head's work (head_seconds), so that gamma T_D is a proposal's.
-        A head keeps no KV: T_D has no term that grows with the context, and what it does grow with is the
-        vocabulary, an LM head per drafted level (each head its own). A chain runs head k over the B features; in
-        a tree Medusa's head k still runs over the B features (every node of a level shares them) and picks over
-        each node of the level above, while Hydra's runs over each node of the level above (each its own path). A
-        tree needs its later candidates' rates (--synthetic_siblings), as a model draft's does; without them none."""
-        w = cfg.workload
-        tree = tree_of(cfg, gamma)
-        if tree is False:
-            return None
-        sampled = not cfg.decoding.greedy
-        p = cm.predict(target, device, w.B, w.prefix_len + w.gen_len // 2, gamma, alpha, 0, None, 0, sampled,
-                       tree=tree, sibling_rates=cfg.speculation.synthetic_siblings)
-        shape, sizes = self.head_shape(cfg), level_sizes(tree, gamma)
-        seconds = sum(self.head_seconds(shape, target, device, k, w.B * (1 if self.family == "medusa" else above),
-                                        w.B * above, sampled) for k, above in enumerate(sizes[:-1]))
-        return cm.with_draft_step(p, gamma, seconds / gamma)
+        """The draft step T_D is the mean over the gamma levels drafted of one head's work (head_seconds). A head
+        keeps no KV: T_D has no term that grows with the context, and what it does grow with is the vocabulary, an
+        LM head per drafted level (each head its own). A chain runs head k over the B features; in a tree Medusa's
+        head k still runs over the B features (every node of a level shares them) and picks over each node of the
+        level above, while Hydra's runs over each node of the level above (each its own path)."""
+        B, shape = cfg.workload.B, self.head_shape(cfg)
+
+        def proposal(sizes: list[int], sampled: bool) -> float:
+            return sum(self.head_seconds(shape, target, device, k, B * (1 if self.family == "medusa" else above),
+                                         B * above, sampled) for k, above in enumerate(sizes[:-1]))
+
+        return head_prediction(cfg, target, device, alpha, gamma, proposal)
