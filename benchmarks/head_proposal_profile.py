@@ -34,8 +34,8 @@ GROUPS = (("matmul", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "splitk", "add
           ("gather / index / copy", ("index", "gather", "scatter", "copy", "cat")))
 
 SHAPES = {  # name: (model, prefix_len, B, per-position acceptance: SmolLM2's trained EAGLE head, sampled)
-    "smollm2_8000x8": ("HuggingFaceTB/SmolLM2-135M-Instruct", 8000, 8),
-    "smollm2_8000x64": ("HuggingFaceTB/SmolLM2-135M-Instruct", 8000, 64),
+    "smollm2_8000x8": ("HuggingFaceTB/SmolLM2-135M", 8000, 8),
+    "smollm2_8000x64": ("HuggingFaceTB/SmolLM2-135M", 8000, 64),
     "llama31_8b_32kx1": ("meta-llama/Meta-Llama-3.1-8B", 32768, 1),
     "tiny": ("JackFram/llama-68m", 512, 2),
 }
