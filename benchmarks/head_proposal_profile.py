@@ -7,7 +7,7 @@ rest); with --step_mode cuda_graphs, each proposal is timed between CUDA events 
 Beside them, the run's own T_D/T_T and T_T. The groups say what a proposal costs beyond its weights' bytes: the
 sampled pick's passes over the vocabulary, the small kernels' launches inside the graph.
 
-    python benchmarks/head_proposal_profile.py --output results/heads/proposal_profile.json
+    python benchmarks/head_proposal_profile.py --head_candidates 0 64 --output results/heads/proposal_profile.json
     python benchmarks/head_proposal_profile.py --device cpu --cases tiny --output /tmp/p.json   # a smoke test
 """
 from __future__ import annotations
@@ -118,15 +118,16 @@ class Probe:
                 "graphed_us_median": timed[len(timed) // 2] if timed else None}
 
 
-def case(shape: str, head: str, a) -> dict:
+def case(shape: str, head: str, candidates: int, a) -> dict:
     model, prefix, B = SHAPES[shape]
     base = ["--random_weights", "--skip_prefill", "--model_name", model, "--prefix_len", str(prefix), "--B", str(B),
             "--gen_len", str(a.gen_len), "--gamma", str(a.gamma), "--synthetic_acceptance", "0.402",
             "--synthetic_positions", *[str(r) for r in a.rates[:a.gamma]], "--no_progress", "--device", a.device]
     base += [] if a.decoding == "greedy" else ["--temperature", "0.6", "--top_p", "0.9"]
     cuda = a.device.startswith("cuda")
+    base += ["--head_candidates", str(candidates)]
     row = {"shape": shape, "model": model, "prefix_len": prefix, "B": B, "head": head, "gamma": a.gamma,
-           "decoding": a.decoding}
+           "decoding": a.decoding, "head_candidates": candidates}
     for mode in ("eager", "cuda_graphs") if cuda else ("eager",):
         with Probe(a.warm, a.count, cuda) as probe, contextlib.redirect_stdout(io.StringIO()):  # the run's table
             r = run_record(base + HEADS[head] + ["--step_mode", mode])
@@ -137,7 +138,7 @@ def case(shape: str, head: str, a) -> dict:
             "draft_s_per_proposal": t["draft"] / max(1, m["speculation"]["iterations"]),
             "baseline_ms_per_step": (r.get("baseline_metrics") or {}).get("ms_per_step")}
         s = row[mode]
-        print(f"{shape} {head} {mode}: T_D/T_T {s['T_D_over_T_T'] or float('nan'):.3f}, "
+        print(f"{shape} {head} candidates {candidates} {mode}: T_D/T_T {s['T_D_over_T_T'] or float('nan'):.3f}, "
               f"{s['draft_s_per_proposal'] * 1e6:.0f} us per "
               f"proposal in the run" + (f", {s['graphed_us_median']:.0f} us between events" if s["graphed_us_median"]
                                         else f", kernels {s['kernel_us_per_proposal']:.0f} us"), flush=True)
@@ -155,6 +156,8 @@ def main(argv=None) -> int:
     p.add_argument("--rates", type=float, nargs="*", default=[0.408, 0.396, 0.39, 0.38],
                    help="per-position acceptance (SmolLM2's trained EAGLE head, sampled, results/heads)")
     p.add_argument("--decoding", choices=("sampled", "greedy"), default="sampled")
+    p.add_argument("--head_candidates", type=int, nargs="*", default=[64],
+                   help="the heads' sampled candidates (0: the whole vocabulary), each a case")
     p.add_argument("--gen_len", type=int, default=64)
     p.add_argument("--warm", type=int, default=40, help="proposals left alone first (the warm-up generation's)")
     p.add_argument("--count", type=int, default=10, help="proposals profiled / timed after those")
@@ -164,7 +167,8 @@ def main(argv=None) -> int:
     with one_line_errors():
         for shape in a.cases:
             for head in a.heads:
-                rows.append(case(shape, head, a))
+                for k in a.head_candidates:
+                    rows.append(case(shape, head, k, a))
                 a.output.parent.mkdir(parents=True, exist_ok=True)
                 a.output.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
     return 0

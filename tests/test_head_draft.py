@@ -119,3 +119,36 @@ def test_head_draft_step_is_a_small_part_of_a_target_step_at_llama31_8b_32k(draf
     device = load_profile(Path(__file__).resolve().parents[1] / "magicdec" / "profiles" / "h100.json")[0]
     p = predicted(run_config(drafter, B=B, prefix_len=32768), device)
     assert 0 < p["T_D_over_T_T"] < 0.1 and p["speedup"] > 1
+
+
+@pytest.mark.parametrize("top_p", [0.9, 1.0])
+def test_a_heads_candidates_are_the_runs_distribution_over_its_likeliest_tokens(top_p):
+    """Sampler(candidates=K): temperature, then top-p among the K likeliest tokens, zero elsewhere, written out by
+    hand per row; its draws lie among those K."""
+    import math
+
+    import torch
+
+    from magicdec.drafters.head_draft import Sampler
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 2
+    sampler = Sampler(False, 0.6, top_p, 0, candidates=8)
+    q = sampler.probabilities(logits)
+    for r in range(3):
+        top = sorted(range(50), key=lambda i: -float(logits[r, i]))[:8]
+        w = [math.exp(float(logits[r, i]) / 0.6) for i in top]
+        w = [x / sum(w) for x in w]
+        kept, covered = [], 0.0
+        for i, x in zip(top, w):
+            if covered >= top_p:
+                break
+            kept.append((i, x))
+            covered += x
+        expect = torch.zeros(50)
+        for i, x in kept:
+            expect[i] = x / sum(x for _, x in kept)
+        assert torch.allclose(q[r], expect, atol=1e-6), r
+    ids, q_drawn = sampler.pick(logits.repeat(200, 1))
+    assert bool((q_drawn[:, 0].gather(1, ids) > 0).all())
+    whole = Sampler(False, 0.6, top_p, 0, candidates=0).probabilities(logits)
+    assert int((whole > 0).sum()) > int((q > 0).sum())  # the whole vocabulary's nucleus is wider here

@@ -29,7 +29,7 @@ def shaped():
 
 
 def speculate(target, head, prompts, n_new, gamma, sampling=Sampling(), width=1, shape=None, first=None,
-              window=False, budget=20, sinks=4, runs=1):
+              window=False, budget=20, sinks=4, runs=1, candidates=0):
     """Speculation with a head drafter over a prefill that kept the head's features; (ids, decoder). `runs` > 1:
     the same decoder generates again from the prompt (as timed rounds do), and each run's acceptance trace is kept
     in decoder.traces."""
@@ -40,7 +40,7 @@ def speculate(target, head, prompts, n_new, gamma, sampling=Sampling(), width=1,
     eagle = isinstance(head, heads.EagleHead)
     positions = prompt_positions(P, window, budget, sinks) if eagle else torch.tensor([P - 1])
     logits, feats = prefill_features(target, cache, prompts, 64, taps, positions)
-    sampler = Sampler(sampling.greedy, sampling.temperature, sampling.top_p, sampling.top_k)
+    sampler = Sampler(sampling.greedy, sampling.temperature, sampling.top_p, sampling.top_k, candidates)
     if eagle:
         drafter = EagleDraft.over_prompt(head, target, prompts, feats, sampler, nodes, n_new, window, budget, sinks)
     else:
@@ -96,15 +96,17 @@ def test_a_second_generation_drafts_as_the_first(tiny, family):
     assert decoder.traces[0] == decoder.traces[1] and sum(max(a, 0) for row in decoder.traces[0] for a in row) > 0
 
 
-def check_sampled(target, head, monkeypatch, gamma=2):
+def check_sampled(target, head, monkeypatch, gamma=2, candidates=0):
     """N copies of one prompt, the first token fixed: the first drafted position's token follows the target's own
-    distribution (T 0.6, top-p 0.9); drawing from p instead of the residual after a rejection fails the check."""
+    distribution (T 0.6, top-p 0.9); drawing from p instead of the residual after a rejection fails the check.
+    `candidates` K: the head draws among its K likeliest tokens only (--head_candidates)."""
     from magicdec import generate, verify
 
     N, sampling = 4_000, Sampling(0.6, 0.9)
     prompt, first, p = fixed_first_token(target, N)
     torch.manual_seed(0)
-    out, decoder = speculate(target, head, prompt.expand(N, -1), 2, gamma, sampling, first=first)
+    out, decoder = speculate(target, head, prompt.expand(N, -1), 2, gamma, sampling, first=first,
+                             candidates=candidates)
     stat, bound = chi_square(out[:, 1], p)
     assert stat < bound and decoder.stats.alpha < 0.98, (stat, bound, decoder.stats.alpha)
     if decoder.stats.alpha < 0.02:  # the head's q missed the target here: the wrong rule cannot show
@@ -112,7 +114,7 @@ def check_sampled(target, head, monkeypatch, gamma=2):
     wrong = lambda p_, q, d: verify.speculative_sampling_verify(p_, q, d, correct=False)  # noqa: E731
     monkeypatch.setattr(generate, "speculative_sampling_verify", wrong)
     torch.manual_seed(0)
-    out, _ = speculate(target, head, prompt.expand(N, -1), 2, gamma, sampling, first=first)
+    out, _ = speculate(target, head, prompt.expand(N, -1), 2, gamma, sampling, first=first, candidates=candidates)
     stat, bound = chi_square(out[:, 1], p)
     assert stat > 2 * bound, (stat, bound)
 
@@ -138,8 +140,9 @@ def test_medusa_trees_equal_plain_greedy(tiny):
     check_greedy(tiny, medusa_head(tiny), tiny_prompts(), 50, 3, expected, shape=shaped())
 
 
-def test_medusa_sampled_keeps_the_targets_distribution(tiny, monkeypatch):
-    check_sampled(tiny, medusa_head(tiny), monkeypatch)
+@pytest.mark.parametrize("candidates", [0, 8])
+def test_medusa_sampled_keeps_the_targets_distribution(tiny, monkeypatch, candidates):
+    check_sampled(tiny, medusa_head(tiny), monkeypatch, candidates=candidates)
 
 
 def test_medusa_heads_draft_what_each_head_says(tiny):

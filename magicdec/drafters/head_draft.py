@@ -30,6 +30,10 @@ class HeadOptions:
                                     "Without it a fresh head at the target's shapes, initialised as its family's "
                                     "training starts (speed runs)", metavar="DIR")
     head_seed: int = option(0, "the seed of a fresh head's weights (no --head)")
+    head_candidates: int = option(64, "sampled decoding: a head draws from its K likeliest tokens, top-p and top-k "
+                                      "applied among them (the draft's distribution is its own choice: the "
+                                      "verification reads it, so the output stays the target's). 0: the whole "
+                                      "vocabulary (a sort of every row of logits per drafted level)")
 
 
 @dataclass(frozen=True)
@@ -41,16 +45,27 @@ class KHeadsConfig(HeadOptions):
 class Sampler:
     """How a head's logits become drafted tokens: greedy, the likeliest (top-n for a tree's candidates); sampled,
     drawn from the run's distribution (temperature, top-p, top-k) without replacement, with the q each was drawn
-    from (the verification's)."""
+    from (the verification's). With `candidates` K the distribution is the run's over the K likeliest tokens: one
+    top-k selection per row instead of top-p's sort of the whole vocabulary."""
 
-    def __init__(self, greedy: bool, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0):
+    def __init__(self, greedy: bool, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                 candidates: int = 0):
         self.greedy, self.temperature, self.top_p, self.top_k = greedy, temperature, top_p, top_k
+        self.candidates = candidates
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """[R, V] fp32: the distribution a head draws from."""
+        if not 0 < self.candidates < logits.shape[-1]:
+            return probabilities(logits, self.temperature, self.top_p, self.top_k)
+        values, ids = torch.topk(logits, self.candidates)
+        among = probabilities(values, self.temperature, self.top_p, self.top_k)
+        return torch.zeros(logits.shape, dtype=among.dtype, device=logits.device).scatter_(-1, ids, among)
 
     def pick(self, logits: torch.Tensor, n: int = 1):
         """logits [R, V] -> (ids [R, n], q [R, n, V] or None)."""
         if self.greedy:
             return torch.topk(logits, n).indices, None
-        p = probabilities(logits, self.temperature, self.top_p, self.top_k)
+        p = self.probabilities(logits)
         if n == 1:
             ids = sample_from(p)[:, None]
             return ids, p[:, None]
@@ -64,7 +79,7 @@ def graphs_for(cfg) -> bool:
 
 def sampler_of(cfg) -> Sampler:
     d = cfg.decoding
-    return Sampler(d.greedy, d.temperature, d.top_p, d.top_k)
+    return Sampler(d.greedy, d.temperature, d.top_p, d.top_k, cfg.draft.head_candidates)
 
 
 def tree_at(drafter, depth: int):
