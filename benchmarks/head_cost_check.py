@@ -8,7 +8,17 @@ which the all-reach speedup follows, against that speedup; the prediction at Ω 
         --output results/heads/cost_check
 
 Each sweep's points are rebuilt from the sweep.toml it keeps (matched to records by label, prefix and B). T_O (a
-verification's fixed cost beyond its steps) is the recorded device's, which a sweep fits for the drafters it plans.
+verification's fixed cost beyond its steps) is the recorded device's, which a sweep fits for the drafters it plans;
+the heads' fixed costs (Device.head_level_s, pick_s) are the committed profile's of that GPU where the record has
+none.
+
+`--fit PROFILES` first fits those fixed costs to benchmarks/head_proposal_profile.py's output and writes them into
+`--profile` (a device profile, magicdec/profiles/h100.json): per drafted level, the graphed proposal's time beyond
+the model's count of its work, less its sampled pick (the pick's kernels in the eager profile); the pick per level,
+whole vocabulary and candidates. Fitted at the profile's shapes, checked at the sweeps' others.
+
+    python benchmarks/head_cost_check.py --fit results/heads/proposal_profile.json \
+        results/heads/proposal_profile_candidates.json --profile magicdec/profiles/h100.json SWEEPS... --output ...
 """
 from __future__ import annotations
 
@@ -16,20 +26,58 @@ import argparse
 import json
 from pathlib import Path
 
+from dataclasses import replace
+
+from magicdec import compare
 from magicdec import cost_model as cm
 from magicdec import sweep
 from magicdec.config import ModelArgs
+from magicdec.run_config import RunConfig
 
 HEADS = ("eagle", "hydra", "medusa")
+PICK_GROUPS = ("sort / scan (top-p)", "softmax / draw", "reduce")  # head_proposal_profile's groups of the pick
 
 
 def device_of(records: list[dict]) -> cm.Device:
-    """The device the sweep measured: any record's cost model device (the self-draft's carries one)."""
+    """The device the sweep measured: any record's cost model device (the self-draft's carries one), with the
+    committed profile's head costs for its GPU where it has none."""
     for r in records:
         dm = ((r.get("metrics") or {}).get("cost_model") or {}).get("device_model")
         if dm:
-            return cm.Device(**dm)
+            gpu = (r.get("environment") or {}).get("gpu")
+            return cm.Device(**(cm.profiled_head_costs(gpu) | {k: v for k, v in dm.items() if v}))
     raise SystemExit("no record of these sweeps carries the measured device (cost_model.device_model)")
+
+
+def profile_config(row: dict) -> RunConfig:
+    """The run a head_proposal_profile row timed, as the cost model reads it (shapes only)."""
+    head = {"eagle_window": {"drafter": "eagle", "head_kv": "window"}}.get(row["head"], {"drafter": row["head"]})
+    return RunConfig.from_options({
+        "random_weights": True, "model_name": row["model"], "B": row["B"], "prefix_len": row["prefix_len"],
+        "gen_len": 64, "gamma": [row["gamma"]], "temperature": 0.6, "top_p": 0.9, "device": "cpu",
+        "dataset": "stdlib", "head_candidates": row.get("head_candidates", 0)} | head, strict=False)
+
+
+def fit(profiles: list[Path], device: cm.Device) -> tuple[dict, dict, list[dict]]:
+    """(head_level_s by drafter, pick_s, the rows): each profiled proposal (graphed) against the model's count of
+    its work on `device` with no fixed head costs."""
+    bare = replace(device, head_level_s={}, pick_s={}, sampling_s_per_logit=0.0)
+    rows = []
+    for path in profiles:
+        for r in json.loads(path.read_text())["rows"]:
+            cfg, g = profile_config(r), r["gamma"]
+            work = cfg.drafter.predict(cfg, ModelArgs.from_name(r["model"]), {}, bare, 0.5, g, cfg.lookahead)["T_D"]
+            measured = r["cuda_graphs"]["graphed_us_median"] * 1e-6
+            pick = sum(v["us_per_proposal"] for k, v in r["eager"]["groups"].items() if k in PICK_GROUPS) * 1e-6 / g
+            rows.append({"shape": r["shape"], "head": r["head"], "drafter": cfg.drafter.name,
+                         "candidates": r.get("head_candidates", 0), "measured_us": measured * 1e6,
+                         "work_us": work * g * 1e6, "pick_us_per_level": pick * 1e6,
+                         "level_us": ((measured - work * g) / g - pick) * 1e6})
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    levels = {d: mean([r["level_us"] * 1e-6 for r in rows if r["drafter"] == d]) for d in {r["drafter"] for r in rows}}
+    picks = {k: mean([r["pick_us_per_level"] * 1e-6 for r in rows if bool(r["candidates"]) == (k == "candidates")])
+             for k in ("vocabulary", "candidates") if any(bool(r["candidates"]) == (k == "candidates") for r in rows)}
+    return levels, picks, rows
 
 
 def points_by_name(d: Path) -> dict:
@@ -47,6 +95,8 @@ def check(d: Path) -> list[dict]:
             continue
         m = r["metrics"]
         cfg = points[(r["label"], r["prefix_len"], r["B"])].cfg
+        if "head_candidates" not in r["config"]:  # recorded before heads drew among candidates: the whole vocabulary
+            cfg = RunConfig.from_options(cfg.options() | {"head_candidates": 0}, strict=False)
         target = ModelArgs(**r["model_config"])
         pred = cfg.drafter.predict(cfg, target, {}, device, m["alpha"], r["gamma"], cfg.lookahead)
         s = m["speculation"]
@@ -80,9 +130,27 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweeps", type=Path, nargs="+", help="sweep output folders (each keeps its sweep.toml)")
     p.add_argument("--output", type=Path, help="write OUTPUT.json and OUTPUT.md")
+    p.add_argument("--fit", type=Path, nargs="*", default=[], help="head_proposal_profile outputs to fit to first")
+    p.add_argument("--profile", type=Path, default=cm.PROFILES / "h100.json",
+                   help="the device profile --fit writes into (and its device model)")
     a = p.parse_args(argv)
+    fitted = ""
+    if a.fit:
+        levels, picks, fit_rows = fit(a.fit, compare.load_profile(a.profile)[0])
+        prof = json.loads(a.profile.read_text())
+        prof["head_level_s"], prof["pick_s"] = levels, picks
+        prof["head_costs_source"] = ("benchmarks/head_cost_check.py --fit " + " ".join(str(f) for f in a.fit) +
+                                     ": per drafted level, the graphed proposal beyond the model's count of its work, "
+                                     "less its pick; the pick's kernels per level (means over the profiled shapes)")
+        a.profile.write_text(json.dumps(prof, indent=1) + "\n")
+        fitted = "\n".join(["| shape | head | candidates | proposal measured (us) | work counted (us) | "
+                             "pick per level (us) | fixed per level (us) |", "|---|---|---|---|---|---|---|"] +
+                            [f"| {r['shape']} | {r['head']} | {r['candidates']} | {r['measured_us']:.0f} | "
+                             f"{r['work_us']:.0f} | {r['pick_us_per_level']:.0f} | {r['level_us']:.0f} |"
+                             for r in fit_rows]) + "\n\n"
+        print(fitted)
     rows = [row for d in a.sweeps for row in check(d)]
-    text = table(rows)
+    text = fitted + table(rows)
     print(text)
     if a.output:
         a.output.parent.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,12 @@ class Device:
     # FLOP/s of attention's matmuls in the decode kernel, fitted to verifications of many tokens (fit_attention_flops);
     # 0: attention's FLOPs at matmul_flops, added to its reads
     attention_flops: float = 0.0
+    # a trained head's proposal per drafted level beyond its weights, KV and FLOPs (its small kernels and their
+    # launches inside the proposal's graph): seconds by drafter, fitted to a kernel profile (head_cost_check --fit)
+    head_level_s: dict = field(default_factory=dict)
+    # a head's sampled pick per drafted level, in place of sampling_s_per_logit (whose sort is launch-bound at a
+    # head's few rows): {"vocabulary": the whole vocabulary's top-p, "candidates": top-p among its top-K}
+    pick_s: dict = field(default_factory=dict)
 
 
 def weight_bytes(c: ModelArgs, item: int = 2) -> int:
@@ -305,6 +311,15 @@ def profiled_weight_kernels(gpu: str | None) -> dict:
         p = json.loads(path.read_text())
         if gpu and p.get("device") == gpu:
             return weight_kernels_of(p)
+    return {}
+
+
+def profiled_head_costs(gpu: str | None) -> dict:
+    """The committed profile's head terms of this GPU model (Device.head_level_s, Device.pick_s), or {}."""
+    for path in sorted(PROFILES.glob("*.json")):
+        p = json.loads(path.read_text())
+        if gpu and p.get("device") == gpu:
+            return {k: dict(p.get(k) or {}) for k in ("head_level_s", "pick_s")}
     return {}
 
 

@@ -152,3 +152,18 @@ def test_a_heads_candidates_are_the_runs_distribution_over_its_likeliest_tokens(
     assert bool((q_drawn[:, 0].gather(1, ids) > 0).all())
     whole = Sampler(False, 0.6, top_p, 0, candidates=0).probabilities(logits)
     assert int((whole > 0).sum()) > int((q > 0).sum())  # the whole vocabulary's nucleus is wider here
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "hydra", "eagle"])
+def test_fitted_fixed_costs_add_to_each_drafted_level(drafter):
+    """Device.head_level_s (by drafter) and, sampled, Device.pick_s (candidates or the whole vocabulary, in place of
+    the per-logit count) add to each of gamma's drafted levels: T_D grows by exactly their sum, written out."""
+    fitted = replace(DEVICE, head_level_s={drafter: 1e-4, "other": 1.0}, pick_s={"candidates": 5e-5,
+                                                                                "vocabulary": 2e-4})
+    bare = predicted(run_config(drafter))["T_D"]  # greedy: no pick counted
+    assert predicted(run_config(drafter), device=fitted)["T_D"] == pytest.approx(bare + 1e-4, rel=1e-9)
+    sampled = {"temperature": 0.6, "top_p": 0.9}
+    assert predicted(run_config(drafter, **sampled), device=fitted)["T_D"] == pytest.approx(bare + 1e-4 + 5e-5,
+                                                                                          rel=1e-9)
+    assert predicted(run_config(drafter, head_candidates=0, **sampled), device=fitted)["T_D"] == pytest.approx(
+        bare + 1e-4 + 2e-4, rel=1e-9)

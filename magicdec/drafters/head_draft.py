@@ -98,7 +98,8 @@ def level_sizes(tree, gamma: int) -> list[int]:
 
 def head_prediction(cfg, target, device, alpha: float, gamma: int, proposal_seconds) -> dict | None:
     """A head drafter's prediction: the target's step and verification as for any draft (cost_model.predict, a tree
-    at its later candidates' rates), T_D one proposal's head work (`proposal_seconds(level_sizes, sampled)`) over
+    at its later candidates' rates), T_D one proposal's head work (`proposal_seconds(level_sizes, sampled)`) and
+    the device's fitted fixed cost per drafted level (Device.head_level_s, and sampled its pick, Device.pick_s) over
     gamma, so that gamma T_D is a proposal's. None for a tree without those rates (--synthetic_siblings), as a
     model draft's."""
     w = cfg.workload
@@ -108,7 +109,11 @@ def head_prediction(cfg, target, device, alpha: float, gamma: int, proposal_seco
     sampled = not cfg.decoding.greedy
     p = cm.predict(target, device, w.B, w.prefix_len + w.gen_len // 2, gamma, alpha, 0, None, 0, sampled, tree=tree,
                    sibling_rates=cfg.speculation.synthetic_siblings)
-    return cm.with_draft_step(p, gamma, proposal_seconds(level_sizes(tree, gamma), sampled) / gamma)
+    sizes = level_sizes(tree, gamma)
+    pick = device.pick_s.get("candidates" if cfg.draft.head_candidates else "vocabulary") if sampled else None
+    work = proposal_seconds(sizes, sampled and pick is None)  # a fitted pick stands in for the per-logit count
+    fixed = (len(sizes) - 1) * (device.head_level_s.get(cfg.drafter.name, 0.0) + (pick or 0.0))
+    return cm.with_draft_step(p, gamma, (work + fixed) / gamma)
 
 
 def level_picks(logits: torch.Tensor, level, sampler: Sampler):
