@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
-
+from collections import defaultdict
 from dataclasses import replace
+from pathlib import Path
 
 from magicdec import compare
 from magicdec import cost_model as cm
@@ -45,7 +45,7 @@ def device_of(records: list[dict]) -> cm.Device:
         dm = ((r.get("metrics") or {}).get("cost_model") or {}).get("device_model")
         if dm:
             gpu = (r.get("environment") or {}).get("gpu")
-            return cm.Device(**(cm.profiled_head_costs(gpu) | {k: v for k, v in dm.items() if v}))
+            return cm.Device(**(cm.head_costs_of(cm.committed_profile(gpu)) | {k: v for k, v in dm.items() if v}))
     raise SystemExit("no record of these sweeps carries the measured device (cost_model.device_model)")
 
 
@@ -73,11 +73,17 @@ def fit(profiles: list[Path], device: cm.Device) -> tuple[dict, dict, list[dict]
                          "candidates": r.get("head_candidates", 0), "measured_us": measured * 1e6,
                          "work_us": work * g * 1e6, "pick_us_per_level": pick * 1e6,
                          "level_us": ((measured - work * g) / g - pick) * 1e6})
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    levels = {d: mean([r["level_us"] * 1e-6 for r in rows if r["drafter"] == d]) for d in {r["drafter"] for r in rows}}
-    picks = {k: mean([r["pick_us_per_level"] * 1e-6 for r in rows if bool(r["candidates"]) == (k == "candidates")])
-             for k in ("vocabulary", "candidates") if any(bool(r["candidates"]) == (k == "candidates") for r in rows)}
+    levels = seconds_by(rows, lambda r: r["drafter"], "level_us")
+    picks = seconds_by(rows, lambda r: "candidates" if r["candidates"] else "vocabulary", "pick_us_per_level")
     return levels, picks, rows
+
+
+def seconds_by(rows: list[dict], key, field: str) -> dict:
+    """The mean of the rows' `field` (microseconds) per key(row), in seconds."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[key(r)].append(r[field] * 1e-6)
+    return {k: sum(v) / len(v) for k, v in groups.items()}
 
 
 def points_by_name(d: Path) -> dict:

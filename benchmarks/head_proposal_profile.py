@@ -103,7 +103,7 @@ class Probe:
         return out
 
     def summary(self) -> dict:
-        n = max(1, sum(1 for _ in self.us))
+        n = max(1, len(self.us))
         kernels = {k: {"us_per_proposal": v["us"] / n, "calls_per_proposal": v["calls"] / n, "group": group(k)}
                    for k, v in self.kernels.items()}
         groups = {}

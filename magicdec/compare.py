@@ -59,8 +59,7 @@ def load_profile(path: Path) -> tuple[cm.Device, dict, dict]:
         raise MagicDecError(f"--profile {path}: cannot read it as a device profile ({e})") from None
     device = cm.Device(p["bandwidth"], p["matmul_flops"], p.get("layer_overhead_s", 0.0),
                        sampling_s_per_logit=p.get("sampling_s_per_logit", 0.0), weight_kernels=cm.weight_kernels_of(p),
-                       attention_flops=p.get("attention_flops", 0.0), head_level_s=dict(p.get("head_level_s") or {}),
-                       pick_s=dict(p.get("pick_s") or {}))
+                       attention_flops=p.get("attention_flops", 0.0), **cm.head_costs_of(p))
     return device, p.get("verify_overhead_s", {}), p
 
 

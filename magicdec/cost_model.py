@@ -304,23 +304,24 @@ def fit_layer_overhead(c: ModelArgs, d: Device, B: int, context: int, step_s: fl
     return max(step_s - work, 0.0) / c.n_layers
 
 
+def committed_profile(gpu: str | None) -> dict:
+    """The committed device profile (PROFILES) of this GPU model, or {}."""
+    for path in sorted(PROFILES.glob("*.json")):
+        p = json.loads(path.read_text())
+        if gpu and p.get("device") == gpu:
+            return p
+    return {}
+
+
 def profiled_weight_kernels(gpu: str | None) -> dict:
     """The measured weight kernel table (Device.weight_kernels) of the committed profile of this GPU model, or {}
     (then the formats' bytes stand in)."""
-    for path in sorted(PROFILES.glob("*.json")):
-        p = json.loads(path.read_text())
-        if gpu and p.get("device") == gpu:
-            return weight_kernels_of(p)
-    return {}
+    return weight_kernels_of(committed_profile(gpu))
 
 
-def profiled_head_costs(gpu: str | None) -> dict:
-    """The committed profile's head terms of this GPU model (Device.head_level_s, Device.pick_s), or {}."""
-    for path in sorted(PROFILES.glob("*.json")):
-        p = json.loads(path.read_text())
-        if gpu and p.get("device") == gpu:
-            return {k: dict(p.get(k) or {}) for k in ("head_level_s", "pick_s")}
-    return {}
+def head_costs_of(profile: dict) -> dict:
+    """A profile's fitted head terms as Device fields (head_level_s, pick_s; empty where it has none)."""
+    return {k: dict(profile.get(k) or {}) for k in ("head_level_s", "pick_s")}
 
 
 def weight_kernels_of(profile: dict) -> dict:

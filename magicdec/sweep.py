@@ -383,9 +383,9 @@ class Sweep:
         self.env = dev.environment(device)
         # the draft weight kernels' times and the heads' fixed costs: this GPU model's committed profile (the formats'
         # bytes where none)
-        self.cost_device = replace(cm.measure_device(device, dtype),
-                                   weight_kernels=cm.profiled_weight_kernels(self.env.get("gpu")),
-                                   **cm.profiled_head_costs(self.env.get("gpu")))
+        profile = cm.committed_profile(self.env.get("gpu"))
+        self.cost_device = replace(cm.measure_device(device, dtype), weight_kernels=cm.weight_kernels_of(profile),
+                                   **cm.head_costs_of(profile))
         prefix, n = PROBE
         step = self.probe(replace_options(cfg, B=1, prefix_len=prefix, gen_len=n, drafter="baseline"))
         overhead = cm.fit_layer_overhead(self.engine.target_config, self.cost_device, 1, prefix + n // 2, step)
