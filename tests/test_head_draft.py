@@ -167,3 +167,13 @@ def test_fitted_fixed_costs_add_to_each_drafted_level(drafter):
                                                                                           rel=1e-9)
     assert predicted(run_config(drafter, head_candidates=0, **sampled), device=fitted)["T_D"] == pytest.approx(
         bare + 1e-4 + 2e-4, rel=1e-9)
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "hydra", "eagle"])
+def test_a_negative_candidate_count_is_one_line(drafter):
+    from magicdec.errors import MagicDecError
+
+    cfg = run_config(drafter, head_candidates=-1, temperature=0.6, top_p=0.9)
+    with pytest.raises(MagicDecError) as e:
+        cfg.drafter.check(cfg)
+    assert "--head_candidates -1" in str(e.value) and "\n" not in str(e.value)

@@ -223,12 +223,15 @@ def hidden_offset(cfg) -> int:
 
 
 def check_head_run(cfg, name: str) -> None:
-    """Checks that need no file: heads read one process's hidden states."""
+    """Checks that need no file: heads read one process's hidden states; a head's candidates are a count."""
     if len(cfg.runtime.rank_group) > 1:
         raise MagicDecError(f"--drafter {name}: a trained head reads the target's hidden states on one process; run it "
                             "with --rank_group 0 (no tensor parallelism)")
     if cfg.runtime.offload:
         raise MagicDecError(f"--drafter {name} with --offload: not supported (give one or the other)")
+    if cfg.draft.head_candidates < 0:
+        raise MagicDecError(f"--head_candidates {cfg.draft.head_candidates}: give a positive count of a head's likeliest "
+                            "tokens to draw among, or 0 for the whole vocabulary")
 
 
 def check_depth(cfg, num_heads: int, name: str) -> None:
