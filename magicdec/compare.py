@@ -27,7 +27,7 @@ from magicdec import drafters
 from magicdec import metrics as met
 from magicdec import options as opt
 from magicdec import timing
-from magicdec.config import ModelArgs
+from magicdec.config import ModelArgs, check_context
 from magicdec.engine import Engine, first_tokens
 from magicdec.errors import MagicDecError
 from magicdec.run import write_record
@@ -35,6 +35,7 @@ from magicdec.run_config import RunConfig, writable_folder
 
 PROFILES = cm.PROFILES
 SAMPLED = {"temperature": 0.6, "top_p": 0.9}
+DEFAULT_SHAPES = "HuggingFaceTB/SmolLM2-135M"  # the default target's (SmolLM2-135M-Instruct's) shapes
 
 
 def trained_heads(folder: Path | None) -> dict[str, Path]:
@@ -130,6 +131,9 @@ def check_options(a) -> None:
         raise MagicDecError(f"--repeats {a.repeats}: at most {timing.MAX_ROUNDS} timed rounds per drafter")
     if a.skip_tokens < 0:
         raise MagicDecError(f"--skip_tokens {a.skip_tokens}: give 0 or more tokens to skip at the book's start")
+    target = ModelArgs.from_name(DEFAULT_SHAPES) if a.model is None else \
+        ModelArgs.from_checkpoint_dir(a.model if a.model.is_dir() else a.model.parent)
+    check_context(target, a.prefix_len, a.gen_len + a.gamma + 1, "gen_len + gamma + 1", f"{target.name}'s")
     predicted = ModelArgs.from_name(a.predict_model)
     if a.predict_prefix + a.gen_len + a.gamma + 1 > predicted.max_seq_len:
         raise MagicDecError(f"--predict_prefix {a.predict_prefix} + gen_len + gamma + 1 exceeds {predicted.name}'s "
@@ -197,18 +201,17 @@ def side_by_side(a, base: dict, target: RunConfig, engine: Engine, profile, foun
             rows += [variant_row(v, mode) | ({"skipped": v["why"]} if v["why"] else {"untrained": v["untrained"]})
                      for mode in modes]
     table.print_rows(rows)
-    eos = engine.target_config.eos_ids
-    with tqdm(total=len(runnable) * len(modes), desc="drafters", unit="run", disable=not a.progress,
+    with tqdm(total=len(runnable) * len(modes), desc="drafters", unit="row", disable=not a.progress,
               leave=False) as bar:
+        def emit(row: dict) -> None:
+            rows.append(row)
+            table.print_rows([row], bar)
+            bar.update()
+
         for mode, sampling in modes.items():
-            base_cfg = RunConfig.from_options(base | sampling, strict=False)
-            for v in runnable:
-                bar.set_postfix_str(f"{v['cfg'].describe()}, {mode}")
-                row = measure(engine, batch, base_cfg, v, variant_row(v, mode), sampling, eos, a, profile)
-                rows.append(row)
-                table.print_rows([row], bar)
-                bar.update()
-                dev.release_memory(engine.device)
+            measure(engine, batch, RunConfig.from_options(base | sampling, strict=False), runnable, mode, sampling, a,
+                    profile, bar, emit)
+            dev.release_memory(engine.device)
     print(table.legend)
     write_record(a.output, record)
     return record
@@ -218,26 +221,47 @@ def variant_row(v: dict, mode: str) -> dict:
     return {"drafter": v["drafter"], "label": v["cfg"].describe(), "decoding": mode, "options": v["options"]}
 
 
-def measure(engine: Engine, batch, base_cfg: RunConfig, v: dict, row: dict, sampling: dict, eos, a, profile) -> dict:
-    """One variant prepared over the shared prefill and timed in turns with the plain baseline from the same
-    prompt (one machine state for both): its row."""
-    cfg = RunConfig.from_options(v["options"] | sampling)
-    prefix = base_cfg.workload.prefix_len
+def measure(engine: Engine, batch, base_cfg: RunConfig, runnable: list[dict], mode: str, sampling: dict, a, profile,
+            bar, emit) -> None:
+    """Every runnable variant prepared over the shared prefill, then timed with the plain baseline in rounds from
+    the same prompt (one machine state for all; each round's speculative runs pair with its baseline run): each
+    variant's row goes to `emit` as soon as its rounds and the baseline's are done."""
+    prefix, made = base_cfg.workload.prefix_len, []
     with torch.inference_mode():
-        batch.cache.rollback(torch.full_like(batch.cache.lengths, prefix))
-        drafter, draft_s, notes = engine.prepare(cfg, batch, v["models"])
-        decoder, base_decoder = engine.decoder(cfg, drafter, a.gamma), engine.decoder(base_cfg)
+        for v in runnable:
+            bar.set_postfix_str(f"preparing {v['cfg'].describe()}, {mode}")
+            cfg = RunConfig.from_options(v["options"] | sampling)
+            batch.cache.rollback(torch.full_like(batch.cache.lengths, prefix))
+            drafter, draft_s, notes = engine.prepare(cfg, batch, v["models"])
+            made.append((variant_row(v, mode) | {"draft_preparation_s": draft_s, "preparation_notes": notes or None},
+                         engine.decoder(cfg, drafter, a.gamma)))
+        decoders = [engine.decoder(base_cfg)] + [d for _, d in made]
         batch.cache.rollback(torch.full_like(batch.cache.lengths, prefix))
         first, prev = first_tokens(base_cfg, batch)
-        (b_out, b_counts, b_s), (out, counts, s) = timing.timed_generations(
-            [base_decoder, decoder], batch.cache, first, prev, base_cfg.workload.gen_len, eos,
-            base_cfg.workload.seed, base_cfg.runtime.graphed, a.repeats)
-    b = met.generation_metrics(b_counts, b_s, a.B, base_decoder.stats, base_decoder.round_seconds,
-                               base_decoder.round_rates)
+        done: dict[int, tuple] = {}
+
+        def on_done(i: int, result) -> None:
+            done[i] = result
+            if 0 not in done:  # each row's speedup divides by the baseline's rounds
+                return
+            for j in ([i] if i else sorted(done)[1:]):
+                emit(variant_result(made[j - 1], done[j], done[0], decoders[0], sampling, a, profile))
+
+        bar.set_postfix_str(f"timing, {mode}")
+        w = base_cfg.workload
+        timing.timed_generations(decoders, batch.cache, first, prev, w.gen_len, engine.target_config.eos_ids, w.seed,
+                                 base_cfg.runtime.graphed, a.repeats, on_done=on_done)
+
+
+def variant_result(made: tuple, result: tuple, base_result: tuple, base, sampling: dict, a, profile) -> dict:
+    """A variant's row: its metrics against the baseline's timed in the same rounds, and the cost model's
+    prediction at the α measured."""
+    (row, decoder), (out, counts, s), (b_out, b_counts, b_s) = made, result, base_result
+    b = met.generation_metrics(b_counts, b_s, a.B, base.stats, base.round_seconds, base.round_rates)
     m = met.generation_metrics(counts, s, a.B, decoder.stats, decoder.round_seconds, decoder.round_rates)
     m |= met.speculation_metrics(m, decoder.stats, b, a.gamma)
     summary = m["speculation"].get("drafter")
-    return row | {"draft_preparation_s": draft_s, "preparation_notes": notes or None, "alpha": m["alpha"], "acceptance_length": m["omega"],
+    return row | {"alpha": m["alpha"], "acceptance_length": m["omega"],
                   "tokens_per_verification": m["omega_effective"], "T_D_over_T_T": m.get("T_D_over_T_T"),
                   "T_V_over_T_T": m.get("T_V_over_T_T"), "measured_speedup": m.get("measured_speedup"),
                   "equals_plain_decoding": bool(torch.equal(out, b_out)) if not sampling else None,
