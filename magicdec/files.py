@@ -118,28 +118,35 @@ def write(path, fill: Callable, what: str = "") -> Path:
     it was. An OSError (disk full, read-only, permission) is a one-line MagicDecError; any failure, a Ctrl-C or a
     SIGTERM included, removes the temporary file."""
     path = Path(path)
-    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale(path)
-        tmp = temp_path(path)
-        _live.add(tmp)
-        with opened(tmp) as f:
-            fill(f)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before the name points at it: a crash after the rename keeps it whole
-        os.replace(tmp, path)
-    except BaseException as e:
-        if tmp is not None:
-            discard(tmp)
-        error = _os_error(e) if isinstance(e, Exception) else None
+        with temporary(path) as tmp:
+            with opened(tmp) as f:
+                fill(f)
+                f.flush()
+                os.fsync(f.fileno())  # on disk before the name points at it: a crash after the rename keeps it whole
+            os.replace(tmp, path)
+    except Exception as e:
+        error = _os_error(e)
         if error is not None:
             raise cannot_write(path, error, what) from None
         raise
-    finally:
-        _live.discard(tmp)
     _sync_folder(path.parent)
     return path
+
+
+@contextmanager
+def temporary(path):
+    """A temporary name beside `path` (temp_path), this process's while the block runs (remove_stale leaves it), and
+    removed after the block, whatever ends it (what the block renamed into place is no longer there to remove)."""
+    tmp = temp_path(Path(path))
+    _live.add(tmp)
+    try:
+        yield tmp
+    finally:
+        discard(tmp)
+        _live.discard(tmp)
 
 
 def _os_error(e: BaseException) -> OSError | None:
@@ -204,31 +211,25 @@ def files_into(folder, last: str, what: str = ""):
     removed first and moved in last, so that at no moment does `folder` hold `last` beside a partial set. On any
     failure the temporary folder goes and `folder` keeps what it had. Other files in `folder` are left alone."""
     folder = Path(folder)
-    stage = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         remove_stale(folder / "partial")
-        stage = temp_path(folder / "partial")
-        _live.add(stage)
-        stage.mkdir()
-        yield stage
-        names = sorted(p.name for p in stage.iterdir())
-        if last not in names:
-            raise RuntimeError(f"{last} was not written")  # a bug in the writer, not the user's
-        for name in names:  # on disk before any name points at them
-            if (stage / name).is_file():
-                with open(stage / name, "rb") as f:
-                    os.fsync(f.fileno())
-        (folder / last).unlink(missing_ok=True)
-        for name in [n for n in names if n != last] + [last]:
-            os.replace(stage / name, folder / name)
+        with temporary(folder / "partial") as stage:
+            stage.mkdir()
+            yield stage
+            names = sorted(p.name for p in stage.iterdir())
+            if last not in names:
+                raise RuntimeError(f"{last} was not written")  # a bug in the writer, not the user's
+            for name in names:  # on disk before any name points at them
+                if (stage / name).is_file():
+                    with open(stage / name, "rb") as f:
+                        os.fsync(f.fileno())
+            (folder / last).unlink(missing_ok=True)
+            for name in [n for n in names if n != last] + [last]:
+                os.replace(stage / name, folder / name)
         _sync_folder(folder)
     except OSError as e:
         raise cannot_write(folder, e, what) from None
-    finally:
-        if stage is not None:
-            discard(stage)
-            _live.discard(stage)
 
 
 # --- one writer at a time -------------------------------------------------------------------------------------------
