@@ -13,8 +13,11 @@ NAME is the sweep folder's name. The results page is updated in place: each swee
 `<!-- sweep NAME -->` and `<!-- /sweep NAME -->` (an --include file between `<!-- include PATH -->` markers); a run
 replaces or adds the sections of the sweeps it is given and keeps every other, and the table at the top lists every
 section on the page. A page made before these markers is refused rather than cut down to the sweeps given: rebuild it
-once with --rebuild and every sweep it should show. A record that cannot be read (not JSON, not UTF-8, not a JSON
-object) is skipped with a warning naming its file; a folder that is missing or holds no records is an error.
+once with --rebuild and every sweep it should show; so is a page with a marker lost or doubled. Two reports into one
+page take turns (it is locked while it is read, updated and written). OUT/NAME.md begins with a line saying this
+command made it; a file there without that line (a page written by hand, the results page) is never replaced. A
+record that cannot be read (not JSON, not UTF-8, not a JSON object) is skipped with a warning naming its file; a folder
+that is missing or holds no records is an error.
 """
 from __future__ import annotations
 

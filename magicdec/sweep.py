@@ -27,8 +27,10 @@ a table named after a method holds what applies to it alone:
 Per (prefix, B) the target is loaded once and each batch of prompts prefilled once; each drafter is prepared once
 per batch and decoding mode; every speculative point is timed in turns with the baseline of the same mode, and its
 speedup is against those interleaved baseline runs. A point is recorded under its run config's hash: a point whose
-config changed is run again, and records of points no longer in the grid are moved to `stale/`. `--max_minutes`
-stops it cleanly between points; run the same command again to resume.
+config changed is run again, and records of points no longer in the grid are moved to `stale/`; a record that cannot
+be read (cut short, emptied) is moved to `broken/` and its point run again. One sweep writes into a folder at a time:
+a second is refused. `--max_minutes` stops it cleanly between points, Ctrl-C or SIGTERM within one; run the same
+command again to resume.
 """
 from __future__ import annotations
 
