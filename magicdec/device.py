@@ -119,8 +119,8 @@ def cgroup_memory(proc: Path, cgroups: Path) -> list[tuple[int, int]]:
         if controllers == "":  # v2: one hierarchy
             base, limit, usage, stat, cache = cgroups, "memory.max", "memory.current", "memory.stat", "inactive_file"
         elif "memory" in controllers.split(","):
-            base, limit, usage, stat = cgroups / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat"
-            cache = "total_inactive_file"
+            base, limit, usage = cgroups / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+            stat, cache = "memory.stat", "total_inactive_file"
         else:
             continue
         d = base / path.lstrip("/")

@@ -329,7 +329,8 @@ class Sweep:
                 continue
             (self.out / "broken").mkdir(exist_ok=True)
             first = self.out / "broken" / (f"{f.stem}.batches.json" if batches else f.name)
-            to = next(t for n in itertools.count() if not (t := first.with_suffix(f".{n}.json" if n else ".json")).exists())
+            to = next(t for n in itertools.count()
+                      if not (t := first.with_suffix(f".{n}.json" if n else ".json")).exists())
             f.replace(to)
             moved += 1
             print(f"{f}: {why}; moved to {to}, and its point runs again", flush=True)
@@ -357,8 +358,8 @@ class Sweep:
         """Run every missing point (or until the time limit); returns how many are still missing."""
         start = time.monotonic()
         writable_folder(self.out, "--output_dir")
-        busy = (lambda pid: f"--output_dir {self.out} is in use by another sweep (pid {pid}): let it finish (or stop it: "
-                            f"kill {pid}), or give this one another --output_dir")
+        busy = (lambda pid: f"--output_dir {self.out} is in use by another sweep (pid {pid}): let it finish (or stop "
+                            f"it: kill {pid}), or give this one another --output_dir")
         with files.locked(self.out / LOCK, busy), interrupted_as(lambda: (
                 f"interrupted: {sum(map(self.recorded, self.points))} of {len(self.points)} points done in {self.out}; "
                 "run the same command again to resume")):
@@ -379,8 +380,8 @@ class Sweep:
         self.load(todo[0].cfg)
         files.write_text(self.out / "sweep.toml", self.config_text)  # the grid itself, beside its records
         commands = self.out / "commands.txt"  # what made these records, for the report
-        files.write_text(commands, (commands.read_text(errors="replace") if commands.exists() else "") +
-                         f"{self.command}  # {self.env.get('gpu', self.env['device'])}, {time.strftime('%Y-%m-%d %H:%M')}\n")
+        made = f"{self.command}  # {self.env.get('gpu', self.env['device'])}, {time.strftime('%Y-%m-%d %H:%M')}\n"
+        files.write_text(commands, (commands.read_text(errors="replace") if commands.exists() else "") + made)
         bar = tqdm(total=len(todo), desc="sweep", disable=not self.progress)
         groups: dict[tuple, list[Point]] = {}
         for p in todo:

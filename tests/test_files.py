@@ -141,8 +141,9 @@ def test_the_injected_full_disk_cuts_a_plain_write_short(tmp_path, monkeypatch):
     assert len(path.read_bytes()) == 200
 
 
-@pytest.mark.parametrize("err, cause", [(errno.EROFS, "the file system is read-only; choose a folder on a writable disk"),
-                                        (errno.EACCES, "permission denied; choose a folder you can write to")])
+@pytest.mark.parametrize("err, cause", [
+    (errno.EROFS, "the file system is read-only; choose a folder on a writable disk"),
+    (errno.EACCES, "permission denied; choose a folder you can write to")])
 def test_a_read_only_or_forbidden_folder_is_one_line_naming_cause_and_fix(err, cause, tmp_path, monkeypatch):
     path = tmp_path / "out" / "record.json"
     faulty_disk(monkeypatch, tmp_path / "out", err)

@@ -191,7 +191,7 @@ def test_the_datastore_is_at_exactly_the_path_printed(books, capsys):
 
 @pytest.mark.parametrize("case, said", [
     ("missing", "--books {books}/nothing.txt: no such file or folder"),
-    ("latin-1", "--books: {books}/pg1.txt is not UTF-8 (byte 0xe9 at byte 3): convert it, e.g. iconv -f latin1 -t utf-8"),
+    ("latin-1", "--books: {books}/pg1.txt is not UTF-8 (byte 0xe9 at byte 3): convert it, e.g. iconv -f latin1"),
     ("binary", "--books: {books}/pg1.txt holds NUL characters"),
     ("exclude", "--exclude pg9: no book of --books {books} is named so"),
 ])

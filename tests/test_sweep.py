@@ -606,8 +606,8 @@ def test_a_second_sweep_into_a_folder_in_use_stops_at_once_naming_the_first(tmp_
             sweep.main([str(config), "--output_dir", str(out), "--device", "cpu", "--no_progress"])
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == [f"error: --output_dir {out} is in use by another sweep (pid {first.pid}): let it finish (or stop "
-                       f"it: kill {first.pid}), or give this one another --output_dir"]
+        assert err == [f"error: --output_dir {out} is in use by another sweep (pid {first.pid}): let it finish (or "
+                       f"stop it: kill {first.pid}), or give this one another --output_dir"]
         assert not list(out.glob("*.json"))
     finally:
         first.send_signal(signal.SIGTERM)
