@@ -108,11 +108,6 @@ def discard(path: Path) -> None:
 
 
 # --- whole files ----------------------------------------------------------------------------------------------------
-def opened(tmp: Path):
-    """The temporary file, opened for writing (exclusive: a name never shared). Tests wrap it to inject faults."""
-    return open(tmp, "xb")
-
-
 def write(path, fill: Callable, what: str = "") -> Path:
     """`fill(f)` writes the file's bytes to the open file object f; the result is at `path` whole, or `path` is as
     it was. An OSError (disk full, read-only, permission) is a one-line MagicDecError; any failure, a Ctrl-C or a
@@ -122,7 +117,7 @@ def write(path, fill: Callable, what: str = "") -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale(path)
         with temporary(path) as tmp:
-            with opened(tmp) as f:
+            with open(tmp, "xb") as f:  # exclusive: a name no one else uses
                 fill(f)
                 f.flush()
                 os.fsync(f.fileno())  # on disk before the name points at it: a crash after the rename keeps it whole
