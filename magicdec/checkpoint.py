@@ -71,8 +71,6 @@ def check_state_dict(sd: dict, args: ModelArgs, source) -> None:
                                 "checkpoint and config.json do not match; re-download it")
 
 
-
-
 # ---------------------------------------------------------------- HF checkpoints
 
 def _hf_weight_files(d: Path) -> list[Path]:
