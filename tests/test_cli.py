@@ -73,7 +73,7 @@ def test_triforce_errors_name_triforce_flags():
 
 
 def test_interrupt_is_one_line(monkeypatch, capsys):
-    """Ctrl-C during a run: one line, exit status 130, no traceback."""
+    """Ctrl-C during a run: one line saying nothing was written, exit status 130, no traceback."""
     from magicdec import run
 
     def interrupted(cfg):
@@ -82,7 +82,9 @@ def test_interrupt_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(run, "run", interrupted)
     with pytest.raises(SystemExit) as e:
         run.main(lambda: RunConfig.from_options({"device": "cpu"}))
-    assert e.value.code == 130 and capsys.readouterr().err.strip() == "interrupted"
+    assert e.value.code == 130 and capsys.readouterr().err.strip() == (
+        "interrupted: the run did not finish and wrote no record (an earlier record at its --output is as it was); run "
+        "the same command again")
 
 
 def test_magicdec_command_lists_its_commands():
