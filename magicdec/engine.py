@@ -310,7 +310,8 @@ class Engine:
             return (data.random_prompts(config.vocab_size, w.B, w.prefix_len, w.seed, config.bos_id or 0), None,
                     "random token ids (random weights, no --tokenizer)")
         source = data.resolve_source(w.dataset)
-        prompts = data.load_prompts(tokenizer, w.B, w.prefix_len, source, w.skip_tokens, bos_id=config.bos_id)
+        prompts = data.load_prompts(tokenizer, w.B, w.prefix_len, source, w.skip_tokens, bos_id=config.bos_id,
+                                    progress=cfg.output.progress)
         return prompts, tokenizer, str(source)
 
     def new_cache(self, cfg: RunConfig, slots: int | None = None) -> KVCache:

@@ -28,7 +28,9 @@ Per (prefix, B) the target is loaded once and each batch of prompts prefilled on
 per batch and decoding mode; every speculative point is timed in turns with the baseline of the same mode, and its
 speedup is against those interleaved baseline runs. A point is recorded under its run config's hash: a point whose
 config changed is run again, and records of points no longer in the grid are moved to `stale/`. `--max_minutes`
-stops it cleanly between points; run the same command again to resume.
+stops it cleanly between points once that long has passed since the command started (loading the target and probing
+the device included); every run records at least one point first, so running the same command again always resumes
+further.
 """
 from __future__ import annotations
 
@@ -328,8 +330,11 @@ class Sweep:
 
     # ------------------------------------------------------------------ the run
     def run(self, max_minutes: float | None) -> int:
-        """Run every missing point (or until the time limit); returns how many are still missing."""
+        """Run every missing point (or until the time limit, past which no new point starts once one was recorded:
+        a limit shorter than the set-up still makes progress); returns how many are still missing."""
+        check_minutes(max_minutes)
         start = time.monotonic()
+        self.recorded_now = 0
         writable_folder(self.out, "--output_dir")
         self.retire_stale()
         for method, reasons in self.dropped.items():
@@ -341,6 +346,10 @@ class Sweep:
             return 0
         self.check(todo)
         self.load(todo[0].cfg)
+        if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
+            print(f"the set-up (loading the target, probing the device) took {(time.monotonic() - start) / 60:.1f} "
+                  f"minutes, past --max_minutes {max_minutes:g}: one point is recorded, then the sweep stops",
+                  flush=True)
         (self.out / "sweep.toml").write_text(self.config_text)  # the grid itself, beside its records
         with open(self.out / "commands.txt", "a") as f:  # what made these records, for the report
             f.write(f"{self.command}  # {self.env.get('gpu', self.env['device'])}, {time.strftime('%Y-%m-%d %H:%M')}\n")
@@ -349,12 +358,13 @@ class Sweep:
         for p in todo:
             groups.setdefault(group_key(p), []).append(p)
         for pts in groups.values():
-            if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
+            if self.out_of_time(start, max_minutes):
                 break
             too_big = self.fits(pts)
             for p in pts:
                 if p.key in too_big:
                     self.write(p.key, self.meta(p) | {"skipped": too_big[p.key]})
+                    self.recorded_now += 1
                     bar.update(1)
             pts = [p for p in pts if p.key not in too_big]
             if pts and not self.group(pts, bar, start, max_minutes):
@@ -363,6 +373,10 @@ class Sweep:
         left = sum(1 for p in self.points if not self.recorded(p))
         print(f"{left} points left" + ("; run the same command again to resume" if left else ""), flush=True)
         return left
+
+    def out_of_time(self, start: float, max_minutes: float | None) -> bool:
+        """Whether the time limit stops the sweep here: past it, and a point recorded by this run already."""
+        return max_minutes is not None and self.recorded_now > 0 and time.monotonic() - start > 60 * max_minutes
 
     def check(self, todo: list[Point]) -> None:
         """Every point against the models' configs (contexts, vocabularies, drafts' models), before anything loads:
@@ -476,7 +490,7 @@ class Sweep:
         pts = sorted(pts, key=lambda p: (p.method != "baseline", self.drafter_key(p.cfg)))  # one drafter alive at once
         try:
             for point in pts:
-                if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
+                if self.out_of_time(start, max_minutes):
                     return False
                 cfg = point.cfg
                 mode = cfg.decoding.name
@@ -552,6 +566,7 @@ class Sweep:
             return
         rec = self.record(point, partial)
         self.write(point.key, rec)
+        self.recorded_now += 1
         self.log(rec)
         (self.out / ".batches" / f"{point.key}.json").unlink(missing_ok=True)
         bar.update(1)
@@ -746,15 +761,24 @@ def replace_options(cfg: RunConfig, **changes) -> RunConfig:
     return RunConfig.from_options(given, strict=False)
 
 
+def check_minutes(max_minutes: float | None) -> None:
+    if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes > 0):
+        raise MagicDecError(f"--max_minutes {max_minutes:g}: give a finite positive number of minutes (leave it out "
+                            "for no limit)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="magicdec sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", type=Path, help="the sweep's TOML file")
     p.add_argument("--output_dir", type=Path, required=True, help="where its records go (one JSON per point)")
-    p.add_argument("--max_minutes", type=float, default=None, help="stop between points after this long (resume later)")
+    p.add_argument("--max_minutes", type=float, default=None,
+                   help="start no new point once this long has passed since the command started, set-up included; at "
+                        "least one point is recorded each time (run the same command again to resume)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when a GPU is visible)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     with one_line_errors(interrupted=f"interrupted; run the same command again to resume (records in {a.output_dir})"):
+        check_minutes(a.max_minutes)
         sweep = Sweep(load_config(a.config), a.output_dir, a.device, not a.no_progress, str(a.config))
         sweep.config_text = a.config.read_text()
         sweep.command = " ".join(["magicdec sweep"] + (argv if argv is not None else sys.argv[1:]))

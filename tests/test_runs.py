@@ -833,3 +833,36 @@ def test_skip_prefill_is_for_random_weights_only(tmp_path):
     assert record["metrics"]["measured_speedup"] > 0
     one_line_error(cli("baseline", "--B", "1", "--prefix_len", "64", "--skip_prefill"), "--skip_prefill",
                    "only for --random_weights")
+
+
+# ------------------------------------------------------------------ --replay, and what --no_progress shows
+
+@pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(), reason=f"no stories260K in {STORIES}")
+def test_replay_reruns_what_a_record_ran(tmp_path, monkeypatch):
+    """A tiny CPU run's record, baseline and speculative (a gamma sweep), rerun with --replay: the same config, the
+    same prompts, the same generated ids (greedy). A baseline's record failed ("--acceptance_trace applies to a
+    speculative run"). Each run with --no_progress makes no bar that could show (the prompts' bar did)."""
+    import magicdec.data
+    import magicdec.generate
+    from magicdec.checkpoint import convert_llama2c
+
+    bars = []
+
+    def tqdm(*args, **kwargs):
+        bars.append((kwargs.get("desc"), kwargs.get("disable", False)))
+        return real_tqdm(*args, **kwargs)
+
+    real_tqdm = magicdec.data.tqdm
+    monkeypatch.setattr(magicdec.data, "tqdm", tqdm)
+    monkeypatch.setattr(magicdec.generate, "tqdm", tqdm)
+    model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
+    common = ["--model", str(model), "--dataset", "stdlib", "--skip_tokens", "0", "--B", "2", "--prefix_len", "48",
+              "--gen_len", "12", "--device", "cpu", "--no_progress", "--save_tokens"]
+    for kind in ([], ["--drafter", "lookup", "--gamma", "2", "3"]):
+        first = run_record([*common, *kind, "--output", str(tmp_path / "first.json")])
+        again = run_record(["--replay", str(tmp_path / "first.json"), "--output", str(tmp_path / "again.json"),
+                            "--save_tokens", "--no_progress"])
+        assert again["config_hash"] == first["config_hash"] and again["method"] == first["method"]
+        assert again["prompt_ids"] == first["prompt_ids"] and again["generated_ids"] == first["generated_ids"]
+        assert json.loads((tmp_path / "again.json").read_text())["config"]["output"] == str(tmp_path / "again.json")
+    assert "prompts" in {desc for desc, _ in bars} and all(disabled for _, disabled in bars), bars
