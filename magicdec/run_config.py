@@ -379,7 +379,7 @@ class Timing:
         if self.baseline_json and not speculative:
             raise MagicDecError("--baseline_json is what a speculative run compares with: this run is the baseline")
         if not self.min_seconds >= 0 or not math.isfinite(self.min_seconds):
-            raise MagicDecError(f"--min_seconds must be a finite number >= 0, got {self.min_seconds}")
+            raise MagicDecError(f"--min_seconds must be >= 0 and finite, got {self.min_seconds}")
         from magicdec.timing import MAX_ROUNDS
 
         if self.repeats > MAX_ROUNDS:

@@ -61,7 +61,7 @@ from magicdec.engine import activation_rows, Engine, first_tokens, memory_needed
 from magicdec.errors import MagicDecError, one_line_errors
 from magicdec.planner import AutoGamma, fit_spread, option_parts, plan
 from magicdec.run import write_json
-from magicdec.run_config import RUN_OPTIONS, SECTIONS, RunConfig, writable_folder
+from magicdec.run_config import RUN_OPTIONS, SECTIONS, SPECULATIVE_ONLY, RunConfig, writable_folder
 from magicdec.stats import Stats
 from magicdec.verify import SYNTHETIC_DRAWS
 
@@ -120,11 +120,20 @@ def load_config(path: Path) -> dict:
     for key in ("methods", "decoding", "history"):
         if not isinstance(cfg[key], list) or not all(isinstance(v, str) for v in cfg[key]):
             raise MagicDecError(f"{path}: {key} must be a list of names, got {cfg[key]!r}")
-    methods = [m if m in ("baseline", "auto") else drafters.canonical(m) for m in cfg["methods"]]
+    if not cfg["methods"]:
+        raise MagicDecError(f"{path}: methods is empty: name the methods to run (any of {drafters.names()}, baseline, "
+                            "and auto: the planner)")
+    try:
+        methods = [m if m in ("baseline", "auto") else drafters.canonical(m) for m in cfg["methods"]]
+    except MagicDecError as e:
+        raise MagicDecError(f"{path}: methods: {e}") from None
     cfg["methods"] = methods
     for table in tables:
         if table not in methods:
             raise MagicDecError(f"{path}: table [{table}] names no method of this sweep (methods: {methods})")
+        check_table(path, table, cfg[table])
+    for where, table in [("", cfg)] + [(f"[{t}] ", cfg[t]) for t in tables]:
+        check_synthetic(path, where, table.get("synthetic_acceptance"))
     bad = set(cfg["decoding"]) - set(MODES)
     if bad or not cfg["decoding"]:
         raise MagicDecError(f"{path}: decoding must be among {list(MODES)}, got {cfg['decoding']}")
@@ -137,6 +146,39 @@ def load_config(path: Path) -> dict:
         raise MagicDecError(f"{path}: skip_tokens must be a non-negative integer or a list of distinct ones (one batch "
                             f"of prompts each), got {cfg['skip_tokens']!r}")
     return cfg
+
+
+def check_table(path, method: str, table: dict) -> None:
+    """A method's table holds options that method takes: the run's (not where its record goes), its drafter's, and
+    for auto the drafter it plans; another drafter's option there would be dropped without a word."""
+    base = table.get("drafter") if method == "auto" else method
+    if method == "auto" and not isinstance(base, str):
+        raise MagicDecError(f"{path}: [auto] drafter = {base!r}: name the drafter the planner plans, one of "
+                            f"{drafters.names()}")
+    try:
+        kind = drafters.get(base) if base != "baseline" else None
+    except MagicDecError as e:
+        raise MagicDecError(f"{path}: [{method}] drafter: {e}") from None
+    own = RUN_OPTIONS - opt.keys(SECTIONS["output"]) | (opt.keys(kind.Config) if kind else set())
+    if kind is None:
+        own -= SPECULATIVE_ONLY
+    unknown = sorted(set(table) - own - ({"drafter"} if method == "auto" else set()))
+    if unknown:
+        owners = drafters.owners(unknown[0])
+        whose = f"an option of {', '.join(owners)}" if owners else "no run option (magicdec run --help)"
+        raise MagicDecError(f"{path}: [{method}] {unknown[0]} is {whose}, not of {base}: move it to its method's table "
+                            "or drop it")
+
+
+def check_synthetic(path, where: str, given) -> None:
+    """synthetic_acceptance: a rate, or a table of rates by prefix length (interpolated in log prefix)."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if given is None or number(given) or (isinstance(given, dict) and given and all(
+            k.isdigit() and int(k) > 0 and number(v) for k, v in given.items())):
+        return
+    raise MagicDecError(f"{path}: {where}synthetic_acceptance = {given!r}: give a rate in [0, 1], or rates by prefix "
+                        'length, e.g. {"4096" = 0.84, "100000" = 0.79}')
 
 
 def batch_skips(cfg: dict) -> list[int]:

@@ -192,8 +192,8 @@ def test_a_cuda_device_this_machine_lacks_is_one_line(monkeypatch):
 @pytest.mark.parametrize("given,needle", [
     ({"repeats": 10**9}, "--repeats 1000000000: at most 50 timed rounds"),
     ({"repeats": 51}, "--repeats 51: at most 50 timed rounds"),
-    ({"min_seconds": float("inf")}, "--min_seconds must be a finite number >= 0, got inf"),
-    ({"min_seconds": float("nan")}, "--min_seconds must be a finite number >= 0, got nan"),
+    ({"min_seconds": float("inf")}, "--min_seconds must be >= 0 and finite, got inf"),
+    ({"min_seconds": float("nan")}, "--min_seconds must be >= 0 and finite, got nan"),
 ])
 def test_timing_beyond_what_a_run_times_is_one_line(given, needle):
     cfg = RunConfig.from_options(given | {"device": "cpu"})

@@ -575,3 +575,27 @@ def test_a_time_limit_that_is_no_time_is_refused_first(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: --max_minutes {minutes}: give a finite positive number of minutes"), err
+
+
+@pytest.mark.parametrize("old,new,needle", [
+    ('"96" = 0.7}', '"abc" = 0.7}', "synthetic_acceptance = {'48': 0.9, 'abc': 0.7}: give a rate in [0, 1], or rates "
+                                    "by prefix length"),
+    ('"96" = 0.7}', '"96" = "high"}', "synthetic_acceptance = {'48': 0.9, '96': 'high'}"),
+    ('{"48" = 0.9, "96" = 0.7}', '"x"', "synthetic_acceptance = 'x': give a rate"),
+    ('methods = ["baseline", "selfspec", "standalone", "auto"]', "methods = []", "methods is empty"),
+    ("", '[selfspec]\ncolour = 1\n', "[selfspec] colour is no run option (magicdec run --help), not of selfspec"),
+    ("", '[selfspec]\nngram_max = 2\n', "[selfspec] ngram_max is an option of hierarchy, lookup, not of selfspec: move "
+                                        "it to its method's table or drop it"),
+    ("", '[baseline]\ngamma = 2\n', "[baseline] gamma is no run option (magicdec run --help), not of baseline"),
+    ("", '[selfspec]\nsynthetic_acceptance = {"x" = 1}\n', "[selfspec] synthetic_acceptance = {'x': 1}"),
+    ('[auto]\ndrafter = "selfspec"\n', '[auto]\ndrafter = "quokka"\n', "[auto] drafter: unknown drafter 'quokka'"),
+    ('[auto]\ndrafter = "selfspec"\n', '[auto]\ndrafter = 5\n', "[auto] drafter = 5: name the drafter the planner plans"),
+])
+def test_a_sweep_file_that_would_run_something_else_is_one_line(tmp_path, old, new, needle):
+    """Read in one line before anything runs: a synthetic_acceptance table that is no table of rates (a traceback),
+    no methods (ran nothing, exit 0), an option in a method's table that the method does not take (dropped without a
+    word)."""
+    text = (CONFIG + AUTO).replace(old, new) if old else CONFIG + AUTO + new
+    with pytest.raises(drafters.MagicDecError) as e:
+        sweep.load_config(_write(tmp_path, text))
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
