@@ -870,8 +870,8 @@ def train(argv: list[str]) -> dict:
                             "drop --corpus, or train anew in another --out")
     trainer = make_trainer(o, args)  # the family's own checks, before anything big
     dtype = getattr(torch, runtime["dtype"] or ("bfloat16" if device.type == "cuda" else "float32"))
-    check_fits(o, args, device, dtype)
     books = read_books(corpus_files(corpus_path))
+    check_fits(o, args, device, dtype)
     tokenizer = load_tokenizer(ckpt.parent)
     bos = tokenizer.bos_id if tokenizer.bos_id is not None else args.bos_id
     defaults = not {"holdout_B", "holdout_prefix_len"} & set(ns)  # the held-out workload left at its default

@@ -323,19 +323,22 @@ def test_every_number_out_of_its_range_is_one_line_first(flag, value, needle, tm
 
 
 def test_windows_the_target_cannot_hold_are_one_line_first(stories, tmp_path, capsys, no_target_load, monkeypatch):
-    """Before the corpus is read (it is missing here) and before the target loads: windows past its context, and a
-    batch whose distributions alone outgrow the free memory."""
+    """Before the corpus is tokenized and the target loads: windows past its context, and a batch whose
+    distributions alone outgrow the free memory."""
     from magicdec import device as dev
 
-    run = ["--family", "medusa", "--target", str(stories), "--corpus", str(tmp_path / "none"), "--out",
+    (tmp_path / "book.txt").write_text("Once upon a time.")
+    run = ["--family", "medusa", "--target", str(stories), "--corpus", str(tmp_path / "book.txt"), "--out",
            str(tmp_path / "out"), "--device", "cpu"]
+    monkeypatch.setattr(train_head, "encode_books", lambda *a: pytest.fail("the corpus was tokenized"))
     context = ModelArgs.from_checkpoint_dir(stories).max_seq_len
     line = one_line(capsys, [*run, "--seq_len", str(context + 1)])
     assert f"--seq_len {context + 1} exceeds the target's context of {context} tokens" in line
     monkeypatch.setattr(dev, "memory", lambda device: (1 << 30, 1 << 30))
     # 1000 windows of 100 tokens x 512 tokens' distributions x (4 + 16) bytes = 0.95 GiB: under the 1 GiB free, on
-    # to the corpus; 2000 are not
-    assert "--corpus" in one_line(capsys, [*run, "--batch_size", "1000", "--seq_len", "100"])
+    # to tokenizing the corpus; 2000 are not
+    with pytest.raises(BaseException, match="the corpus was tokenized"):
+        cli_main(["train-head", *run, "--batch_size", "1000", "--seq_len", "100"])
     line = one_line(capsys, [*run, "--batch_size", "2000", "--seq_len", "100"])
     assert line == ("error: --batch_size 2000 x --seq_len 100: a step's distributions over the target's 512-token "
                     "vocabulary need at least 1.9 GiB, 1.0 GiB is free on cpu; lower --batch_size or --seq_len"), line
