@@ -891,6 +891,11 @@ def train(argv: list[str]) -> dict:
     head = trainer.build().to(device).float().train()
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=o.lr, betas=(0.9, 0.95), weight_decay=o.weight_decay)
+    n = sum(p.numel() for p in params)
+    # what will be written, said before the steps (Medusa's and Hydra's heads each carry a full-vocabulary LM head)
+    print(f"{o.family} head: {n / 1e6:.1f}M parameters to train; {out} will hold about {4 * n / 1e6:,.0f} MB of "
+          f"head and {12 * n / 1e6:,.0f} MB of resumable checkpoint ({STATE}: the weights and AdamW's two moments, "
+          "fp32)", file=sys.stderr)
     start, log = 0, None
     if resume:
         state = torch.load(out / STATE, map_location=device, weights_only=False)
