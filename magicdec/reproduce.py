@@ -38,6 +38,7 @@ from magicdec.run_config import RunConfig, writable_folder
 KEYS = {"claim", "paper", "device", "record", "metric", "expected", "tolerance", "weights", "acceptance",
         "prediction", "details", "run", "also", "note", "order"}
 REQUIRED = ("claim", "device", "record", "metric", "expected", "tolerance", "run")
+NUMBERS = {"expected", "tolerance", "order"}  # the others are strings, but run (a table)
 README_MARKERS = ("<!-- headline table: magicdec reproduce --table -->", "<!-- /headline table -->")
 
 
@@ -51,6 +52,12 @@ def load(path: Path) -> dict:
     if missing or unknown:
         raise MagicDecError(f"experiment {path}: " + (f"missing {missing}" if missing else f"unknown keys {unknown}")
                             + f"; an experiment has {sorted(KEYS)}")
+    for key, value in exp.items():
+        number = key in NUMBERS
+        if number and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0) or \
+                key == "run" and not isinstance(value, dict) or not number and key != "run" and not isinstance(value, str):
+            what = "a number >= 0" if number else "a table of run options" if key == "run" else "a string"
+            raise MagicDecError(f"experiment {path}: {key} = {value!r}: must be {what}")
     exp["path"] = Path(path)
     return exp
 

@@ -195,3 +195,20 @@ def test_an_experiment_too_big_for_this_machine_says_where_it_runs(monkeypatch):
     assert str(e.value).startswith(f"{exp['path']} cannot run on this CPU: ") and "\n" not in str(e.value)
     assert str(e.value).endswith("the experiment fixes its [run] options: run it on H100, or time a smaller copy of "
                                  "them with magicdec run")
+
+
+@pytest.mark.parametrize("line,needle", [
+    ('expected = "abc"', "expected = 'abc': must be a number >= 0"),
+    ("tolerance = -0.05", "tolerance = -0.05: must be a number >= 0"),
+    ("device = 3", "device = 3: must be a string"),
+    ("order = true", "order = True: must be a number >= 0"),
+])
+def test_an_experiment_value_of_the_wrong_type_is_one_line(tmp_path, line, needle):
+    """Each was a traceback when the table or the verdict used it (after the run, for a verdict)."""
+    path = tiny_experiment(tmp_path, 'drafter = "lookup"\n')
+    key = line.split(" = ")[0]
+    rows = [row for row in path.read_text().splitlines() if not row.startswith(f"{key} = ")]
+    path.write_text("\n".join([line, *rows]) + "\n")  # before [run], so a top-level key
+    with pytest.raises(MagicDecError) as e:
+        reproduce.load(path)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
