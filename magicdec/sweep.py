@@ -424,9 +424,15 @@ class Sweep:
         """Every point against the models' configs (contexts, vocabularies, drafts' models), before anything loads:
         a mistake in the grid costs seconds, not the points before it."""
         self.engine = self.engine or Engine(todo[0].cfg)
+        batches = set()  # each batch of prompts the points take, made once here: a source too small is said now
         for p in todo:
             try:
                 self.engine.plan(p.cfg)
+                for skip in batch_skips(self.cfg):
+                    w = p.cfg.workload
+                    if (w.B, w.prefix_len, w.dataset, skip, w.seed) not in batches:
+                        batches.add((w.B, w.prefix_len, w.dataset, skip, w.seed))
+                        self.engine.prompts(replace_options(p.cfg, skip_tokens=skip))
             except MagicDecError as e:
                 raise MagicDecError(f"{self.path}: point {p.name}: {e}") from None
 

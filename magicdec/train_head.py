@@ -844,6 +844,8 @@ def train(argv: list[str]) -> dict:
     target_arg, corpus_arg = ns.pop("target"), ns.pop("corpus")
     runtime = {k: ns.pop(k) for k in ("eval_every", "save_every", "device", "dtype", "no_progress")}
     check_numbers(ns | runtime)
+    if out.exists() and not out.is_dir():
+        raise MagicDecError(f"--out {out} is a file: give the folder the head, its log and checkpoint go to")
     o, meta = resolve_options(ns, out, resume)
     device = torch.device(runtime["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():

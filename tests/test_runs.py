@@ -866,3 +866,21 @@ def test_replay_reruns_what_a_record_ran(tmp_path, monkeypatch):
         assert again["prompt_ids"] == first["prompt_ids"] and again["generated_ids"] == first["generated_ids"]
         assert json.loads((tmp_path / "again.json").read_text())["config"]["output"] == str(tmp_path / "again.json")
     assert "prompts" in {desc for desc, _ in bars} and all(disabled for _, disabled in bars), bars
+
+
+@pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(), reason=f"no stories260K in {STORIES}")
+def test_a_source_too_small_for_the_batch_is_said_before_the_target_loads(tmp_path, monkeypatch):
+    """The prompts are cut before the weights load: a dataset with fewer than B prompts of prefix_len is one line
+    (it came after the target's weights had loaded: minutes for an 8B model)."""
+    from magicdec.checkpoint import convert_llama2c
+    from magicdec.engine import Engine
+    from magicdec.errors import MagicDecError
+
+    model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
+    (tmp_path / "book.txt").write_text("Once upon a time there was a little girl. " * 20)
+    monkeypatch.setattr(Engine, "load_target", lambda self: pytest.fail("the target was loaded"))
+    with pytest.raises(MagicDecError, match="prompts of prefix_len 300 after skipping 0 tokens per document, but "
+                                            "batch_size 4 were asked for") as e:
+        run_record(["--model", str(model), "--dataset", str(tmp_path / "book.txt"), "--skip_tokens", "0", "--B", "4",
+                    "--prefix_len", "300", "--gen_len", "4", "--device", "cpu", "--no_progress"])
+    assert "\n" not in str(e.value)

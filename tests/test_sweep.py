@@ -599,3 +599,20 @@ def test_a_sweep_file_that_would_run_something_else_is_one_line(tmp_path, old, n
     with pytest.raises(drafters.MagicDecError) as e:
         sweep.load_config(_write(tmp_path, text))
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_source_too_small_for_a_point_is_said_before_anything_loads(tmp_path, monkeypatch):
+    """Every batch of prompts the grid takes is cut when the points are checked: a point whose B prompts of
+    prefix_len the dataset does not hold fails the sweep in seconds (it came after the target had loaded, the device
+    been probed and the groups before it run)."""
+    from magicdec.checkpoint import convert_llama2c
+
+    model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
+    (tmp_path / "book.txt").write_text("Once upon a time there was a little girl. " * 20)
+    text = (f'model = "{model}"\ndataset = "{tmp_path / "book.txt"}"\nskip_tokens = 0\nprefix_len = 100\n'
+            'B = [1, 8]\ngen_len = 4\nmethods = ["baseline"]\n')
+    monkeypatch.setattr(sweep.Sweep, "load", lambda *a: pytest.fail("the sweep loaded its target"))
+    with pytest.raises(drafters.MagicDecError) as e:
+        make(tmp_path, text).run(None)
+    assert "point baseline_P100_B8_greedy: " in str(e.value) and "prompts of prefix_len 100 after skipping 0 tokens per "\
+        "document, but batch_size 8 were asked for" in str(e.value), str(e.value)

@@ -408,3 +408,9 @@ def test_the_default_corpus_of_a_clone_trains_with_the_default_held_out_workload
         assert {name for name, _ in more.used} == set(books)
     except MagicDecError:
         pass  # or the corpus has no more
+
+
+def test_an_out_that_is_a_file_is_one_line_first(tmp_path, capsys, no_target_load):
+    (tmp_path / "file").write_text("x")
+    line = one_line(capsys, ["--family", "medusa", "--out", str(tmp_path / "file"), "--target", str(tmp_path / "no")])
+    assert line == f"error: --out {tmp_path / 'file'} is a file: give the folder the head, its log and checkpoint go to"
