@@ -53,10 +53,13 @@ def load(path: Path) -> dict:
         raise MagicDecError(f"experiment {path}: " + (f"missing {missing}" if missing else f"unknown keys {unknown}")
                             + f"; an experiment has {sorted(KEYS)}")
     for key, value in exp.items():
-        number = key in NUMBERS
-        if number and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0) or \
-                key == "run" and not isinstance(value, dict) or not number and key != "run" and not isinstance(value, str):
-            what = "a number >= 0" if number else "a table of run options" if key == "run" else "a string"
+        if key in NUMBERS:
+            ok, what = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, "a number >= 0"
+        elif key == "run":
+            ok, what = isinstance(value, dict), "a table of run options"
+        else:
+            ok, what = isinstance(value, str), "a string"
+        if not ok:
             raise MagicDecError(f"experiment {path}: {key} = {value!r}: must be {what}")
     exp["path"] = Path(path)
     return exp

@@ -73,7 +73,6 @@ def gamma_value(text):
         raise argparse_error(f"{text!r}: give whole numbers of drafted tokens (e.g. 3, or 2 3 4) or auto") from None
 
 
-
 def device_value(text) -> str:
     """The devices a run runs on: cpu, cuda or cuda:N (torch.device takes many more, which fail later)."""
     if isinstance(text, str) and re.fullmatch(r"cpu|cuda(:\d+)?", text):

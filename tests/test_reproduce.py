@@ -124,8 +124,9 @@ def test_the_table_refuses_a_missing_or_unreadable_record(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"{start}\nthe table\n{end}\n")
     exp = reproduce.load(tiny_experiment(tmp_path, 'drafter = "lookup"\n', "results/r.json"))
-    for content, needle in ((None, "cites results/r.json, which is missing: restore it (git checkout -- results/r.json) "
-                                   "or remake it on H100 (magicdec reproduce "),
+    missing = "cites results/r.json, which is missing: restore it (git checkout -- results/r.json) or remake it on " \
+              "H100 (magicdec reproduce "
+    for content, needle in ((None, missing),
                             ("{not json", "which cannot be read as a JSON record"),
                             (json.dumps({"metrics": {"y": 1.5}}), "cites metrics.x of results/r.json, which holds no "
                                                                   "number there")):

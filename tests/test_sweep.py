@@ -589,7 +589,8 @@ def test_a_time_limit_that_is_no_time_is_refused_first(tmp_path, monkeypatch, ca
     ("", '[baseline]\ngamma = 2\n', "[baseline] gamma is no run option (magicdec run --help), not of baseline"),
     ("", '[selfspec]\nsynthetic_acceptance = {"x" = 1}\n', "[selfspec] synthetic_acceptance = {'x': 1}"),
     ('[auto]\ndrafter = "selfspec"\n', '[auto]\ndrafter = "quokka"\n', "[auto] drafter: unknown drafter 'quokka'"),
-    ('[auto]\ndrafter = "selfspec"\n', '[auto]\ndrafter = 5\n', "[auto] drafter = 5: name the drafter the planner plans"),
+    ('[auto]\ndrafter = "selfspec"\n', '[auto]\ndrafter = 5\n',
+     "[auto] drafter = 5: name the drafter the planner plans"),
 ])
 def test_a_sweep_file_that_would_run_something_else_is_one_line(tmp_path, old, new, needle):
     """Read in one line before anything runs: a synthetic_acceptance table that is no table of rates (a traceback),
@@ -614,5 +615,6 @@ def test_a_source_too_small_for_a_point_is_said_before_anything_loads(tmp_path, 
     monkeypatch.setattr(sweep.Sweep, "load", lambda *a: pytest.fail("the sweep loaded its target"))
     with pytest.raises(drafters.MagicDecError) as e:
         make(tmp_path, text).run(None)
-    assert "point baseline_P100_B8_greedy: " in str(e.value) and "prompts of prefix_len 100 after skipping 0 tokens per "\
-        "document, but batch_size 8 were asked for" in str(e.value), str(e.value)
+    assert "point baseline_P100_B8_greedy: " in str(e.value), str(e.value)
+    assert "prompts of prefix_len 100 after skipping 0 tokens per document, but batch_size 8 were asked for" in \
+        str(e.value), str(e.value)

@@ -365,13 +365,15 @@ def test_a_corpus_too_small_for_the_default_held_out_workload_holds_out_what_it_
     o = train_head.Options(family="medusa", holdout_B=30, holdout_prefix_len=50, skip_tokens=10, seq_len=20).resolved()
     # (n - 10) // 49 prompts a book: a 5, b 10, c 7, d 6 = 28 < 30; the first 22 take a, b and c, leaving d
     split = train_head.split_corpus(o, tmp_path, books, Chars(), 0, fit_holdout=True)
-    assert split.describe["held_out_books"] == ["a.txt", "b.txt", "c.txt"] and split.describe["train_books"] == ["d.txt"]
+    assert split.describe["held_out_books"] == ["a.txt", "b.txt", "c.txt"]
+    assert split.describe["train_books"] == ["d.txt"]
     assert "first 22 prompts of 50 tokens" in split.describe["held_out_rule"]
     assert "fewer than --holdout_B 30" in split.describe["held_out_rule"]
     assert "holding out the books of the first 22" in capsys.readouterr().err
     o.exclude = ["d"]  # an excluded book is not one to train on: the first 15 prompts' books (a, b) leave c
     split = train_head.split_corpus(o, tmp_path, books, Chars(), 0, fit_holdout=True)
-    assert split.describe["train_books"] == ["c.txt"] and split.describe["held_out_books"] == ["a.txt", "b.txt", "d.txt"]
+    assert split.describe["train_books"] == ["c.txt"]
+    assert split.describe["held_out_books"] == ["a.txt", "b.txt", "d.txt"]
     assert "first 15 prompts" in split.describe["held_out_rule"]
     o.exclude = ["b", "c", "d"]  # the first book's prompts leave none: refused as before
     with pytest.raises(MagicDecError, match="smaller than the prompts it must hold out"):
