@@ -697,6 +697,10 @@ def make_trainer(o: Options, args) -> Trainer:
 
 # ---------------------------------------------------------------------------------------------------- training
 
+def megabytes(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB" if n >= 1e7 else f"{n / 1e6:.2g} MB"
+
+
 def check_fits(o: Options, args, device: torch.device, dtype: torch.dtype) -> None:
     """A window batch the target has positions for, and whose distributions fit: the target's logits, their fp32
     probabilities, and a head's logits, log-probabilities and their gradient, each [batch, seq_len, vocab] (a lower
@@ -894,9 +898,10 @@ def train(argv: list[str]) -> dict:
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=o.lr, betas=(0.9, 0.95), weight_decay=o.weight_decay)
     n = sum(p.numel() for p in params)
+    weights = sum(t.numel() * t.element_size() for t in head.state_dict().values())
     # what will be written, said before the steps (Medusa's and Hydra's heads each carry a full-vocabulary LM head)
-    print(f"{o.family} head: {n / 1e6:.1f}M parameters to train; {out} will hold about {4 * n / 1e6:,.0f} MB of "
-          f"head and {12 * n / 1e6:,.0f} MB of resumable checkpoint ({STATE}: the weights and AdamW's two moments, "
+    print(f"{o.family} head: {n / 1e6:.1f}M parameters to train; {out} will hold about {megabytes(weights)} of head "
+          f"and {megabytes(weights + 8 * n)} of resumable checkpoint ({STATE}: the weights and AdamW's two moments, "
           "fp32)", file=sys.stderr)
     start, log = 0, None
     if resume:

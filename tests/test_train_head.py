@@ -416,3 +416,19 @@ def test_an_out_that_is_a_file_is_one_line_first(tmp_path, capsys, no_target_loa
     (tmp_path / "file").write_text("x")
     line = one_line(capsys, ["--family", "medusa", "--out", str(tmp_path / "file"), "--target", str(tmp_path / "no")])
     assert line == f"error: --out {tmp_path / 'file'} is a file: give the folder the head, its log and checkpoint go to"
+
+
+@pytest.mark.parametrize("family", ["medusa", "eagle"])
+def test_what_a_run_will_write_is_said_before_its_first_step(stories, corpus, tmp_path, capsys, family):
+    """The sizes said up front are those written: the head (its weights in fp32) and the resumable checkpoint (the
+    weights and AdamW's two moments), each within 10% (the files' own framing, the log)."""
+    import re
+
+    out = tmp_path / "out"
+    train_head.train(command(stories, corpus, out, family, "--steps", "1"))
+    said = re.search(r"will hold about ([\d.,]+) MB of head and ([\d.,]+) MB of resumable checkpoint",
+                     capsys.readouterr().err)
+    head_mb, state_mb = (float(x.replace(",", "")) for x in said.groups())
+    weights = out / (heads.FILES.get(family) or heads.EAGLE_WEIGHTS[0])
+    assert weights.stat().st_size / 1e6 == pytest.approx(head_mb, rel=0.1)
+    assert (out / train_head.STATE).stat().st_size / 1e6 == pytest.approx(state_mb, rel=0.1)
