@@ -107,7 +107,7 @@ def resolve_source(source: str | Path | PromptSource = "auto") -> PromptSource:
 
 
 def load_prompts(tokenizer, batch_size: int, prefix_len: int, source: str | Path | PromptSource = "auto",
-                 skip_tokens: int = 8000, bos_id: int | None = None) -> torch.Tensor:
+                 skip_tokens: int = 8000, bos_id: int | None = None, progress: bool = True) -> torch.Tensor:
     """[batch_size, prefix_len] LongTensor of distinct prompts: BOS + prefix_len - 1 consecutive text tokens.
 
     Never repeats or pads: if the source has fewer than batch_size such chunks, MagicDecError says how many it has.
@@ -124,7 +124,7 @@ def load_prompts(tokenizer, batch_size: int, prefix_len: int, source: str | Path
     rows: list[list[int]] = []
     lengths = []  # tokens after the skip, per document: to say what would fit when the source runs out
     # The bar appears only if loading takes more than 3 s (many or huge documents, PG-19 download).
-    with tqdm(total=batch_size, desc="prompts", unit="prompt", delay=3, leave=False) as bar:
+    with tqdm(total=batch_size, desc="prompts", unit="prompt", delay=3, leave=False, disable=not progress) as bar:
         for name, text in src.documents():
             want = batch_size - len(rows)
             ids = _encode_head(tokenizer, text, skip_tokens + want * chunk)

@@ -177,6 +177,7 @@ class Engine:
         self.loaded: dict = {}
         self.resolved: dict = {}  # a drafter's models, resolved once (a checkpoint's index is read each time)
         self.tokenizer = None  # loaded once, when its prompts' source is checked
+        self.last_prompts = None  # ((B, prefix_len, dataset, skip_tokens, seed), what prompts() made of them)
 
     def check_ranks(self) -> None:
         group, world = list(self.cfg.runtime.rank_group), self.world
@@ -301,17 +302,24 @@ class Engine:
 
     def prompts(self, cfg: RunConfig):
         """(prompts [B, P], tokenizer or None, where they came from): real text, or seeded random ids for
-        random-weight runs with no tokenizer."""
+        random-weight runs with no tokenizer. The last batch made is kept: build makes it before the target loads
+        (a source too small for it is said first), and the prefill takes it."""
         from magicdec import data
 
         w, config = cfg.workload, self.target_config
+        key = (w.B, w.prefix_len, w.dataset, w.skip_tokens, w.seed)
+        if self.last_prompts is not None and self.last_prompts[0] == key:
+            return self.last_prompts[1]
         tokenizer = self.load_tokenizer()
         if tokenizer is None:
-            return (data.random_prompts(config.vocab_size, w.B, w.prefix_len, w.seed, config.bos_id or 0), None,
+            made = (data.random_prompts(config.vocab_size, w.B, w.prefix_len, w.seed, config.bos_id or 0), None,
                     "random token ids (random weights, no --tokenizer)")
-        source = data.resolve_source(w.dataset)
-        prompts = data.load_prompts(tokenizer, w.B, w.prefix_len, source, w.skip_tokens, bos_id=config.bos_id)
-        return prompts, tokenizer, str(source)
+        else:
+            source = data.resolve_source(w.dataset)
+            made = (data.load_prompts(tokenizer, w.B, w.prefix_len, source, w.skip_tokens, bos_id=config.bos_id,
+                                      progress=cfg.output.progress), tokenizer, str(source))
+        self.last_prompts = (key, made)
+        return made
 
     def new_cache(self, cfg: RunConfig, slots: int | None = None) -> KVCache:
         """The target's cache for `cfg`'s batch: `slots` positions per sequence (default: the prompt and what its
@@ -412,6 +420,7 @@ def build(cfg: RunConfig, preflight=None) -> Built:
     models = engine.check(cfg)
     if preflight is not None:
         preflight(engine)
+    engine.prompts(cfg)  # before the weights: a source too small for B prompts of prefix_len is said first
     engine.load_target()
     queries = cfg.drafter.prefill_queries(cfg) if cfg.drafter else 0
     features = cfg.drafter.prefill_features(cfg, engine.target_config) if cfg.drafter else None

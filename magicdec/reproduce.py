@@ -39,6 +39,7 @@ from magicdec.run_config import RunConfig, writable_folder
 KEYS = {"claim", "paper", "device", "record", "metric", "expected", "tolerance", "weights", "acceptance",
         "prediction", "details", "run", "also", "note", "order"}
 REQUIRED = ("claim", "device", "record", "metric", "expected", "tolerance", "run")
+NUMBERS = {"expected", "tolerance", "order"}  # the others are strings, but run (a table)
 README_MARKERS = ("<!-- headline table: magicdec reproduce --table -->", "<!-- /headline table -->")
 
 
@@ -52,6 +53,15 @@ def load(path: Path) -> dict:
     if missing or unknown:
         raise MagicDecError(f"experiment {path}: " + (f"missing {missing}" if missing else f"unknown keys {unknown}")
                             + f"; an experiment has {sorted(KEYS)}")
+    for key, value in exp.items():
+        if key in NUMBERS:
+            ok, what = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, "a number >= 0"
+        elif key == "run":
+            ok, what = isinstance(value, dict), "a table of run options"
+        else:
+            ok, what = isinstance(value, str), "a string"
+        if not ok:
+            raise MagicDecError(f"experiment {path}: {key} = {value!r}: must be {what}")
     exp["path"] = Path(path)
     return exp
 
@@ -95,21 +105,50 @@ def on_device_class(wanted: str) -> bool:
         (name or wanted).lower() in torch.cuda.get_device_name().lower()
 
 
+def off_class_overrides(exp: dict) -> dict:
+    """What a run off its device class changes so that it runs here at all: on a machine without CUDA, the CPU, and
+    eager steps where the experiment captures CUDA graphs."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {}
+    return {"device": "cpu"} | ({"step_mode": "eager"} if exp["run"].get("step_mode", "eager") != "eager" else {})
+
+
 def reproduce(exp: dict, output: Path | None, anywhere: bool = False) -> tuple[bool, dict]:
-    """Run the experiment's config; its record (written to `output`) and whether its metric is within tolerance."""
+    """Run the experiment's config; its record (written to `output`) and whether its metric is within tolerance.
+    Off its device class (`anywhere`) the run is a look: its value is printed and recorded as not comparable, with
+    no PASS or FAIL, and on a machine without CUDA it runs on the CPU with eager steps."""
     from magicdec import run
 
     here = device_name()
-    if not on_device_class(exp["device"]) and not anywhere:
+    comparable = on_device_class(exp["device"])
+    overrides = {} if comparable else off_class_overrides(exp)
+    if not comparable and not anywhere:
+        how = ", on the CPU with eager steps" if "device" in overrides else ""
         raise MagicDecError(f"{exp['path']} was measured on {exp['device']} and this is {here}: its tolerance holds on "
-                            "that device class only (--anywhere runs it regardless, for a look)")
-    cfg = RunConfig.from_options(dict(exp["run"]) | ({"output": str(output)} if output else {}),
+                            f"that device class only; add --anywhere to run it here for a look (no PASS or FAIL{how})")
+    cfg = RunConfig.from_options(dict(exp["run"]) | overrides | ({"output": str(output)} if output else {}),
                                  where=f"{exp['path']} [run]: ")
     if output:
         writable_folder(output.parent, f"--output {output}")
-    record = run.run(cfg)
-    ok, line = verdict(exp, metric(record, exp["metric"]))
-    record["reproduce"] = {"experiment": str(exp["path"]), "verdict": line, "pass": ok, "device": here}
+    try:
+        record = run.run(cfg)
+    except MagicDecError as e:
+        if comparable:
+            raise
+        raise MagicDecError(f"{exp['path']} cannot run on this {here}: {e}; the experiment fixes its [run] options: "
+                            f"run it on {exp['device']}, or time a smaller copy of them with magicdec run") from None
+    value = metric(record, exp["metric"])
+    if comparable:
+        ok, line = verdict(exp, value)
+    else:
+        shown = f"{value:.4g}" if isinstance(value, (int, float)) else "missing"
+        changed = "".join(f", {k} {v}" for k, v in overrides.items())
+        ok, line = True, (f"NOT COMPARABLE: {exp['metric']} = {shown} on {here}{changed}; the claim "
+                          f"({exp['expected']:.4g} ± {exp['tolerance']:.0%}) holds on {exp['device']} only")
+    record["reproduce"] = {"experiment": str(exp["path"]), "verdict": line, "pass": ok if comparable else None,
+                           "device": here, "comparable": comparable, "overrides": overrides}
     if output:
         run.write_record(output, record)
     print(f"{exp['claim']}: {line}")
@@ -142,15 +181,33 @@ def reproduce_all(files: list[Path], output_dir: Path) -> int:
     return 0 if ok else 1
 
 
+def cited_path(exp: dict, root: Path | None = None) -> Path:
+    """The experiment's committed record: its path is relative to the repository, the folder above experiments/."""
+    return (root or Path(exp["path"]).resolve().parent.parent) / exp["record"]
+
+
 def cited(exp: dict, root: Path | None = None) -> tuple[float | None, dict | None]:
-    """The value the experiment's committed record holds, and the record (its path is relative to the repository,
-    the folder above experiments/)."""
-    path = (root or Path(exp["path"]).resolve().parent.parent) / exp["record"]
+    """The value the experiment's committed record holds, and the record (None, None where it cannot be read)."""
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(cited_path(exp, root).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None, None
-    return metric(record, exp["metric"]), record
+    return (metric(record, exp["metric"]), record) if isinstance(record, dict) else (None, None)
+
+
+def check_cited(experiments: list[dict]) -> None:
+    """Every experiment's record is there and holds its metric: a table row without its number is no table."""
+    for exp in experiments:
+        value, record = cited(exp)
+        if record is None:
+            path = cited_path(exp)
+            what = "is missing" if not path.exists() else "cannot be read as a JSON record"
+            raise MagicDecError(f"{exp['path']} cites {exp['record']}, which {what}: restore it (git checkout -- "
+                                f"{exp['record']}) or remake it on {exp['device']} (magicdec reproduce {exp['path']} "
+                                f"--output {exp['record']})")
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise MagicDecError(f"{exp['path']} cites {exp['metric']} of {exp['record']}, which holds no number "
+                                f"there: fix the experiment's metric, or remake the record on {exp['device']}")
 
 
 COLUMNS = ("setting", "paper (its device, weights, data, decoding)", "ours", "spread of the rounds", "device",
@@ -192,31 +249,40 @@ def table(experiments: list[dict]) -> str:
     prediction where we have one, and how to rerun it."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for exp in experiments:
-        value, record = cited(exp)
+        value, record = cited(exp)  # there, holding its number: check_cited
         link = f"[{exp['path'].stem}]({exp['path'].as_posix()})"
         link += f", [details]({exp['details']})" if exp.get("details") else ""
-        if record is None:
-            cells = [f"record {exp['record']} missing"] + ["—"] * (len(COLUMNS) - 4)
-        else:
-            env = record.get("environment") or {}
-            count, _, _ = exp["device"].rpartition(" x ")
-            device = (f"{count} × " if count else "") + (env.get("gpu") or exp["device"])
-            kind = "first done" if exp["metric"].endswith("first_done") else ""
-            ours = (f"**{value:.3f}×**" + (f" {kind}" if kind else "")) if isinstance(value, (int, float)) else "—"
-            ours += f"; {exp['also']}" if exp.get("also") else ""
-            check = verdict(exp, value)[1].split(":")[0] if value is not None else "—"
-            check = f"{check} (± {exp['tolerance']:.0%} of {exp['expected']})" + rerun(exp, record)
-            cells = [ours, spread(exp, record), device, exp.get("weights", "—"), exp.get("acceptance", "—"),
-                     decoding(exp, record), exp.get("prediction", "—"), check]
+        env = record.get("environment") or {}
+        count, _, _ = exp["device"].rpartition(" x ")
+        device = (f"{count} × " if count else "") + (env.get("gpu") or exp["device"])
+        kind = "first done" if exp["metric"].endswith("first_done") else ""
+        ours = f"**{value:.3f}×**" + (f" {kind}" if kind else "")
+        ours += f"; {exp['also']}" if exp.get("also") else ""
+        check = verdict(exp, value)[1].split(":")[0]
+        check = f"{check} (± {exp['tolerance']:.0%} of {exp['expected']})" + rerun(exp, record)
+        cells = [ours, spread(exp, record), device, exp.get("weights", "—"), exp.get("acceptance", "—"),
+                 decoding(exp, record), exp.get("prediction", "—"), check]
         lines.append("| " + " | ".join([exp["claim"], exp.get("paper", "—"), *cells, link]) + " |")
     return "\n".join(lines)
 
 
 def write_table(readme: Path, experiments: list[dict]) -> None:
-    text = readme.read_text()
+    if not experiments:
+        raise MagicDecError("no experiment files (experiments/*.toml) to write the table from: run it from the "
+                            "repository's root, or name the files")
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MagicDecError(f"--readme {readme} does not exist: run from the repository's root (its README.md), or "
+                            "give --readme PATH") from None
+    except (OSError, UnicodeDecodeError) as e:
+        why = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else (e.strerror or str(e))
+        raise MagicDecError(f"--readme {readme}: cannot read it ({why}); give the UTF-8 README.md whose headline "
+                            "table to write") from None
     start, end = README_MARKERS
     if start not in text or end not in text:
         raise MagicDecError(f"{readme} has no headline-table markers ({start} ... {end}): add them where the table goes")
+    check_cited(experiments)
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
     write_text(readme, f"{head}{start}\n{table(experiments)}\n{end}{tail}", "--readme")
@@ -231,7 +297,9 @@ def main(argv=None) -> int:
     p.add_argument("--output_dir", type=Path, default=None,
                    help="rerun every experiment named (default: experiments/*.toml) of this machine's device class, "
                         "each record to DIR/NAME.json; the others are listed as skipped, with the class they need")
-    p.add_argument("--anywhere", action="store_true", help="run on a device of another class than the experiment's")
+    p.add_argument("--anywhere", action="store_true",
+                   help="run on a device of another class than the experiment's, for a look: the value is printed and "
+                        "recorded as not comparable, with no PASS or FAIL; without CUDA on the CPU with eager steps")
     p.add_argument("--table", action="store_true", help="write the README's headline table instead of running")
     p.add_argument("--readme", type=Path, default=Path("README.md"), help="the README whose table --table writes")
     a = p.parse_args(argv)
@@ -245,7 +313,8 @@ def main(argv=None) -> int:
         raise MagicDecError("name an experiment file (experiments/*.toml), or pass --table or --output_dir")
     if a.output and len(a.experiments) > 1:
         raise MagicDecError("--output names one record: run one experiment at a time")
-    results = [reproduce(load(f), a.output, a.anywhere)[0] for f in a.experiments]
+    experiments = [load(f) for f in a.experiments]  # every file checked before anything runs
+    results = [reproduce(exp, a.output, a.anywhere)[0] for exp in experiments]
     return 0 if all(results) else 1
 
 

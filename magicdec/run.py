@@ -18,7 +18,7 @@ from magicdec import timing
 from magicdec.engine import build, first_tokens
 from magicdec.errors import MagicDecError
 from magicdec.planner import AutoGamma
-from magicdec.run_config import RunConfig
+from magicdec.run_config import RunConfig, load_baseline
 from magicdec.verify import SYNTHETIC_DRAWS
 
 COMPARED = ("B", "prefix_len", "gen_len", "dataset", "skip_tokens", "seed", "ignore_eos", "temperature", "top_p",
@@ -27,13 +27,10 @@ COMPARED = ("B", "prefix_len", "gen_len", "dataset", "skip_tokens", "seed", "ign
 
 def read_baseline(path: Path, cfg: RunConfig, model_config) -> dict:
     """Metrics of a baseline record made with the same model, prompts, batch, decoding, dtype and device."""
-    try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MagicDecError(f"cannot read --baseline_json {path}: {e}") from None
-    if record.get("method") != "baseline":
-        raise MagicDecError(f"--baseline_json {path} is a {record.get('method')} record, not a baseline")
+    record = load_baseline(path)
     theirs, ours = record.get("config") or record.get("args") or {}, cfg.options()
+    if not isinstance(theirs, dict):
+        raise MagicDecError(f"--baseline_json {path}: its config is not a JSON object; give a baseline run's record")
     for key in COMPARED:
         if key in theirs and theirs.get(key) != ours.get(key) and not (key == "dataset" and "config" not in record):
             raise MagicDecError(f"--baseline_json {path} was run with {key}={theirs.get(key)}, this run has "
@@ -41,7 +38,8 @@ def read_baseline(path: Path, cfg: RunConfig, model_config) -> dict:
     if "config" not in record and record.get("decoding") != cfg.decoding.describe():
         raise MagicDecError(f"--baseline_json {path} was decoded {record.get('decoding')}, this run is "
                             f"{cfg.decoding.describe()}; compare like with like")
-    here, there = dev.environment(cfg.runtime.torch_device), record.get("environment", {})
+    here, there = dev.environment(cfg.runtime.torch_device), record.get("environment")
+    there = there if isinstance(there, dict) else {}
     for key in ("device", "gpu"):
         if here.get(key) != there.get(key):
             raise MagicDecError(f"--baseline_json {path} was run on device {there.get(key)}, this run is on "

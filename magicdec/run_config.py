@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -64,7 +66,41 @@ def argparse_error(message: str):
 
 
 def gamma_value(text):
-    return "auto" if str(text) == "auto" else int(text)
+    if str(text) == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse_error(f"{text!r}: give whole numbers of drafted tokens (e.g. 3, or 2 3 4) or auto") from None
+
+
+def device_value(text) -> str:
+    """The devices a run runs on: cpu, cuda or cuda:N (torch.device takes many more, which fail later)."""
+    if isinstance(text, str) and re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        return text
+    raise argparse_error(f"{text!r} is not a device a run runs on: give cpu, cuda or cuda:N")
+
+
+def load_baseline(path: Path) -> dict:
+    """A baseline record (--baseline_json): a JSON object of method baseline whose metrics hold its decode
+    throughput; a one-line error for anything else, before anything is loaded."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MagicDecError(f"cannot read --baseline_json {path}: {e}") from None
+    if not isinstance(record, dict):
+        what = {"list": "a list", "str": "a string", "NoneType": "null"}.get(type(record).__name__, "a number")
+        raise MagicDecError(f"--baseline_json {path} holds {what}, not a record: give the "
+                            "JSON file a baseline run wrote (magicdec run --output FILE)")
+    if record.get("method") != BASELINE:
+        raise MagicDecError(f"--baseline_json {path} is a {record.get('method')} record, not a baseline: give a "
+                            "baseline run's record (magicdec run --output FILE without --drafter)")
+    metrics = record.get("metrics")
+    rate = metrics.get("decode_tokens_per_s") if isinstance(metrics, dict) else None
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0:
+        raise MagicDecError(f"--baseline_json {path} holds no measured throughput (metrics.decode_tokens_per_s): "
+                            "give a finished baseline run's record")
+    return record
 
 
 @dataclass(frozen=True)
@@ -268,7 +304,8 @@ class Speculation:
 
 @dataclass(frozen=True)
 class Runtime:
-    device: str | None = option(None, "cuda (or cuda:N) or cpu (default: cuda when a GPU is visible)")
+    device: str | None = option(None, "cuda (or cuda:N) or cpu (default: cuda when a GPU is visible)",
+                                parse=device_value)
     dtype: str | None = option(None, "default: bfloat16 on GPU, float32 on CPU", choices=list(DTYPES))
     step_mode: str = option("eager", "how decode, verification and draft steps run: eager, cuda_graphs (captured "
                                      "once per shape, seconds) or compile (torch.compile with CUDA graphs: fused "
@@ -305,6 +342,9 @@ class Runtime:
     def check(self, random_weights: bool) -> None:
         if self.torch_device.type == "cuda" and not torch.cuda.is_available():
             raise MagicDecError("--device cuda but no CUDA device is visible; use --device cpu")
+        if self.torch_device.type == "cuda" and (self.torch_device.index or 0) >= torch.cuda.device_count():
+            raise MagicDecError(f"--device {self.device}: this machine has {torch.cuda.device_count()} CUDA "
+                                f"device(s), cuda:0..cuda:{torch.cuda.device_count() - 1}")
         if self.skip_prefill and not random_weights:
             raise MagicDecError("--skip_prefill fills the caches with random values: only for --random_weights runs")
         if self.graphed and self.torch_device.type != "cuda":
@@ -338,8 +378,15 @@ class Timing:
                                 "from a file: pass one of them")
         if self.baseline_json and not speculative:
             raise MagicDecError("--baseline_json is what a speculative run compares with: this run is the baseline")
-        if not self.min_seconds >= 0:
-            raise MagicDecError(f"--min_seconds must be >= 0, got {self.min_seconds}")
+        if not self.min_seconds >= 0 or not math.isfinite(self.min_seconds):
+            raise MagicDecError(f"--min_seconds must be >= 0 and finite, got {self.min_seconds}")
+        from magicdec.timing import MAX_ROUNDS
+
+        if self.repeats > MAX_ROUNDS:
+            raise MagicDecError(f"--repeats {self.repeats}: at most {MAX_ROUNDS} timed rounds (the median is kept); "
+                                "to time longer, give --min_seconds S")
+        if self.baseline_json is not None:
+            load_baseline(self.baseline_json)  # readable, and a baseline's record, before anything is allocated
 
 
 @dataclass(frozen=True)
@@ -365,6 +412,7 @@ SECTIONS = {"models": Models, "workload": Workload, "decoding": Decoding, "specu
             "runtime": Runtime, "timing": Timing, "output": Output}
 RUN_OPTIONS = set().union(*(opt.keys(s) for s in SECTIONS.values()))  # every option but a drafter's own
 IDENTITY_EXCLUDED = opt.keys(Output)  # where the record goes and what is printed do not change a run's result
+SPECULATIVE_ONLY = opt.keys(Speculation) - {"drafter"} | {"baseline_json"}  # options the baseline refuses
 
 
 @dataclass(frozen=True)
@@ -391,7 +439,10 @@ class RunConfig:
         defaults = defaults or {}
         known = RUN_OPTIONS
         speculation = opt.build(Speculation, given, defaults, where)
-        speculation = replace(speculation, drafter=drafters.canonical(speculation.drafter))
+        try:
+            speculation = replace(speculation, drafter=drafters.canonical(speculation.drafter))
+        except MagicDecError as e:
+            raise MagicDecError(f"{where}{e}") from None
         kind = drafters.get(speculation.drafter) if speculation.speculative else None
         own = opt.keys(kind.Config) if kind else set()
         if strict:
@@ -405,11 +456,12 @@ class RunConfig:
                                     f"{', '.join(owners)}; this run's drafter is {this}: drop it or pass "
                                     f"--drafter {owners[0]}")
             if not kind:
-                spec_only = sorted(set(given) & (opt.keys(Speculation) - {"drafter"}) | ({"baseline_json"} & set(given)))
+                spec_only = sorted(set(given) & SPECULATIVE_ONLY)
                 if spec_only:
                     raise MagicDecError(f"--{spec_only[0]} applies to a speculative run; this is the baseline: pass "
                                         "--drafter NAME (or drop the flag)")
         device = given.get("device") or defaults.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = opt.coerce(next(f for f in opt.fields(Runtime) if f.name == "device"), device, where)
         cuda = torch.device(device).type == "cuda"
         workload = opt.build(Workload, given, defaults, where)
         runtime = opt.build(Runtime, given, defaults, where, device=device,
@@ -500,7 +552,8 @@ class RunConfig:
         if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
             raise MagicDecError(f"--replay {path}: the record keeps no run config (it predates them, or is a sweep's "
                                 "summary): rerun its command instead")
-        given = dict(record["config"])
-        for key in IDENTITY_EXCLUDED:
-            given.pop(key, None)
+        given = {k: v for k, v in record["config"].items() if k not in IDENTITY_EXCLUDED}
+        if given.get("drafter", BASELINE) == BASELINE:
+            # a record holds every option resolved; a baseline's speculation options are defaults it never applied
+            given = {k: v for k, v in given.items() if k not in SPECULATIVE_ONLY}
         return cls.from_options(given | (overrides or {}), where=f"--replay {path}: ")

@@ -29,8 +29,10 @@ per batch and decoding mode; every speculative point is timed in turns with the 
 speedup is against those interleaved baseline runs. A point is recorded under its run config's hash: a point whose
 config changed is run again, and records of points no longer in the grid are moved to `stale/`; a record that cannot
 be read (cut short, emptied) is moved to `broken/` and its point run again. One sweep writes into a folder at a time:
-a second is refused. `--max_minutes` stops it cleanly between points, Ctrl-C or SIGTERM within one; run the same
-command again to resume.
+a second is refused. `--max_minutes` stops it cleanly between points once that long has passed since the command
+started (loading the target and probing the device included); every run records at least one point first, so running
+the same command again always resumes further. Ctrl-C or SIGTERM stops it within a point; run the same command again
+to resume.
 """
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ from magicdec.engine import activation_rows, Engine, first_tokens, memory_needed
 from magicdec.errors import interrupted_as, MagicDecError, one_line_errors
 from magicdec.planner import AutoGamma, fit_spread, option_parts, plan
 from magicdec.files import writable_folder, write_json
-from magicdec.run_config import RUN_OPTIONS, SECTIONS, RunConfig
+from magicdec.run_config import RUN_OPTIONS, SECTIONS, SPECULATIVE_ONLY, RunConfig
 from magicdec.stats import Stats
 from magicdec.verify import SYNTHETIC_DRAWS
 
@@ -122,11 +124,20 @@ def load_config(path: Path) -> dict:
     for key in ("methods", "decoding", "history"):
         if not isinstance(cfg[key], list) or not all(isinstance(v, str) for v in cfg[key]):
             raise MagicDecError(f"{path}: {key} must be a list of names, got {cfg[key]!r}")
-    methods = [m if m in ("baseline", "auto") else drafters.canonical(m) for m in cfg["methods"]]
+    if not cfg["methods"]:
+        raise MagicDecError(f"{path}: methods is empty: name the methods to run (any of {drafters.names()}, baseline, "
+                            "and auto: the planner)")
+    try:
+        methods = [m if m in ("baseline", "auto") else drafters.canonical(m) for m in cfg["methods"]]
+    except MagicDecError as e:
+        raise MagicDecError(f"{path}: methods: {e}") from None
     cfg["methods"] = methods
     for table in tables:
         if table not in methods:
             raise MagicDecError(f"{path}: table [{table}] names no method of this sweep (methods: {methods})")
+        check_table(path, table, cfg[table])
+    for where, table in [("", cfg)] + [(f"[{t}] ", cfg[t]) for t in tables]:
+        check_synthetic(path, where, table.get("synthetic_acceptance"))
     bad = set(cfg["decoding"]) - set(MODES)
     if bad or not cfg["decoding"]:
         raise MagicDecError(f"{path}: decoding must be among {list(MODES)}, got {cfg['decoding']}")
@@ -139,6 +150,39 @@ def load_config(path: Path) -> dict:
         raise MagicDecError(f"{path}: skip_tokens must be a non-negative integer or a list of distinct ones (one batch "
                             f"of prompts each), got {cfg['skip_tokens']!r}")
     return cfg
+
+
+def check_table(path, method: str, table: dict) -> None:
+    """A method's table holds options that method takes: the run's (not where its record goes), its drafter's, and
+    for auto the drafter it plans; another drafter's option there would be dropped without a word."""
+    base = table.get("drafter") if method == "auto" else method
+    if method == "auto" and not isinstance(base, str):
+        raise MagicDecError(f"{path}: [auto] drafter = {base!r}: name the drafter the planner plans, one of "
+                            f"{drafters.names()}")
+    try:
+        kind = drafters.get(base) if base != "baseline" else None
+    except MagicDecError as e:
+        raise MagicDecError(f"{path}: [{method}] drafter: {e}") from None
+    own = RUN_OPTIONS - opt.keys(SECTIONS["output"]) | (opt.keys(kind.Config) if kind else set())
+    if kind is None:
+        own -= SPECULATIVE_ONLY
+    unknown = sorted(set(table) - own - ({"drafter"} if method == "auto" else set()))
+    if unknown:
+        owners = drafters.owners(unknown[0])
+        whose = f"an option of {', '.join(owners)}" if owners else "no run option (magicdec run --help)"
+        raise MagicDecError(f"{path}: [{method}] {unknown[0]} is {whose}, not of {base}: move it to its method's table "
+                            "or drop it")
+
+
+def check_synthetic(path, where: str, given) -> None:
+    """synthetic_acceptance: a rate, or a table of rates by prefix length (interpolated in log prefix)."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if given is None or number(given) or (isinstance(given, dict) and given and all(
+            k.isdigit() and int(k) > 0 and number(v) for k, v in given.items())):
+        return
+    raise MagicDecError(f"{path}: {where}synthetic_acceptance = {given!r}: give a rate in [0, 1], or rates by prefix "
+                        'length, e.g. {"4096" = 0.84, "100000" = 0.79}')
 
 
 def batch_skips(cfg: dict) -> list[int]:
@@ -355,8 +399,11 @@ class Sweep:
 
     # ------------------------------------------------------------------ the run
     def run(self, max_minutes: float | None) -> int:
-        """Run every missing point (or until the time limit); returns how many are still missing."""
+        """Run every missing point (or until the time limit, past which no new point starts once one was recorded:
+        a limit shorter than the set-up still makes progress); returns how many are still missing."""
+        check_minutes(max_minutes)
         start = time.monotonic()
+        self.recorded_now = 0
         writable_folder(self.out, "--output_dir")
         busy = (lambda pid: f"--output_dir {self.out} is in use by another sweep (pid {pid}): let it finish (or stop "
                             f"it: kill {pid}), or give this one another --output_dir")
@@ -378,6 +425,10 @@ class Sweep:
             return 0
         self.check(todo)
         self.load(todo[0].cfg)
+        if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
+            print(f"the set-up (loading the target, probing the device) took {(time.monotonic() - start) / 60:.1f} "
+                  f"minutes, past --max_minutes {max_minutes:g}: one point is recorded, then the sweep stops",
+                  flush=True)
         files.write_text(self.out / "sweep.toml", self.config_text)  # the grid itself, beside its records
         commands = self.out / "commands.txt"  # what made these records, for the report
         made = f"{self.command}  # {self.env.get('gpu', self.env['device'])}, {time.strftime('%Y-%m-%d %H:%M')}\n"
@@ -387,12 +438,13 @@ class Sweep:
         for p in todo:
             groups.setdefault(group_key(p), []).append(p)
         for pts in groups.values():
-            if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
+            if self.out_of_time(start, max_minutes):
                 break
             too_big = self.fits(pts)
             for p in pts:
                 if p.key in too_big:
                     self.write(p.key, self.meta(p) | {"skipped": too_big[p.key]})
+                    self.recorded_now += 1
                     bar.update(1)
             pts = [p for p in pts if p.key not in too_big]
             if pts and not self.group(pts, bar, start, max_minutes):
@@ -402,13 +454,23 @@ class Sweep:
         print(f"{left} points left" + ("; run the same command again to resume" if left else ""), flush=True)
         return left
 
+    def out_of_time(self, start: float, max_minutes: float | None) -> bool:
+        """Whether the time limit stops the sweep here: past it, and a point recorded by this run already."""
+        return max_minutes is not None and self.recorded_now > 0 and time.monotonic() - start > 60 * max_minutes
+
     def check(self, todo: list[Point]) -> None:
         """Every point against the models' configs (contexts, vocabularies, drafts' models), before anything loads:
         a mistake in the grid costs seconds, not the points before it."""
         self.engine = self.engine or Engine(todo[0].cfg)
+        batches = set()  # each batch of prompts the points take, made once here: a source too small is said now
         for p in todo:
             try:
                 self.engine.plan(p.cfg)
+                for skip in batch_skips(self.cfg):
+                    w = p.cfg.workload
+                    if (w.B, w.prefix_len, w.dataset, skip, w.seed) not in batches:
+                        batches.add((w.B, w.prefix_len, w.dataset, skip, w.seed))
+                        self.engine.prompts(replace_options(p.cfg, skip_tokens=skip))
             except MagicDecError as e:
                 raise MagicDecError(f"{self.path}: point {p.name}: {e}") from None
 
@@ -514,7 +576,7 @@ class Sweep:
         pts = sorted(pts, key=lambda p: (p.method != "baseline", self.drafter_key(p.cfg)))  # one drafter alive at once
         try:
             for point in pts:
-                if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
+                if self.out_of_time(start, max_minutes):
                     return False
                 cfg = point.cfg
                 mode = cfg.decoding.name
@@ -590,6 +652,7 @@ class Sweep:
             return
         rec = self.record(point, partial)
         self.write(point.key, rec)
+        self.recorded_now += 1
         self.log(rec)
         (self.out / ".batches" / f"{point.key}.json").unlink(missing_ok=True)
         bar.update(1)
@@ -790,15 +853,24 @@ def replace_options(cfg: RunConfig, **changes) -> RunConfig:
     return RunConfig.from_options(given, strict=False)
 
 
+def check_minutes(max_minutes: float | None) -> None:
+    if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes > 0):
+        raise MagicDecError(f"--max_minutes {max_minutes:g}: give a finite positive number of minutes (leave it out "
+                            "for no limit)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="magicdec sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", type=Path, help="the sweep's TOML file")
     p.add_argument("--output_dir", type=Path, required=True, help="where its records go (one JSON per point)")
-    p.add_argument("--max_minutes", type=float, default=None, help="stop between points after this long (resume later)")
+    p.add_argument("--max_minutes", type=float, default=None,
+                   help="start no new point once this long has passed since the command started, set-up included; at "
+                        "least one point is recorded each time (run the same command again to resume)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when a GPU is visible)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     with one_line_errors(interrupted=f"interrupted; run the same command again to resume (records in {a.output_dir})"):
+        check_minutes(a.max_minutes)
         sweep = Sweep(load_config(a.config), a.output_dir, a.device, not a.no_progress, str(a.config))
         sweep.config_text = a.config.read_text()
         sweep.command = " ".join(["magicdec sweep"] + (argv if argv is not None else sys.argv[1:]))

