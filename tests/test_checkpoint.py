@@ -182,7 +182,7 @@ def test_load_state_dict_errors(tmp_path):
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
 
 

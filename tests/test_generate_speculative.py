@@ -25,7 +25,24 @@ def no_grad():
         yield
 
 
+_greedy_runs: list = []  # (model, its weights' fingerprint, prompts, ids): plain_greedy's runs so far
+
+
 def plain_greedy(model: Transformer, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
+    """The model's greedy continuation of each prompt, n_new tokens, one forward per token. Many tests check against
+    the same model's run on the same prompts: a run of at least n_new tokens made before (by this loop, the model's
+    weights unchanged since) gives its first n_new tokens instead of decoding again."""
+    fingerprint = [float(p.sum()) for p in model.parameters()]
+    for m, f, x, ids in _greedy_runs:
+        if m is model and f == fingerprint and x.shape == prompts.shape and torch.equal(x, prompts) \
+                and ids.shape[1] >= n_new:
+            return ids[:, :n_new].clone()
+    ids = _plain_greedy(model, prompts, n_new)
+    _greedy_runs.append((model, fingerprint, prompts.clone(), ids.clone()))
+    return ids
+
+
+def _plain_greedy(model: Transformer, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new, a.head_dim, torch.float32, "cpu")
     logits = model(prompts, cache, logits="last")[:, -1]

@@ -45,7 +45,7 @@ def test_shards_reassemble_every_tensor(size):
 
 
 def run_json(out: Path, script: str, *argv, launcher=()):
-    p = run_cli(REPO / "tests" / script, "--save_tokens", "--output", str(out), *argv, launcher=launcher, timeout=600)
+    p = run_cli(REPO / "tests" / script, "--save_tokens", "--output", str(out), *argv, launcher=launcher)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())
 
