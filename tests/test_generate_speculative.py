@@ -132,11 +132,13 @@ def shaped():
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 def test_tiny_drafted_tree_equals_plain_greedy(tiny, backend):
     """A tree drafted level by level (each level's nodes one forward over the draft's cache and their ancestors):
-    through a StreamingLLM ring past its budget, with --reindex, and a standalone draft's full cache."""
-    expected = plain_greedy(tiny, tiny_prompts(), 60)
+    through a StreamingLLM ring past its budget, with --reindex, and a standalone draft's full cache. Flex runs
+    eagerly on a CPU (a block mask per forward): 30 tokens there, the ring already past its budget from the prompt."""
+    n_new = 60 if backend == "sdpa" else 30
+    expected = plain_greedy(tiny, tiny_prompts(), n_new)
     tree = shaped()
     assert tree.depth == 5 and tree.max_children >= 3
-    check(tiny, tiny, tiny_prompts(), n_new=60, gamma=5, budget=20, shape=tree, expected=expected, backend=backend)
+    check(tiny, tiny, tiny_prompts(), n_new=n_new, gamma=5, budget=20, shape=tree, expected=expected, backend=backend)
     if backend == "sdpa":
         check(tiny, tiny, tiny_prompts(), n_new=60, gamma=5, budget=20, shape=tree, expected=expected, reindex=True)
         draft = first_layers(tiny, 2)
@@ -331,9 +333,10 @@ def check_every_tree_drafter(model, prompts, n_new, budget):
 
 
 # --- SmolLM2-135M (real weights) ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("gamma", GAMMAS)
-def test_smollm2_selfspec_equals_plain_greedy(smol_model, smol_prompts, gamma):
-    check(smol_model, smol_model, smol_prompts, n_new=48, gamma=gamma, budget=32)
+def test_smollm2_selfspec_equals_plain_greedy(smol_model, smol_prompts):
+    """Real weights at one gamma: gammas 1, 3 and 6 run the same code, each checked on the tiny model and
+    stories260K above and below."""
+    check(smol_model, smol_model, smol_prompts, n_new=48, gamma=3, budget=32)
 
 
 def test_smollm2_standalone_equals_plain_greedy(smol_model, smol_prompts):

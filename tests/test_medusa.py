@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import chi_square, fixed_first_token
+from conftest import chi_square, copies, fixed_first_token
 from test_generate_speculative import assert_ragged, plain_greedy, tiny_prompts
 
 from magicdec import heads
@@ -39,7 +39,15 @@ def speculate(target, head, prompts, n_new, gamma, sampling=Sampling(), width=1,
     taps = head.taps(a.n_layers)
     eagle = isinstance(head, heads.EagleHead)
     positions = prompt_positions(P, window, budget, sinks) if eagle else torch.tensor([P - 1])
-    logits, feats = prefill_features(target, cache, prompts, 64, taps, positions)
+    if copies(prompts):  # the sampled tests' N copies: one prefill, its KV and features copied (conftest.prefill_copies)
+        one = KVCache(a.n_layers, 1, a.n_kv_heads, cache.max_len, a.head_dim, torch.float32, "cpu")
+        logits, feats = prefill_features(target, one, prompts[:1], 64, taps, positions)
+        for big, small in zip(cache.k + cache.v, one.k + one.v):
+            big.copy_(small.expand_as(big))
+        cache.lengths.copy_(one.lengths.expand(B))
+        logits, feats = logits.expand(B, -1), feats.expand(B, -1, -1).contiguous()
+    else:
+        logits, feats = prefill_features(target, cache, prompts, 64, taps, positions)
     sampler = Sampler(sampling.greedy, sampling.temperature, sampling.top_p, sampling.top_k, candidates)
     if eagle:
         drafter = EagleDraft.over_prompt(head, target, prompts, feats, sampler, nodes, n_new, window, budget, sinks)

@@ -12,7 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from conftest import chi_square, fixed_first_token, run_cli  # noqa: E402
+from conftest import chi_square, copies, fixed_first_token, prefill_copies, run_cli  # noqa: E402
 from magicdec import cost_model as cm  # noqa: E402
 from magicdec import quant_kv  # noqa: E402
 from magicdec.config import ModelArgs  # noqa: E402
@@ -93,7 +93,7 @@ def speculation(model, prompts, n_new, gamma, bits, backend, sampling=Sampling()
     """Self-speculation over the quantized copy of the target's prefilled cache."""
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
-    logits = prefill(model, cache, prompts, 64, False)
+    logits = prefill_copies(model, cache, prompts, 64) if copies(prompts) else prefill(model, cache, prompts, 64, False)
     draft = quant_kv.QuantizedKVCache.of(cache, bits)
     draft.backend = backend
     decoder = Decoder(model, sampling, drafter=ModelDraft(draft_model or model, draft), gamma=gamma)

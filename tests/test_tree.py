@@ -266,13 +266,14 @@ def test_tree_verification_through_the_model_equals_transformers_on_each_path(ti
 
 def tree_speculation(model, draft_model, prompts, n_new, gamma, width, sampling=None, first=None):
     """Speculation whose draft (over a StreamingLLM ring of its own prefill) proposes a tree `width` wide."""
+    from conftest import copies, prefill_copies
     from magicdec.drafters.model_draft import ModelDraft
     from magicdec.generate import Decoder, Sampling, decode, prefill
     from magicdec.kv_cache import StreamingCache
 
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma * width + 2, a.head_dim, torch.float32, "cpu")
-    logits = prefill(model, cache, prompts, 64, False)
+    logits = prefill_copies(model, cache, prompts, 64) if copies(prompts) else prefill(model, cache, prompts, 64, False)
     d = draft_model.args
     ring = StreamingCache(d.n_layers, B, d.n_kv_heads, 24, 4, 64 + n_new, d.head_dim, torch.float32, "cpu", "sdpa")
     prefill(draft_model, ring, prompts, 32, False)
