@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BOOKS, LLAMA2_TOKENIZER, needs_llama_tokenizers, needs_smollm2, one_line_error, run_cli
+from conftest import BOOKS, LLAMA2_TOKENIZER, needs_llama_tokenizers, needs_smollm2, one_line_error, run_cli, run_here
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "baseline_benchmark.py"
@@ -148,7 +148,9 @@ def test_smollm2_end_to_end(smol_dir, smol_hf, tmp_path, monkeypatch):
 # ------------------------------------------------------------------ bad input: exit 2, one line, no traceback
 
 def cli(*argv: str, peak: bool = False) -> subprocess.CompletedProcess:
-    return run_cli(SCRIPT, *argv, peak=peak)
+    """The script with these flags: in this process (conftest.run_here), or, where its peak memory is checked, as
+    its own process."""
+    return run_cli(SCRIPT, *argv, peak=True) if peak else run_here(SCRIPT, *argv)
 
 
 TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000, "hidden_size": 64,

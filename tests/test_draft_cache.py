@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import REPO, chi_square, copies, fixed_first_token, prefill_copies, run_cli
+from conftest import REPO, chi_square, copies, fixed_first_token, prefill_copies, run_here
 from magicdec import draft_cache
 from magicdec.drafters.model_draft import ModelDraft
 from magicdec.generate import Decoder, Sampling, decode
@@ -188,7 +188,7 @@ TINY_RUN = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_
     (("--draft_policy", "snapkv", "--draft_budget", "64", "--refresh", "0"), "--refresh 0: must be at least 1"),
 ])
 def test_bad_policy_flags_are_one_line(flags, needle):
-    p = run_cli(SELFSPEC, *TINY_RUN, *flags)
+    p = run_here(SELFSPEC, *TINY_RUN, *flags)
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 

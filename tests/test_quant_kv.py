@@ -12,7 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from conftest import chi_square, copies, fixed_first_token, prefill_copies, run_cli  # noqa: E402
+from conftest import chi_square, copies, fixed_first_token, prefill_copies, run_here  # noqa: E402
 from magicdec import cost_model as cm  # noqa: E402
 from magicdec import quant_kv  # noqa: E402
 from magicdec.config import ModelArgs  # noqa: E402
@@ -173,7 +173,7 @@ TINY = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len"
     (("--draft_kv", "int4", "--reindex"), "--draft_kv int4 reads the target's whole KV"),
 ])
 def test_bad_draft_kv_flags_are_one_line(flags, needle):
-    p = run_cli(SELFSPEC, *TINY, *flags)
+    p = run_here(SELFSPEC, *TINY, *flags)
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
