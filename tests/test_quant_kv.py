@@ -104,7 +104,8 @@ def speculation(model, prompts, n_new, gamma, bits, backend, sampling=Sampling()
 @pytest.mark.parametrize("bits,backend", [(8, "sdpa"), (4, "sdpa"), (4, "triton")])
 def test_greedy_speculation_over_a_quantized_copy_equals_plain_greedy(tiny, bits, backend):
     prompts = torch.randint(0, 256, (3, 80), generator=torch.Generator().manual_seed(4))
-    out, decoder = speculation(tiny, prompts, 24 if backend == "triton" else 40, 3, bits, backend)
+    # Triton's interpreter runs the kernel in Python on a CPU: 12 tokens there, the same kernel at every step
+    out, decoder = speculation(tiny, prompts, 12 if backend == "triton" else 40, 3, bits, backend)
     assert out.tolist() == plain_greedy(tiny, prompts, out.shape[1]).tolist()
     assert 0 < decoder.stats.alpha <= 1
 
