@@ -192,12 +192,13 @@ def test_bad_policy_flags_are_one_line(flags, needle):
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("policy", [draft_cache.SnapKV(48, window=32), draft_cache.Retrieval(48, 4, window=32)],
-                         ids=["snapkv", "retrieval"])
-@pytest.mark.parametrize("refresh", [None, 2])
+@pytest.mark.parametrize("policy,refresh", [(draft_cache.SnapKV(48, window=32), None),
+                                            (draft_cache.Retrieval(48, 4, window=32), 2)], ids=["snapkv", "retrieval-2"])
 def test_smollm2_selected_draft_equals_plain_greedy(smol_model, smol_prompts, policy, refresh):
     """SmolLM2-135M on Gutenberg text (its prompts from the speculative tests): 40 tokens past a 48-token budget,
-    and with the selection made again every 2 verifications."""
+    and with the selection made again every 2 verifications. Each policy once on the real weights, one of them
+    refreshed: every policy with and without --refresh runs on the tiny model (test_selected_draft_equals_plain_greedy,
+    test_refreshed_draft_equals_plain_greedy)."""
     out, counts, decoder = selected_speculation(smol_model, policy, smol_prompts, 40, 3, refresh=refresh)
     assert out.tolist() == plain_greedy(smol_model, smol_prompts, 40).tolist()
     assert_ragged(decoder)
