@@ -188,10 +188,11 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 """
 
 
-def run_cli(script: Path, *argv: str, launcher: tuple[str, ...] = (), peak: bool = False) -> subprocess.CompletedProcess:
+def run_cli(script: Path, *argv: str, launcher: tuple[str, ...] = (), timeout: float | None = None,
+            peak: bool = False) -> subprocess.CompletedProcess:
     """A benchmark script as a user runs it, on CPU, offline; `launcher` e.g. ("-m", "torch.distributed.run", ...).
-    `peak`: the result's `peak_rss_gib` is the script's own peak resident memory. No timeout: on a busy machine any
-    limit short enough to matter is one a healthy run can reach, and CI's own limit catches a hang."""
+    `peak`: the result's `peak_rss_gib` is the script's own peak resident memory. No timeout by default: on a busy
+    machine any limit short enough to matter is one a healthy run can reach, and CI's own limit catches a hang."""
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     if launcher:
         env["OMP_NUM_THREADS"] = "1"  # several ranks share two cores
@@ -199,7 +200,7 @@ def run_cli(script: Path, *argv: str, launcher: tuple[str, ...] = (), peak: bool
     with tempfile.NamedTemporaryFile("r") as report:
         wrap = ("-c", PEAK_WRAPPER, report.name) if peak else ()
         args = [sys.executable, *launcher, *wrap, str(script), "--device", "cpu", "--no_progress", *argv]
-        result = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
+        result = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
         if peak:
             result.peak_rss_gib = int(report.read()) / 2**20  # VmHWM is in kB
     return result
