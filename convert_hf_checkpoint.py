@@ -50,5 +50,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    with one_line_errors():
+    with one_line_errors("interrupted: nothing was converted (no partial model.pth is left); run the same command "
+                         "again"):
         main()

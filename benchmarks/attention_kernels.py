@@ -4,12 +4,12 @@ device-to-device copy. GPU only. Writes a JSON record.
     python benchmarks/attention_kernels.py --output results/attention_kernels_h100.json
 """
 import argparse
-import json
 from pathlib import Path
 
 import torch
 import triton
 
+from magicdec import files
 from magicdec.attention import make_attend
 from magicdec.device import copy_bandwidth, environment
 from magicdec.triton_attention import split_kv_attention
@@ -94,4 +94,4 @@ record = {"environment": environment(dev), "copy_bandwidth_GBps": copy / 1e9, "r
           "note": "random inputs; bytes = K + V of the whole cache read once"}
 if args.output:
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(record, indent=1))
+    files.write_json(args.output, record)

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from magicdec import device as dev
 from magicdec import draft_cache, draft_weights, quant_kv
+from magicdec import files
 from magicdec.engine import Engine
 from magicdec.errors import one_line_errors
 from magicdec.generate import decode
@@ -187,8 +188,7 @@ def measure(a) -> dict:
                 bar.update(1)
                 if a.output:  # after every row: a device call's time limit loses only the row in progress
                     a.output.parent.mkdir(parents=True, exist_ok=True)
-                    a.output.write_text(json.dumps(meta | {"rows": rows, "partial": True, "prompt_source": source},
-                                                   indent=1))
+                    files.write_json(a.output, meta | {"rows": rows, "partial": True, "prompt_source": source})
             del batch, book
             dev.release_memory(engine.device)
     bar.close()
@@ -271,7 +271,7 @@ def plot(result: dict, path: Path) -> None:
     fig.suptitle(f"{result['model']}: draft agreement with the target by cache policy (B={result['B']}, "
                  f"γ={result['gamma']})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(path, fig, dpi=110)
     plt.close(fig)
 
 
@@ -327,9 +327,9 @@ def main(argv=None) -> int:
         if out:
             out.parent.mkdir(parents=True, exist_ok=True)
             if not a.report or len(a.report) > 1:
-                out.write_text(json.dumps(result, indent=1))
-            out.with_suffix(".md").write_text(table(result) + "\n" + (f"\n{refresh_table(result)}\n"
-                                                                       if refresh_table(result) else ""))
+                files.write_json(out, result)
+            files.write_text(out.with_suffix(".md"), table(result) + "\n" + (f"\n{refresh_table(result)}\n"
+                                                                             if refresh_table(result) else ""))
             plot(result, out.with_suffix(".png"))
             print(f"wrote {out} (.md, .png)")
     return 0

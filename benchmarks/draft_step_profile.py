@@ -20,7 +20,6 @@ test of the script (CPU ops, not kernels: no speed claim).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 
 from magicdec import cost_model as cm
 from magicdec import device as dev
+from magicdec import files
 from magicdec.engine import build
 from magicdec.errors import one_line_errors
 from magicdec.run_config import RunConfig
@@ -185,7 +185,7 @@ def main(argv=None) -> None:
     del built
     dev.release_memory(device)
     a.output.parent.mkdir(parents=True, exist_ok=True)
-    a.output.write_text(json.dumps(result, indent=1))
+    files.write_json(a.output, result)
     print(f"wrote {a.output}")
 
 

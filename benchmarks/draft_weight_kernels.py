@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from magicdec import device as dev
 from magicdec import draft_weights as dw
+from magicdec import files
 from magicdec.config import ModelArgs
 
 
@@ -89,13 +90,13 @@ def main(argv=None) -> int:
                     row[f"{fmt}_{kernel}"] = {"error": why}
             out["rows"].append(row)
             a.output.parent.mkdir(parents=True, exist_ok=True)
-            a.output.write_text(json.dumps(out | {"partial": True}, indent=1))  # a time limit keeps what was done
+            files.write_json(a.output, out | {"partial": True})  # a time limit keeps what was done
             print(json.dumps({k: (round(v["vs_bf16"], 3) if isinstance(v, dict) and "vs_bf16" in v else v)
                               for k, v in row.items()} | {"elapsed_s": round(time.time() - start)}), flush=True)
     out["per_layer"] = per_layer(out["rows"])
     out["seconds"] = time.time() - start
     a.output.parent.mkdir(parents=True, exist_ok=True)
-    a.output.write_text(json.dumps(out, indent=1))
+    files.write_json(a.output, out)
     print(json.dumps(out["per_layer"], indent=1))
     if a.profile:
         write_profile(a.profile, out["rows"], c.name, [str(a.output)], a.group)
@@ -131,7 +132,7 @@ def write_profile(path: Path, rows: list[dict], model: str, sources: list[str], 
         "note": "a draft step's linear layers and LM head at M rows, each with the kernel the run picks at M, "
                 "timed in CUDA graphs, over bf16 F.linear at the same M (benchmarks/draft_weight_kernels.py)",
         "matmul_time_vs_bf16": step_table(rows, ModelArgs.from_name(model).n_layers)}
-    path.write_text(json.dumps(profile, indent=1) + "\n")
+    files.write_text(path, json.dumps(profile, indent=1) + "\n")
     print(json.dumps(profile["weight_kernels"]["matmul_time_vs_bf16"], indent=1))
     return 0
 

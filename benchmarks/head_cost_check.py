@@ -30,6 +30,7 @@ from pathlib import Path
 
 from magicdec import compare
 from magicdec import cost_model as cm
+from magicdec import files
 from magicdec import sweep
 from magicdec.config import ModelArgs
 from magicdec.run_config import RunConfig
@@ -148,7 +149,7 @@ def main(argv=None) -> int:
         prof["head_costs_source"] = ("benchmarks/head_cost_check.py --fit " + " ".join(str(f) for f in a.fit) +
                                      ": per drafted level, the graphed proposal beyond the model's count of its work, "
                                      "less its pick; the pick's kernels per level (means over the profiled shapes)")
-        a.profile.write_text(json.dumps(prof, indent=1) + "\n")
+        files.write_text(a.profile, json.dumps(prof, indent=1) + "\n")  # the committed profile: whole or as it was
         fitted = "\n".join(["| shape | head | candidates | proposal measured (us) | work counted (us) | "
                              "pick per level (us) | fixed per level (us) |", "|---|---|---|---|---|---|---|"] +
                             [f"| {r['shape']} | {r['head']} | {r['candidates']} | {r['measured_us']:.0f} | "
@@ -160,8 +161,8 @@ def main(argv=None) -> int:
     print(text)
     if a.output:
         a.output.parent.mkdir(parents=True, exist_ok=True)
-        a.output.with_suffix(".json").write_text(json.dumps(rows, indent=1))
-        a.output.with_suffix(".md").write_text(text + "\n")
+        files.write_json(a.output.with_suffix(".json"), rows)
+        files.write_text(a.output.with_suffix(".md"), text + "\n")
     return 0
 
 

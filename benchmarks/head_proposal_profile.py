@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import sys
 from pathlib import Path
 
 import torch
 
+from magicdec import files
 from magicdec.cli import run_record
 from magicdec.drafters import head_draft
 from magicdec.errors import one_line_errors
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
                 for k in a.head_candidates:
                     rows.append(case(shape, head, k, a))
                 a.output.parent.mkdir(parents=True, exist_ok=True)
-                a.output.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+                files.write_json(a.output, {"command": " ".join(sys.argv), "rows": rows})
     return 0
 
 

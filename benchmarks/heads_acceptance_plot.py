@@ -12,6 +12,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from magicdec import files
+
 
 def records(dirs: list[Path], gamma: int) -> dict:
     """{(decoding, label): {prefix: record metrics}} for the drafters at `gamma` (lookup and the self-draft at
@@ -45,7 +47,7 @@ def main(argv=None) -> int:
         lines.append(f"| {dec} | {label} | {g} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     a.output.parent.mkdir(parents=True, exist_ok=True)
-    a.output.with_suffix(".md").write_text(text)
+    files.write_text(a.output.with_suffix(".md"), text)
     print(text)
 
     import matplotlib
@@ -72,7 +74,7 @@ def main(argv=None) -> int:
         axes[0][col].legend(fontsize=7)
     fig.suptitle(f"SmolLM2-135M-Instruct, B = 8, trained heads at γ {a.gamma} (dashed: EAGLE's KV a window of 256)")
     fig.tight_layout()
-    fig.savefig(a.output.with_suffix(".png"), dpi=110)
+    files.save_figure(a.output.with_suffix(".png"), fig, dpi=110)
     return 0
 
 

@@ -14,13 +14,13 @@ prompt followed by its book's own next --teacher tokens.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 from magicdec import device as dev
+from magicdec import files
 from magicdec.drafters.lookup import propose_ngram
 from magicdec.engine import Engine
 from magicdec.errors import one_line_errors
@@ -91,7 +91,7 @@ def main(argv=None) -> None:
               "teacher": a.teacher, "ngram_max": a.ngram_max, "environment": dev.environment(engine.device),
               "rows": rows, "rates": total}
     a.output.parent.mkdir(parents=True, exist_ok=True)
-    a.output.write_text(json.dumps(result, indent=1))
+    files.write_json(a.output, result)
     print(f"{name}, {source}: proposed at {total['proposed']:.3f} of positions, top-1 agreement "
           f"{total['top1']:.3f}, p(proposed) at T 0.6 / top-p 0.9 {total['min_pq']:.3f}; per batch "
           + ", ".join(f"{r['min_pq'] / r['positions']:.3f}" for r in rows))

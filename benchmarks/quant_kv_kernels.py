@@ -8,12 +8,12 @@ unquantized K and V; also one token's quantized store into a layer (what each dr
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 import triton
 
+from magicdec import files
 from magicdec import fused, quant_kv
 from magicdec.device import copy_bandwidth, environment
 from magicdec.kv_cache import store_kv
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
                       "rounds in turns, each a CUDA-graph replay timing"}
     if a.output:
         a.output.parent.mkdir(parents=True, exist_ok=True)
-        a.output.write_text(json.dumps(record, indent=1))
+        files.write_json(a.output, record)
     return 0
 
 

@@ -15,6 +15,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from magicdec import files
+
 HEADS = {"eagle": "EAGLE", "hydra": "Hydra", "medusa": "Medusa"}  # drafter -> its name in the notes
 
 
@@ -102,7 +104,7 @@ def plot(found: dict, path: Path) -> None:
     axes[0].set_ylabel("speedup over plain decoding")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    files.save_figure(path, fig, dpi=120)
 
 
 def main(argv=None) -> int:
@@ -118,7 +120,7 @@ def main(argv=None) -> int:
     records, notes = head_records(records, {family: getattr(a, f"{family}_head") for family in HEADS})
     found = cells(records)
     text = table(found) + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
-    a.output.with_suffix(".md").write_text(text + "\n")
+    files.write_text(a.output.with_suffix(".md"), text + "\n")
     if found:
         plot(found, a.output.with_suffix(".png"))
     print(text)

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from magicdec import cost_model as cm
+from magicdec import files
 from magicdec.config import ModelArgs
 
 L31, L2, TINY = "meta-llama/Meta-Llama-3.1-8B", "togethercomputer/LLaMA-2-7B-32K", "TinyLlama/TinyLlama_v1.1"
@@ -179,7 +180,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_title("MagicDec's table: 4 × H200 measured, 8 GPUs predicted by the cost model (random weights, synthetic α)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    files.save_figure(path, fig, dpi=120)
     plt.close(fig)
 
 
@@ -196,8 +197,8 @@ def main(argv=None) -> None:
         parts += ["## Prefix 100K, B=32, TP=4: baseline vs self-speculation, budget 512, synthetic α 0.8", "",
                   *gamma_table(recs["tp4_selfspec_B32_100k"]), ""]
     parts += ["## MagicDec's table at TP=4, and predicted at TP=8", "", *paper_lines, ""]
-    (out / "tables.md").write_text("\n".join(parts))
-    (out / "tp8_predicted.json").write_text(json.dumps(rows, indent=1))
+    files.write_text(out / "tables.md", "\n".join(parts))
+    files.write_json(out / "tp8_predicted.json", rows)
     plot(rows, out / "speedups.png")
     print("\n".join(parts))
 

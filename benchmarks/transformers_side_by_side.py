@@ -20,7 +20,6 @@ books before 1919), in this workspace the 21 books of ../shared/data/gutenberg, 
 """
 import argparse
 import copy
-import json
 import statistics
 import time
 from dataclasses import replace
@@ -32,6 +31,7 @@ from tqdm import tqdm
 
 from magicdec import data, timing
 from magicdec import device as dev
+from magicdec import files
 from magicdec import metrics as met
 from magicdec.checkpoint import _hf_name, load_state_dict
 from magicdec.config import ModelArgs
@@ -332,7 +332,7 @@ def main(argv=None):
                 rec["tokens"] = tokens.tolist()
         rec["metrics"] = metrics
         records.append(rec)
-        (cli.output_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        files.write_json(cli.output_dir / "summary.json", summary)
         return rec
 
     def attempt(B, P, library, method, reference, fn, **extra):

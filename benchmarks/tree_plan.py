@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from magicdec import cost_model as cm
+from magicdec import files
 from magicdec.compare import PROFILES, load_profile
 from magicdec.config import ModelArgs
 from magicdec.planner import best_tree
@@ -50,9 +51,9 @@ def main(argv=None) -> int:
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()
                               if k != "tree_parents"}))
     a.output.parent.mkdir(parents=True, exist_ok=True)
-    a.output.write_text(json.dumps({"prediction": True, "model": c.name, "profile": str(a.profile),
-                                    "device": profile.get("device"), "rates": rates, "budget": a.budget,
-                                    "draft_weights": a.draft_weights, "rows": rows}, indent=1))
+    files.write_json(a.output, {"prediction": True, "model": c.name, "profile": str(a.profile),
+                                "device": profile.get("device"), "rates": rates, "budget": a.budget,
+                                "draft_weights": a.draft_weights, "rows": rows})
     return 0
 
 

@@ -22,6 +22,7 @@ import torch
 
 from magicdec import attention
 from magicdec import device as dev
+from magicdec import files
 from magicdec import tp
 from magicdec import triton_attention
 from magicdec.config import ModelArgs
@@ -132,10 +133,10 @@ def main(argv=None) -> int:
                                           if k not in ("tree", "rounds")} | {"elapsed_s": round(time.time() - start)}),
                               flush=True)
                     a.output.parent.mkdir(parents=True, exist_ok=True)
-                    a.output.write_text(json.dumps(out | {"partial": True}, indent=1))
+                    files.write_json(a.output, out | {"partial": True})
             del cache, step
             torch.cuda.empty_cache()
-    a.output.write_text(json.dumps(out, indent=1))
+    files.write_json(a.output, out)
     return 0
 
 
@@ -186,7 +187,7 @@ def breakdown(a) -> int:
             del cache
             torch.cuda.empty_cache()
     a.output.parent.mkdir(parents=True, exist_ok=True)
-    a.output.write_text(json.dumps(out, indent=1))
+    files.write_json(a.output, out)
     return 0
 
 
@@ -218,7 +219,7 @@ def plot(paths: list[Path], out: Path) -> int:
     ax.set_title(f"Verification cost, random-weight Llama-3.1-8B, {gpu}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    files.save_figure(out, fig, dpi=120)
     return 0
 
 

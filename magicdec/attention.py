@@ -15,6 +15,7 @@ GQA is never expanded in memory: the G query heads that share a KV head are fold
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Callable
 
@@ -29,11 +30,10 @@ Q_BLOCK = 128
 
 
 def flash_attn_available() -> bool:
-    try:
-        import flash_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+TRITON_INSTALL = "pip install triton (CUDA builds of torch bring it; a CPU install has none)"
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -42,11 +42,14 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name not in BACKENDS:
         raise MagicDecError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
     if name == "auto":
-        if device.type != "cuda":
-            return "sdpa"
+        if device.type != "cuda" or importlib.util.find_spec("triton") is None:  # the kernels below are Triton's
+            return "sdpa" if device.type != "cuda" else "flex"
         return "flash" if flash_attn_available() else "triton"
     if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise MagicDecError("--attn_backend triton needs a CUDA device (or TRITON_INTERPRET=1 to interpret it on the CPU)")
+    if name in ("triton", "flash") and importlib.util.find_spec("triton") is None:
+        raise MagicDecError(f"--attn_backend {name} runs the split-KV Triton kernel, and triton is not installed: "
+                            f"{TRITON_INSTALL}, or pass --attn_backend sdpa")
     if name == "flash" and not (device.type == "cuda" and flash_attn_available()):
         raise MagicDecError("--attn_backend flash needs a CUDA device and the flash-attn package (pip install flash-attn)")
     return name

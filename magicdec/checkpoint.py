@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from magicdec import files
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
 
@@ -68,14 +69,6 @@ def check_state_dict(sd: dict, args: ModelArgs, source) -> None:
         if tuple(sd[name].shape) != shape:
             raise MagicDecError(f"tensor {name} in {source} has shape {tuple(sd[name].shape)}, its config implies {shape}: "
                                 "checkpoint and config.json do not match; re-download it")
-
-
-def _save(sd: dict, path: Path) -> Path:
-    # write then rename, so a crash never leaves a half-written model.pth that later looks complete
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    torch.save(sd, tmp)
-    os.replace(tmp, path)
-    return path
 
 
 # ---------------------------------------------------------------- HF checkpoints
@@ -136,6 +129,7 @@ def convert_hf_checkpoint(checkpoint_dir, dtype: torch.dtype | None = None) -> P
     """HF checkpoint dir -> checkpoint_dir/model.pth in our naming; keeps the source dtype unless `dtype` is given."""
     d = Path(checkpoint_dir)
     cfg, args = _read_config(d)
+    files.writable_folder(d, "--checkpoint_dir")  # before the weights are read
     sd = {}
     for f in _hf_weight_files(d):
         for name, t in _read_weights(f).items():
@@ -150,7 +144,7 @@ def convert_hf_checkpoint(checkpoint_dir, dtype: torch.dtype | None = None) -> P
     check_state_dict(sd, args, d)
     if dtype is not None:
         sd = {k: v.to(dtype) for k, v in sd.items()}
-    return _save(sd, d / "model.pth")
+    return files.save_torch(d / "model.pth", sd, "--checkpoint_dir")  # whole or not at all
 
 
 # ---------------------------------------------------------------- GGUF files
@@ -252,10 +246,12 @@ def convert_gguf_tokenizer(gguf_path, out_dir) -> Path:
 
 
 def convert_gguf(gguf_path, out_dir, dtype: torch.dtype = torch.float32, name: str | None = None) -> Path:
-    """GGUF file -> out_dir/{config.json, tokenizer.json, model.pth}; model.pth is written last, so its presence
-    means the conversion finished. `name` (the model's name in config.json) replaces the GGUF's general.name."""
+    """GGUF file -> out_dir/{config.json, tokenizer.json, model.pth}, written together (files.files_into): model.pth
+    comes last, so its presence means the conversion finished. `name` (the model's name in config.json) replaces the
+    GGUF's general.name."""
     gguf_path, out = Path(gguf_path), Path(out_dir)
     reader = _open_gguf(gguf_path)
+    files.writable_folder(out, "--checkpoint_dir")  # before the tensors are dequantized
     cfg = gguf_hf_config(reader) | {"torch_dtype": str(dtype).removeprefix("torch.")}
     if name:
         cfg["_name_or_path"] = name
@@ -272,10 +268,11 @@ def convert_gguf(gguf_path, out_dir, dtype: torch.dtype = torch.float32, name: s
             w = unpermute_qk(w, args.n_kv_heads)
         sd[name] = w.to(dtype)
     check_state_dict(sd, args, gguf_path)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    convert_gguf_tokenizer(gguf_path, out)
-    return _save(sd, out / "model.pth")
+    with files.files_into(out, "model.pth", "--checkpoint_dir") as stage:
+        (stage / "config.json").write_text(json.dumps(cfg, indent=2))
+        convert_gguf_tokenizer(gguf_path, stage)
+        torch.save(sd, stage / "model.pth")
+    return out / "model.pth"
 
 
 # ---------------------------------------------------------------- loading
@@ -327,6 +324,7 @@ def smollm2_checkpoint(cache_dir=None) -> Path:
         root = os.environ.get("MAGICDEC_CACHE") or Path.home() / ".cache" / "magicdec"
         cache_dir = Path(root) / SMOLLM2_CACHE
     out = Path(cache_dir)
+    files.remove_stale(out)  # conversions beside it that a killed process left
     if out.exists() or out.is_symlink():
         if (why := _cache_fault(out)) is None:
             return out / "model.pth"
@@ -334,23 +332,20 @@ def smollm2_checkpoint(cache_dir=None) -> Path:
               file=sys.stderr)
     gguf_path = smollm2_gguf()
     # Converted beside the cache and renamed into place, so an interrupted conversion never looks finished.
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    try:
-        _remove(tmp)  # left by an earlier process of the same id that was killed
-        tmp.mkdir(parents=True)
-        free = shutil.disk_usage(tmp).free
-    except OSError as e:
-        raise MagicDecError(f"cannot write the default model's cache folder {out.parent} ({e.strerror or e}): set "
-                            "MAGICDEC_CACHE to a writable folder") from None
-    try:
+    with files.temporary(out) as tmp:
+        try:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+            free = shutil.disk_usage(tmp).free
+        except OSError as e:
+            raise MagicDecError(f"cannot write the default model's cache folder {out.parent} ({e.strerror or e}): set "
+                                "MAGICDEC_CACHE to a writable folder") from None
         if free < SMOLLM2_BYTES:
             raise MagicDecError(f"the default model's cache folder {out.parent} has {free / 1e9:.2f} GB free but "
                                 f"converted SmolLM2 takes {SMOLLM2_BYTES / 1e9:.2f} GB: free space there, or set "
                                 "MAGICDEC_CACHE to a folder on another disk")
         convert_gguf(gguf_path, tmp, name=SMOLLM2_NAME)
         _install(tmp, out)
-    finally:
-        _remove(tmp)
     return out / "model.pth"
 
 
@@ -374,24 +369,16 @@ def _cache_fault(out: Path) -> str | None:
 
 def _install(tmp: Path, out: Path) -> None:
     """Rename the finished conversion `tmp` to `out`, removing what `out` held."""
-    old = out.with_name(f"{out.name}.{os.getpid()}.old")
-    try:
-        os.replace(out, old)
-    except FileNotFoundError:
-        pass
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process renamed its own conversion into place meanwhile
-        if _cache_fault(out) is not None:
-            raise
-    _remove(old)
-
-
-def _remove(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)
+    with files.temporary(out) as old:
+        try:
+            os.replace(out, old)
+        except FileNotFoundError:
+            pass
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process renamed its own conversion into place meanwhile
+            if _cache_fault(out) is not None:
+                raise
 
 
 # ---------------------------------------------------------------- llama2.c files
@@ -497,11 +484,10 @@ def convert_llama2c(bin_path, out_dir, tokenizer_path=None, dtype: torch.dtype =
 
     llama2.c rotates interleaved pairs (Meta's RoPE layout); wq/wk rows are permuted to HF's rotate-half layout,
     the same permutation as GGUF's (unpermute_qk). model.pth is written last: its presence means the conversion
-    finished."""
-    import shutil
-
+    finished (the files are written together: files.files_into)."""
     path, out = Path(bin_path), Path(out_dir)
     h, a = read_llama2c(path)
+    files.writable_folder(out, "--checkpoint_dir")
     _llama2c_rope_theta(h, a, path)
     cfg = llama2c_hf_config(h, name=path.stem) | {"torch_dtype": str(dtype).removeprefix("torch.")}
     args = ModelArgs.from_hf_config(cfg)
@@ -527,11 +513,12 @@ def convert_llama2c(bin_path, out_dir, tokenizer_path=None, dtype: torch.dtype =
                p + "feed_forward.w3.weight": t(a["w3"][i]),
                p + "attention_norm.weight": t(a["rms_att"][i]), p + "ffn_norm.weight": t(a["rms_ffn"][i])}
     check_state_dict(sd, args, path)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    if tok is not None:
-        shutil.copyfile(tokenizer_path, out / "tokenizer.bin")
-    return _save({k: v.to(dtype).contiguous() for k, v in sd.items()}, out / "model.pth")
+    with files.files_into(out, "model.pth", "--checkpoint_dir") as stage:
+        (stage / "config.json").write_text(json.dumps(cfg, indent=2))
+        if tok is not None:
+            shutil.copyfile(tokenizer_path, stage / "tokenizer.bin")
+        torch.save({k: v.to(dtype).contiguous() for k, v in sd.items()}, stage / "model.pth")
+    return out / "model.pth"
 
 
 class Llama2cTokenizer:

@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from magicdec.errors import MagicDecError
+from magicdec import files
+from magicdec.errors import interrupted_as, MagicDecError
 
 DEPTH = 16  # suffixes are sorted by their first DEPTH tokens: the longest context suffix a lookup matches
 SEPARATOR = -1  # between documents: no continuation crosses it
@@ -65,8 +68,9 @@ class Datastore:
                 "depth": DEPTH, "tokens": int(tokens.shape[0])}
         return cls(tokens, suffix_array(tokens), meta)
 
-    def save(self, path: Path) -> None:
-        np.savez(path, tokens=self.tokens, sa=self.sa, meta=np.array(json.dumps(self.meta)))
+    def save(self, path: Path) -> Path:
+        """To exactly `path` (np.savez given a name would add .npz), whole or not at all."""
+        return files.save_npz(path, "--output", tokens=self.tokens, sa=self.sa, meta=np.array(json.dumps(self.meta)))
 
     @classmethod
     def load(cls, path: Path, tokenizer=None) -> "Datastore":
@@ -78,9 +82,12 @@ class Datastore:
         try:
             with np.load(path) as f:
                 out = cls(f["tokens"], f["sa"], json.loads(str(f["meta"])))
-        except (OSError, ValueError, KeyError) as e:
-            raise MagicDecError(f"--datastore {path}: not a datastore ({type(e).__name__}); rebuild it with "
-                                "`magicdec datastore`") from None
+            if not isinstance(out.meta, dict) or not {"fingerprint", "vocab_size", "depth"} <= set(out.meta):
+                raise KeyError("meta")
+        except (OSError, ValueError, KeyError, AttributeError, EOFError, zipfile.BadZipFile,
+                zlib.error) as e:  # cut short, another file, another archive: each fails its own way
+            raise MagicDecError(f"--datastore {path}: not a datastore, or one cut short ({type(e).__name__}); rebuild "
+                                "it with `magicdec datastore`") from None
         if tokenizer is not None and out.meta["fingerprint"] != fingerprint(tokenizer):
             raise MagicDecError(f"--datastore {path} was built with another tokenizer ({out.meta['vocab_size']} "
                                 f"tokens, not this run's {tokenizer.vocab_size} or not the same ids): rebuild it "
@@ -128,22 +135,66 @@ class Datastore:
         return []
 
 
+def is_datastore(path: Path) -> bool:
+    try:
+        with np.load(path) as f:
+            return {"tokens", "sa", "meta"} <= set(f.files)
+    except Exception:  # not an archive, or not numpy's: whatever it is, not a datastore
+        return False
+
+
+def books_of(books: Path, exclude: list[str]) -> list[Path]:
+    """The .txt books to build from, every --exclude naming one of them (a name that matches none is a typo that
+    would put the prompts' own book in the datastore)."""
+    from magicdec.data import _folder_books
+
+    if not books.exists():
+        raise MagicDecError(f"--books {books}: no such file or folder; give a folder of .txt books (or one .txt file)")
+    found = _folder_books(books) if books.is_dir() else [books]
+    unknown = [x for x in exclude if not any(x in (f.name, f.stem) for f in found)]
+    if unknown:
+        raise MagicDecError(f"--exclude {unknown[0]}: no book of --books {books} is named so (give file names or "
+                            f"stems, e.g. {found[0].stem if found else 'pg1342'})")
+    left = [f for f in found if f.name not in exclude and f.stem not in exclude]
+    if not left:
+        raise MagicDecError(f"--books {books}: no .txt book left to build from (after --exclude)")
+    return left
+
+
+def read_book(f: Path) -> str:
+    """A book's text; one that is not UTF-8 text (Latin-1, binary) is a line naming it and the fix."""
+    from magicdec.data import _read_text
+
+    try:
+        return _read_text(f)
+    except OSError as e:
+        raise MagicDecError(f"--books: cannot read {f} ({e.strerror or e})") from None
+    except MagicDecError as e:  # data's wording, for --dataset: here a book is left out with --exclude
+        raise MagicDecError(f"--books: {e}".replace("out of --dataset", f"out with --exclude {f.stem}")) from None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="magicdec datastore", description=__doc__.splitlines()[0])
     p.add_argument("--books", type=Path, required=True, help="a folder of .txt books (or one .txt file)")
     p.add_argument("--tokenizer", type=Path, required=True, help="the target's tokenizer (file or dir)")
     p.add_argument("--exclude", nargs="*", default=[], help="books left out (file names or stems): the prompts' own")
-    p.add_argument("--output", type=Path, required=True)
+    p.add_argument("--output", type=Path, required=True, help="the datastore's file, written at exactly this path")
     a = p.parse_args(argv)
     from magicdec.tokenizer import load_tokenizer
 
-    files = sorted(a.books.glob("*.txt")) if a.books.is_dir() else [a.books]
-    files = [f for f in files if f.name not in a.exclude and f.stem not in a.exclude]
-    if not files:
-        raise MagicDecError(f"--books {a.books}: no .txt book left to build from (after --exclude)")
+    books = books_of(a.books, a.exclude)
+    if a.output.is_dir():
+        raise MagicDecError(f"--output {a.output} is a folder: name the datastore's file, e.g. {a.output / 'rest.npz'}")
+    if a.output.exists() and not is_datastore(a.output):
+        raise MagicDecError(f"--output {a.output} exists and is not a datastore: it will not be replaced; choose "
+                            "another name, or move that file away")
+    files.writable_folder(a.output.parent, "--output")
+    texts = [read_book(f) for f in books]
     tokenizer = load_tokenizer(a.tokenizer)
-    docs = [tokenizer.encode(f.read_text(encoding="utf-8", errors="replace"), bos=False) for f in files]
-    store = Datastore.build(docs, tokenizer, [f.name for f in files])
-    store.save(a.output)
+    with interrupted_as(lambda: f"interrupted: --output {a.output} was not written (it is as it was); run the same "
+                                "command again"):
+        docs = [tokenizer.encode(text, bos=False) for text in texts]
+        store = Datastore.build(docs, tokenizer, [f.name for f in books])
+        store.save(a.output)
     print(json.dumps(store.meta | {"output": str(a.output)}))
     return 0

@@ -66,12 +66,72 @@ def host_to_device_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeat
 
 
 def memory(device: torch.device) -> tuple[int, int]:
-    """(free, total) bytes of the device: the GPU's, or the machine's RAM."""
+    """(free, total) bytes of the device: the GPU's, or the RAM this process may use (host_memory)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)
-    with open("/proc/meminfo") as f:
-        info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)}
-    return info["MemAvailable"], info["MemTotal"]
+    return host_memory()
+
+
+NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
+
+
+def host_memory(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> tuple[int, int]:
+    """(free, total) bytes of RAM this process may use: the least of what the machine has available
+    (/proc/meminfo), what its address-space limit leaves (RLIMIT_AS less the process's size) and what its memory
+    cgroup leaves (each cgroup up the tree: v2 memory.max, v1 memory.limit_in_bytes, less its usage not counting
+    reclaimable page cache). A container or `ulimit -v` smaller than the machine is the limit a run hits."""
+    import resource
+
+    info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in (proc / "meminfo").open())}
+    bounds = [(info["MemAvailable"], info["MemTotal"])]
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY:
+        status = dict(line.split(":", 1) for line in (proc / "self" / "status").open() if ":" in line)
+        size = int(status.get("VmSize", "0 kB").split()[0]) * 1024
+        bounds.append((max(soft - size, 0), soft))
+    bounds += cgroup_memory(proc, cgroups)
+    return min(f for f, _ in bounds), min(t for _, t in bounds)
+
+
+def cgroup_memory(proc: Path, cgroups: Path) -> list[tuple[int, int]]:
+    """(limit less usage, limit) of each memory cgroup this process is in, from its own up to the root, that has a
+    limit (none outside a container or a limited service)."""
+    def number(f: Path) -> int | None:
+        try:
+            text = f.read_text().strip()
+        except OSError:
+            return None
+        return None if text == "max" or not text.isdigit() else int(text)
+
+    def reclaimable(stat: Path, key: str) -> int:
+        try:
+            return next((int(v) for k, v in (line.split() for line in stat.open()) if k == key), 0)
+        except (OSError, ValueError):
+            return 0
+
+    out = []
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one hierarchy
+            base, limit, usage, stat, cache = cgroups, "memory.max", "memory.current", "memory.stat", "inactive_file"
+        elif "memory" in controllers.split(","):
+            base, limit, usage = cgroups / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+            stat, cache = "memory.stat", "total_inactive_file"
+        else:
+            continue
+        d = base / path.lstrip("/")
+        for folder in [d, *d.parents]:  # a parent's limit binds its children too
+            cap = number(folder / limit)
+            if cap is not None and cap < NO_LIMIT:
+                used = (number(folder / usage) or 0) - reclaimable(folder / stat, cache)
+                out.append((max(cap - max(used, 0), 0), cap))
+            if folder == base:
+                break
+    return out
 
 
 def headroom(device: torch.device) -> int:

@@ -1,6 +1,9 @@
-"""One exception type for bad input: the command-line entry points print its message on one line and exit 2."""
+"""One exception type for bad input: the command-line entry points print its message on one line and exit 2. Ctrl-C
+and SIGTERM end a command the same way: one line (what was kept, how to go on), exit 130 or 143."""
 import re
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 
 
@@ -8,11 +11,35 @@ class MagicDecError(Exception):
     """A problem with the user's input or environment, with a message that names the fix."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so that it unwinds as Ctrl-C does: temporary files removed, finished
+    work kept on disk."""
+
+
+def _terminate(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
+@contextmanager
+def interrupted_as(line):
+    """A Ctrl-C or SIGTERM in the block ends the command with `line()` (what was kept, how to go on) as its one line,
+    rather than the entry point's default."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if not e.args:
+            e.args = (line(),)
+        raise
+
+
 @contextmanager
 def one_line_errors(interrupted: str = "interrupted", rename: dict | None = None):
-    """Turn MagicDecError into `error: <message>` and exit status 2, and Ctrl-C into one line (`interrupted`: what
-    to do about it) and exit status 130, with no traceback. `rename` maps flags to the names a script's user types
-    (TriForce's --prefill for --prefix_len)."""
+    """Turn MagicDecError into `error: <message>` and exit status 2, and Ctrl-C (exit 130) or SIGTERM (exit 143)
+    into one line, with no traceback: the line an `interrupted_as` block gave, else `interrupted` (what to do about
+    it). `rename` maps flags to the names a script's user types (TriForce's --prefill for --prefix_len)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main else None
     try:
         yield
     except MagicDecError as e:
@@ -21,6 +48,9 @@ def one_line_errors(interrupted: str = "interrupted", rename: dict | None = None
             message = re.sub(rf"{re.escape(ours)}(?![\w-])", theirs, message)
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print(f"\n{interrupted}", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        print(f"\n{e.args[0] if e.args else interrupted}", file=sys.stderr)
+        sys.exit(143 if isinstance(e, Terminated) else 130)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

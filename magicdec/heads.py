@@ -83,6 +83,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from magicdec import files
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
 
@@ -432,12 +433,14 @@ def new_head(family: str, target_args: ModelArgs, *, num_heads: int = 4, num_lay
 
 # --- files ----------------------------------------------------------------------------------------------------------
 def save(head: nn.Module, directory) -> Path:
-    """The family's published files in `directory` (created): config.json and its weights file."""
+    """The family's published files in `directory` (created): config.json and its weights file, written together
+    (files.files_into: the weights file last), so an interrupted save never leaves a config beside old weights."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(head.config(), indent=2))
+    weights = FILES.get(head.family) or EAGLE_WEIGHTS[0]
     state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
-    torch.save(state, d / (FILES.get(head.family) or EAGLE_WEIGHTS[0]))
+    with files.files_into(d, weights, "--out") as stage:
+        (stage / "config.json").write_text(json.dumps(head.config(), indent=2))
+        torch.save(state, stage / weights)
     return d
 
 

@@ -13,8 +13,11 @@ NAME is the sweep folder's name. The results page is updated in place: each swee
 `<!-- sweep NAME -->` and `<!-- /sweep NAME -->` (an --include file between `<!-- include PATH -->` markers); a run
 replaces or adds the sections of the sweeps it is given and keeps every other, and the table at the top lists every
 section on the page. A page made before these markers is refused rather than cut down to the sweeps given: rebuild it
-once with --rebuild and every sweep it should show. A record that cannot be read (not JSON, not UTF-8, not a JSON
-object) is skipped with a warning naming its file; a folder that is missing or holds no records is an error.
+once with --rebuild and every sweep it should show; so is a page with a marker lost or doubled. Two reports into one
+page take turns (it is locked while it is read, updated and written). OUT/NAME.md begins with a line saying this
+command made it; a file there without that line (a page written by hand, the results page) is never replaced. A
+record that cannot be read (not JSON, not UTF-8, not a JSON object) is skipped with a warning naming its file; a folder
+that is missing or holds no records is an error.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import matplotlib
 
+from magicdec import files
 from magicdec.errors import MagicDecError, one_line_errors
 
 matplotlib.use("Agg")
@@ -382,8 +386,10 @@ def natural(name: str) -> list:
 
 def save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        files.save_figure(path, fig, "--out", dpi=110)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -623,9 +629,26 @@ def put(page: str, kind: str, name: str, body: str) -> str:
     return page[:at].rstrip("\n") + "\n\n" + new + "\n\n" + page[at:].lstrip("\n")
 
 
+def check_markers(page: str, path: Path) -> None:
+    """Every block of the page between exactly one start and one end marker, in that order: a marker lost or doubled
+    (a hand edit, a page cut short) would otherwise put a second copy of a section on it."""
+    for kind in ("head", "sweep", "include"):
+        starts = re.findall(rf"^<!-- {kind}(?: (.+?))? -->$", page, re.MULTILINE)
+        ends = re.findall(rf"^<!-- /{kind}(?: (.+?))? -->$", page, re.MULTILINE)
+        for name in dict.fromkeys(starts + ends):
+            start, end = tags(kind, name)
+            if (starts.count(name), ends.count(name)) != (1, 1) or page.index(start) > page.index(end):
+                raise MagicDecError(
+                    f"--results_md {path}: `{start}` appears {starts.count(name)} time(s) and `{end}` "
+                    f"{ends.count(name)} time(s), where each block has one start and one end marker after it (a hand "
+                    "edit or a page cut short?): restore the markers, or rewrite the page whole with --rebuild and "
+                    "every sweep it should show")
+
+
 def old_page(path: Path, rebuild: bool) -> str:
     """The page's text to update: empty when it is new or rebuilt. A page without markers (written whole by report
-    runs before sections had them) is refused: updating it would drop the sweeps this run was not given."""
+    runs before sections had them) is refused: updating it would drop the sweeps this run was not given; so is one
+    with a marker lost or doubled."""
     if rebuild or not path.exists():
         return ""
     try:
@@ -633,6 +656,7 @@ def old_page(path: Path, rebuild: bool) -> str:
     except (OSError, UnicodeDecodeError) as e:
         raise MagicDecError(f"--results_md {path}: cannot read it ({one_line(e)}); fix or move it, or pass --rebuild "
                             "to write it whole") from None
+    check_markers(page, path)
     if page.strip() and not (block_re("head").search(page) or names_of(page, "sweep")):
         made = re.search(r"^Made by `([^`]+)`", page, re.MULTILINE)
         raise MagicDecError(f"--results_md {path} has no `<!-- sweep NAME -->` markers (written before sections were "
@@ -668,7 +692,30 @@ def write_page(path: Path, page: str, sections: dict[str, str], overview_rows: d
         title, _, rest = page.partition("\n")
         page = f"{title}\n\n{tags('head')[0]}\n\n{tags('head')[1]}\n\n{rest.lstrip()}"
     page = put(page, "head", "", head(page, overview_rows, command))
-    path.write_text(page.rstrip() + "\n", encoding="utf-8")
+    files.write_text(path, page.rstrip() + "\n", "--results_md")
+
+
+MADE_BY = "<!-- made by magicdec report from {}: the next report of that folder replaces this page -->"
+
+
+def ours(page: Path, sweep: Path, results_md: Path | None) -> None:
+    """A sweep's page may replace only a page an earlier report made (its first line MADE_BY): never the results
+    page or another file that happens to have its name (a sweep folder named RESULTS, --out results)."""
+    if results_md is not None and page.resolve() == results_md.resolve():
+        raise MagicDecError(f"--out {page.parent}: the page of sweep {sweep} would be {page}, the --results_md page "
+                            "itself: give another --out (or rename the sweep folder)")
+    if not page.exists():
+        return
+    try:
+        with page.open(encoding="utf-8", errors="replace") as f:
+            first = f.readline()
+    except OSError as e:
+        raise MagicDecError(f"--out: cannot read {page} ({one_line(e)}); move it or choose another --out") from None
+    if not first.startswith(MADE_BY.split("{}")[0]):
+        raise MagicDecError(f"--out: {page} exists and was not made by magicdec report (its first line is not "
+                            f"`{MADE_BY.split('{}')[0].strip()} ...`), so the page of sweep {sweep} will not replace "
+                            "it: choose another --out, or move that file away (an earlier report's page made before "
+                            "this line existed: delete it)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -708,24 +755,29 @@ def main(argv=None) -> int:
         if not recs and not skipped:
             raise MagicDecError(f"{d}: no sweep records in it ({len(list(d.glob('*.json')))} JSON file(s), none a sweep "
                                 "point's record); give a sweep's --output_dir")
-    page = old_page(a.results_md, a.rebuild) if a.results_md else None  # refused before anything is written
-    command = "magicdec report " + shlex.join(argv)
     names = [d.resolve().name for d in a.sweeps]
     if len(set(names)) < len(names):  # two sweeps called out/: prefix their parents' names
         names = ["_".join(d.resolve().parts[-2:]) for d in a.sweeps]
-    a.out.mkdir(parents=True, exist_ok=True)
+    # refused before anything is drawn or written: a page this command did not make, a folder it cannot write
+    for d, name in zip(a.sweeps, names):
+        ours(a.out / f"{name}.md", d, a.results_md)
+    if a.results_md:
+        old_page(a.results_md, a.rebuild)  # read again, under its lock, when it is written
+        files.writable_folder(a.results_md.parent, "--results_md")
+    files.writable_folder(a.out, "--out")
+    command = "magicdec report " + shlex.join(argv)
     sections, overview = {}, {}
     for d, name, (recs, skipped) in zip(a.sweeps, names, loaded):
         text, pngs = section(d, a.out, name, recs, skipped)
-        (a.out / f"{name}.md").write_text(f"{text}\n\n{images(pngs, a.out)}\n", encoding="utf-8")
+        files.write_text(a.out / f"{name}.md", f"{MADE_BY.format(d)}\n\n{text}\n\n{images(pngs, a.out)}\n", "--out")
         print(text)
         if a.results_md:
             sections[name] = f"{text}\n\n{images(pngs, a.results_md.parent)}"
             overview[name] = overview_row(f"[{name}]({os.path.relpath(a.out / f'{name}.md', a.results_md.parent)})",
                                           recs, skipped)
-    if a.results_md:
-        a.results_md.parent.mkdir(parents=True, exist_ok=True)
-        write_page(a.results_md, page, sections, overview, a.include, command)
+    if a.results_md:  # read, updated and written by one report at a time: a second waits, then adds to this one's
+        with files.locked(a.results_md.with_name(f".{a.results_md.name}.lock")):
+            write_page(a.results_md, old_page(a.results_md, a.rebuild), sections, overview, a.include, command)
     print(f"wrote {a.out}/" + (f" and {a.results_md}" if a.results_md else ""))
     return 0
 

@@ -33,6 +33,7 @@ import tomllib
 from pathlib import Path
 
 from magicdec.errors import MagicDecError
+from magicdec.files import write_text
 from magicdec.run_config import RunConfig, writable_folder
 
 KEYS = {"claim", "paper", "device", "record", "metric", "expected", "tolerance", "weights", "acceptance",
@@ -218,7 +219,7 @@ def write_table(readme: Path, experiments: list[dict]) -> None:
         raise MagicDecError(f"{readme} has no headline-table markers ({start} ... {end}): add them where the table goes")
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{start}\n{table(experiments)}\n{end}{tail}")
+    write_text(readme, f"{head}{start}\n{table(experiments)}\n{end}{tail}", "--readme")
     print(f"wrote the headline table of {readme} ({len(experiments)} experiments)")
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 from magicdec import device as dev
+from magicdec import files
 from magicdec import metrics as met
 from magicdec import timing
 from magicdec.engine import build, first_tokens
@@ -168,19 +171,24 @@ def make_record(cfg: RunConfig, built, metrics: dict, baseline: dict | None, swe
     return record
 
 
-def write_json(path: Path, obj) -> None:
-    """obj as JSON at path, written whole or not at all (a temporary file renamed into place): a crash never
-    leaves half a record."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(path)
-
-
 def write_record(path: Path | None, record: dict) -> None:
-    if path is not None:
-        write_json(path, record)
-        print(f"wrote {path}")
+    """The record at `path`, written whole or not at all (magicdec.files). Where it cannot be written (a disk that
+    filled during the run), the measurement is not lost: it goes to the system's temporary folder (or, failing that,
+    to stdout) and the one-line error names where."""
+    if path is None:
+        return
+    try:
+        files.write_json(path, record)
+    except MagicDecError as e:
+        kept = Path(tempfile.gettempdir()) / f"magicdec-record-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        try:
+            files.write_json(kept, record)
+            where = f"the record is kept in {kept}: move it to {path} once there is room"
+        except MagicDecError:
+            print(json.dumps(record, indent=1, default=str))
+            where = "the record is printed above (the temporary folder could not take it either)"
+        raise MagicDecError(f"{e}; {where}") from None
+    print(f"wrote {path}")
 
 
 def print_table(rows: list[tuple[str, object]]) -> None:
@@ -249,10 +257,12 @@ def print_summary(cfg: RunConfig, record: dict) -> None:
 
 
 def main(cfg_from_argv, rename: dict | None = None) -> None:
-    """Run the config `cfg_from_argv()` parses, bad input as one line (exit 2), Ctrl-C as one line (exit 130)."""
+    """Run the config `cfg_from_argv()` parses, bad input as one line (exit 2), Ctrl-C or SIGTERM as one line (exit
+    130 or 143)."""
     from magicdec.errors import one_line_errors
 
-    with one_line_errors(rename=rename):
+    with one_line_errors("interrupted: the run did not finish and wrote no record (an earlier record at its --output "
+                         "is as it was); run the same command again", rename=rename):
         run(cfg_from_argv())
         gloo = torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo"
         if gloo:

@@ -24,6 +24,7 @@ import torch
 from magicdec import drafters
 from magicdec import options as opt
 from magicdec.errors import MagicDecError
+from magicdec.files import writable_folder
 from magicdec.options import option
 from magicdec.tree import MAX_NODES, shaped_tree
 
@@ -358,22 +359,6 @@ class Output:
             raise MagicDecError(f"--output {self.output} is a directory: name the record's file, e.g. "
                                 f"{self.output / 'run.json'}")
         writable_folder(self.output.parent, f"--output {self.output}")
-
-
-def writable_folder(folder: Path, what: str) -> None:
-    """Make `folder` (and its parents) and prove a file can be written there, or say why not in one line."""
-    import os
-    import tempfile
-
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_check_"):
-            pass
-    except OSError as e:
-        why = e.strerror or str(e)
-        raise MagicDecError(f"{what}: cannot write to {folder} ({why}); choose a folder you can write to") from None
-    if not os.access(folder, os.W_OK):
-        raise MagicDecError(f"{what}: cannot write to {folder}; choose a folder you can write to")
 
 
 SECTIONS = {"models": Models, "workload": Workload, "decoding": Decoding, "speculation": Speculation,

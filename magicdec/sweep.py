@@ -27,8 +27,10 @@ a table named after a method holds what applies to it alone:
 Per (prefix, B) the target is loaded once and each batch of prompts prefilled once; each drafter is prepared once
 per batch and decoding mode; every speculative point is timed in turns with the baseline of the same mode, and its
 speedup is against those interleaved baseline runs. A point is recorded under its run config's hash: a point whose
-config changed is run again, and records of points no longer in the grid are moved to `stale/`. `--max_minutes`
-stops it cleanly between points; run the same command again to resume.
+config changed is run again, and records of points no longer in the grid are moved to `stale/`; a record that cannot
+be read (cut short, emptied) is moved to `broken/` and its point run again. One sweep writes into a folder at a time:
+a second is refused. `--max_minutes` stops it cleanly between points, Ctrl-C or SIGTERM within one; run the same
+command again to resume.
 """
 from __future__ import annotations
 
@@ -51,15 +53,16 @@ from magicdec import cost_model as cm
 from magicdec import device as dev
 from magicdec import draft_weights as dw
 from magicdec import drafters
+from magicdec import files
 from magicdec import metrics as met
 from magicdec import options as opt
 from magicdec import timing
 from magicdec.drafters.model_draft import appended_for
 from magicdec.engine import activation_rows, Engine, first_tokens, memory_needed
-from magicdec.errors import MagicDecError, one_line_errors
+from magicdec.errors import interrupted_as, MagicDecError, one_line_errors
 from magicdec.planner import AutoGamma, fit_spread, option_parts, plan
-from magicdec.run import write_json
-from magicdec.run_config import RUN_OPTIONS, SECTIONS, RunConfig, writable_folder
+from magicdec.files import writable_folder, write_json
+from magicdec.run_config import RUN_OPTIONS, SECTIONS, RunConfig
 from magicdec.stats import Stats
 from magicdec.verify import SYNTHETIC_DRAWS
 
@@ -71,6 +74,7 @@ SWEEP_KEYS = {"methods": None, "decoding": ["greedy"], "history": [], "skip_toke
 RENAMED = {"prefix_lens": "prefix_len", "batch_sizes": "B", "budgets": "draft_budget", "gammas": "gamma",
            "draft_policies": "draft_policy", "modes": "decoding"}
 AXIS_LISTS = {"gamma"}  # list-valued options whose flat list in a sweep file is an axis (several gammas: one each)
+LOCK = ".sweep.lock"  # held by the sweep writing into a folder, for its whole run
 PROBE = (256, 32)  # prefix and tokens of the B = 1 step the cost model's fixed cost per layer is fitted to
 
 
@@ -304,10 +308,33 @@ class Sweep:
 
     # ------------------------------------------------------------------ records on disk
     def recorded(self, point: Point) -> bool:
+        """Whether the point's record is there: a whole one (set_aside_broken moved any other away)."""
         return (self.out / f"{point.key}.json").exists()
 
     def write(self, name: str, rec: dict) -> None:
         write_json(self.out / f"{name}.json", rec | {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+    def set_aside_broken(self) -> int:
+        """A record (or a point's batches so far) that cannot be read, cut short by a full disk or a failed copy, or
+        emptied, is never taken as done: it moves to broken/, with a line saying so, and its point runs again."""
+        keys, moved = {p.key for p in self.points}, 0
+        for f in sorted(self.out.glob("*.json")) + sorted((self.out / ".batches").glob("*.json")):
+            r, why = read_object(f)
+            batches = f.parent.name == ".batches"
+            if r is not None and batches and not isinstance(r.get("batches"), list):
+                why = "holds no list of batches"
+            elif r is not None and not batches and f.stem in keys and "point" not in r:
+                why = "not a point's record"
+            if why is None:
+                continue
+            (self.out / "broken").mkdir(exist_ok=True)
+            first = self.out / "broken" / (f"{f.stem}.batches.json" if batches else f.name)
+            to = next(t for n in itertools.count()
+                      if not (t := first.with_suffix(f".{n}.json" if n else ".json")).exists())
+            f.replace(to)
+            moved += 1
+            print(f"{f}: {why}; moved to {to}, and its point runs again", flush=True)
+        return moved
 
     def retire_stale(self) -> int:
         """Records of points that are not in this grid (another config wrote them) move to stale/."""
@@ -331,6 +358,16 @@ class Sweep:
         """Run every missing point (or until the time limit); returns how many are still missing."""
         start = time.monotonic()
         writable_folder(self.out, "--output_dir")
+        busy = (lambda pid: f"--output_dir {self.out} is in use by another sweep (pid {pid}): let it finish (or stop "
+                            f"it: kill {pid}), or give this one another --output_dir")
+        with files.locked(self.out / LOCK, busy), interrupted_as(lambda: (
+                f"interrupted: {sum(map(self.recorded, self.points))} of {len(self.points)} points done in {self.out}; "
+                "run the same command again to resume")):
+            return self.run_points(start, max_minutes)
+
+    def run_points(self, start: float, max_minutes: float | None) -> int:
+        """run()'s work, with the folder locked."""
+        self.set_aside_broken()
         self.retire_stale()
         for method, reasons in self.dropped.items():
             for why, n in reasons.items():
@@ -341,9 +378,10 @@ class Sweep:
             return 0
         self.check(todo)
         self.load(todo[0].cfg)
-        (self.out / "sweep.toml").write_text(self.config_text)  # the grid itself, beside its records
-        with open(self.out / "commands.txt", "a") as f:  # what made these records, for the report
-            f.write(f"{self.command}  # {self.env.get('gpu', self.env['device'])}, {time.strftime('%Y-%m-%d %H:%M')}\n")
+        files.write_text(self.out / "sweep.toml", self.config_text)  # the grid itself, beside its records
+        commands = self.out / "commands.txt"  # what made these records, for the report
+        made = f"{self.command}  # {self.env.get('gpu', self.env['device'])}, {time.strftime('%Y-%m-%d %H:%M')}\n"
+        files.write_text(commands, (commands.read_text(errors="replace") if commands.exists() else "") + made)
         bar = tqdm(total=len(todo), desc="sweep", disable=not self.progress)
         groups: dict[tuple, list[Point]] = {}
         for p in todo:
@@ -707,12 +745,18 @@ class Sweep:
         tqdm.write(line)
 
 
-def is_point_record(f: Path) -> bool:
+def read_object(f: Path) -> tuple[dict | None, str | None]:
+    """(the JSON object in f, None), or (None, why it is not one)."""
     try:
-        r = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(r, dict) and "point" in r
+        r = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"not readable JSON ({'empty' if f.exists() and not f.stat().st_size else str(e).splitlines()[0]})"
+    return (r, None) if isinstance(r, dict) else (None, f"a JSON {type(r).__name__}, not a record")
+
+
+def is_point_record(f: Path) -> bool:
+    r, _ = read_object(f)
+    return r is not None and "point" in r
 
 
 def planned(cfg: RunConfig, planner: dict) -> RunConfig:

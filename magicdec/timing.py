@@ -23,7 +23,7 @@ def warm_up_length(decoder, gen_len: int, graphed: bool) -> int:
 
 
 def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int, graphed: bool, repeats: int = 1,
-                      min_seconds: float = 0.0, progress: bool = False):
+                      min_seconds: float = 0.0, progress: bool = False, on_done=None):
     """(tokens, counts, seconds) of each decoder: warmed up, then rounds that time every decoder once, each from the
     prompt, until `repeats` rounds are done and every decoder has been timed for `min_seconds` in all (at most
     MAX_ROUNDS); each keeps its median run, `decoder.round_seconds` lists all of its runs in round order and
@@ -34,27 +34,39 @@ def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int
     comparison must resolve (results/planner_sweeps). The order alternates
     from round to round, so neither decoder is always the one that runs right after the host's pause between rounds.
     A run's seconds are read by its own loop (Decoder.seconds), so speedups, all-reach and first-done alike, divide
-    spans of one clock."""
+    spans of one clock. `on_done(i, result)`: called as decoder i's last run ends where the round count alone decides
+    which round is the last (no min_seconds), else after the last round: a caller can show each result as it comes."""
     prompt_lengths = cache.lengths.clone()
     for decoder in decoders:
         cache.rollback(prompt_lengths)
         torch.manual_seed(seed + 1)
         decode(decoder, cache, first, warm_up_length(decoder, gen_len, graphed), eos, prev=prev)
     timings = [[] for _ in decoders]
-    while len(timings[0]) < repeats or (min(sum(r[0] for r in t) for t in timings) < min_seconds
-                                        and len(timings[0]) < MAX_ROUNDS):
-        order = list(zip(decoders, timings))
-        for decoder, runs_of in (order if len(timings[0]) % 2 == 0 else order[::-1]):
-            cache.rollback(prompt_lengths)
-            torch.manual_seed(seed + 1)
-            out, counts = decode(decoder, cache, first, gen_len, eos, progress, prev)
-            runs_of.append((decoder.seconds, decoder.stats, out, counts))
-    results = []
-    for decoder, runs_of in zip(decoders, timings):
+    results = [None] * len(decoders)
+
+    def finish(i: int) -> None:
+        decoder, runs_of = decoders[i], timings[i]
         decoder.round_seconds = [r[0] for r in runs_of]
         decoder.round_rates = [round_rates(*r) for r in runs_of]
         seconds, decoder.stats, out, counts = sorted(runs_of, key=lambda r: r[0])[len(runs_of) // 2]
-        results.append((out, counts, seconds))
+        results[i] = (out, counts, seconds)
+        if on_done is not None:
+            on_done(i, results[i])
+
+    while len(timings[0]) < repeats or (min(sum(r[0] for r in t) for t in timings) < min_seconds
+                                        and len(timings[0]) < MAX_ROUNDS):
+        last = len(timings[0]) + 1 >= repeats and min_seconds <= 0
+        order = list(range(len(decoders)))
+        for i in (order if len(timings[0]) % 2 == 0 else order[::-1]):
+            cache.rollback(prompt_lengths)
+            torch.manual_seed(seed + 1)
+            out, counts = decode(decoders[i], cache, first, gen_len, eos, progress, prev)
+            timings[i].append((decoders[i].seconds, decoders[i].stats, out, counts))
+            if last:
+                finish(i)
+    for i in range(len(decoders)):
+        if results[i] is None:
+            finish(i)
     return results
 
 

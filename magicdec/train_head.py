@@ -46,7 +46,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from magicdec.errors import MagicDecError
+from magicdec import files
+from magicdec.errors import interrupted_as, MagicDecError
 
 FAMILIES = ("eagle", "eagle3", "medusa", "hydra")
 REPO = Path(__file__).resolve().parents[1]
@@ -662,16 +663,22 @@ def lr_at(o: Options, step: int) -> float:
     return o.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def read_state(out: Path) -> dict:
+    """The resumable checkpoint (on the CPU), read before the target loads: a damaged one is a line, not minutes of
+    loading and then a traceback."""
+    path = out / STATE
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise MagicDecError(f"--resume: {out} has {STATE_META} but no {STATE}: it cannot continue; train anew in "
+                            "another --out") from None
+    except Exception as e:  # a truncated zip, a bad pickle, ... each raise their own type
+        raise MagicDecError(f"--resume: {path} is truncated or corrupt ({type(e).__name__}): it cannot continue; "
+                            "restore the file or train anew in another --out") from None
+    if not isinstance(state, dict) or not {"step", "head", "optimizer", "rng", "log"} <= set(state):
+        raise MagicDecError(f"--resume: {path} is not a train-head checkpoint: restore the file or train anew in "
+                            "another --out")
+    return state
 
 
 def read_state_meta(out: Path) -> dict | None:
@@ -756,8 +763,10 @@ def plot_losses(log: dict, path: Path) -> None:
     bx.set_ylabel("held-out top-1 agreement with the target")
     bx.set_title("teacher-forced acceptance (held-out books)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        files.save_figure(path, fig, "--out", dpi=110)
+    finally:
+        plt.close(fig)
 
 
 @torch.no_grad()
@@ -788,6 +797,8 @@ def train(argv: list[str]) -> dict:
         raise MagicDecError("--steps, --batch_size, --num_heads and --eval_windows must be at least 1, --seq_len 4")
     if runtime["eval_every"] < 1 or runtime["save_every"] < 1:
         raise MagicDecError("--eval_every and --save_every must be at least 1")
+    files.writable_folder(out, "--out")  # before anything loads: its checkpoints and head go there
+    state = read_state(out) if resume else None
     if resume:  # the saved run's target and corpus, unless named again (then they must be the same)
         target_arg = target_arg if target_arg is not None else meta["target"]["path"]
         corpus_arg = corpus_arg if corpus_arg is not None else meta["corpus_resolved"]
@@ -830,11 +841,11 @@ def train(argv: list[str]) -> dict:
     opt = torch.optim.AdamW(params, lr=o.lr, betas=(0.9, 0.95), weight_decay=o.weight_decay)
     start, log = 0, None
     if resume:
-        state = torch.load(out / STATE, map_location=device, weights_only=False)
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"], device)
         start, log = state["step"], state["log"]
+        del state  # its tensors are in the head and the optimizer now
         log["resumed_at"] = log.get("resumed_at", []) + [start]
     command = "magicdec train-head " + " ".join(shlex.quote(a) for a in argv)
     if log is None:
@@ -853,11 +864,11 @@ def train(argv: list[str]) -> dict:
     def save(step: int) -> None:
         state = {"step": step, "head": head.state_dict(), "optimizer": opt.state_dict(), "rng": rng_state(device),
                  "log": log}
-        _atomic_save(state, out / STATE)
-        _atomic_write(out / STATE_META, json.dumps(
-            {"family": o.family, "step": step, "options": asdict(o), "target": log["target"],
-             "corpus": str(corpus_path), "corpus_resolved": str(corpus_path.resolve())}, indent=1))
-        _atomic_write(out / LOG, json.dumps(log, indent=1))
+        files.save_torch(out / STATE, state, "--out")
+        files.write_json(out / STATE_META, {"family": o.family, "step": step, "options": asdict(o),
+                                            "target": log["target"], "corpus": str(corpus_path),
+                                            "corpus_resolved": str(corpus_path.resolve())}, "--out", default=None)
+        files.write_json(out / LOG, log, "--out", default=None)
         plot_losses(log, out / PLOT)
 
     from tqdm import tqdm
@@ -865,19 +876,20 @@ def train(argv: list[str]) -> dict:
     bar = tqdm(total=o.steps, initial=start, desc=f"train {o.family}", unit="step", disable=runtime["no_progress"],
                dynamic_ncols=True)
     t_run = time.perf_counter() - (log["steps"][-1]["seconds"] if log["steps"] else 0.0)
-    try:
-        run_steps(o, runtime, trainer, model, head, opt, params, train_windows, held, log, bar, t_run, start, save,
-                  device)
-    except KeyboardInterrupt:
+
+    def stopped() -> str:  # Ctrl-C or SIGTERM: what stands on disk
         bar.close()
         saved = read_state_meta(out)
         where = f"the checkpoint of step {saved['step']} in {out} stands" if saved else "no checkpoint was saved yet"
-        print(f"\ninterrupted: {where}; the same command with --resume continues from it", file=sys.stderr)
-        raise
-    bar.close()
-    log["seconds"] = round(time.perf_counter() - t_run, 3)
-    trainer.save(head, out)
-    save(o.steps)  # the final log (with the total time) and checkpoint
+        return f"interrupted: {where}; the same command with --resume continues from it"
+
+    with interrupted_as(stopped):
+        run_steps(o, runtime, trainer, model, head, opt, params, train_windows, held, log, bar, t_run, start, save,
+                  device)
+        bar.close()
+        log["seconds"] = round(time.perf_counter() - t_run, 3)
+        trainer.save(head, out)
+        save(o.steps)  # the final log (with the total time) and checkpoint
     return log
 
 

@@ -1,4 +1,5 @@
 """Checkpoint conversion against independent references: transformers' own models and GGUF loader, gguf's quantizer."""
+import errno
 import importlib.util
 import json
 import os
@@ -13,11 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from conftest import STORIES
 from conftest import one_line_error as cli_error
 from conftest import run_here as bench_cli
 from magicdec import checkpoint
-from magicdec.checkpoint import (convert_gguf, convert_hf_checkpoint, dequantize_tensor, load_state_dict,
-                                 smollm2_checkpoint, unpermute_qk)
+from magicdec.checkpoint import (convert_gguf, convert_hf_checkpoint, convert_llama2c, dequantize_tensor,
+                                 load_state_dict, smollm2_checkpoint, unpermute_qk)
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
 
@@ -321,7 +323,8 @@ def test_smollm2_checkpoint_cache(smollm2_dir, tmp_path, monkeypatch):
     partial.mkdir()
     (partial / "config.json").write_text("{}")  # no model.pth: an interrupted conversion, so convert again
     assert smollm2_checkpoint(partial) == partial / "model.pth"
-    assert calls == [tmp_path / f"partial.{os.getpid()}.tmp"]  # written beside the cache, then renamed into place
+    (made,) = calls  # converted beside the cache under a name of this process's, then renamed into place
+    assert made.parent == tmp_path and made.name.startswith(f".partial.{os.getpid()}.")
     assert load_state_dict(partial).keys() == load_state_dict(smollm2_dir).keys()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([checkpoint.SMOLLM2_CACHE, "partial"])
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
@@ -414,3 +417,73 @@ def test_cache_folder_without_room(tmp_path, monkeypatch):
     one_line_error(f"cache folder {tmp_path} has 0.10 GB free but converted SmolLM2 takes 0.55 GB: free space "
                    "there, or set MAGICDEC_CACHE", smollm2_checkpoint, tmp_path / checkpoint.SMOLLM2_CACHE)
     assert calls == [] and list(tmp_path.iterdir()) == []  # refused before converting anything
+
+
+# ------------------------------------------------------------------ faults: read-only folders, interruptions, leftovers
+
+STORIES_BIN, STORIES_TOK = STORIES / "stories260K.bin", STORIES / "tok512.bin"
+
+
+def test_conversion_into_a_read_only_folder_is_one_line_before_the_weights_are_read(tmp_path, monkeypatch):
+    from test_files import faulty_disk
+
+    tiny_hf(tmp_path / "hf")
+    faulty_disk(monkeypatch, tmp_path, errno.EROFS)
+    monkeypatch.setattr(checkpoint, "_read_weights", lambda f: pytest.fail("read the weights first"))
+    one_line_error(rf"^--checkpoint_dir: cannot write to {tmp_path / 'hf'} \(the file system is read-only\); choose a "
+                   "folder on a writable disk$", convert_hf_checkpoint, tmp_path / "hf")
+    one_line_error(rf"^--checkpoint_dir: cannot write to {tmp_path / 'llama2c'} \(the file system is read-only\)",
+                   convert_llama2c, STORIES_BIN, tmp_path / "llama2c", STORIES_TOK)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"] and not (tmp_path / "hf" / "model.pth").exists()
+
+
+def test_an_interrupted_conversion_leaves_the_old_one_whole(tmp_path, monkeypatch):
+    """Interrupted while writing model.pth, a conversion into a folder holding an earlier one leaves that one as it
+    was: never the new config.json beside the old model.pth (which loaded as a model it is not), and no partial
+    file or staging folder."""
+    out = tmp_path / "stories"
+    convert_llama2c(STORIES_BIN, out, STORIES_TOK)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def killed(obj, f, *a, **kw):
+        Path(f).write_bytes(b"PK\x03\x04 half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint.torch, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        convert_llama2c(STORIES_BIN, out, STORIES_TOK, dtype=torch.bfloat16)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"
+
+
+def test_sigterm_mid_conversion_is_one_line_and_leaves_the_folder_as_it_was(tmp_path):
+    from test_errors import as_script, ended_with, terminated_at
+
+    out = tmp_path / "stories"
+    convert_llama2c(STORIES_BIN, out, STORIES_TOK)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    pause = "import magicdec.checkpoint as c\nc.torch.save = lambda *a, **kw: reached()\n"
+    p = terminated_at(pause + as_script(REPO / "convert_hf_checkpoint.py"),
+                      ["--llama2c", STORIES_BIN, "--llama2c_tokenizer", STORIES_TOK, "--checkpoint_dir", out,
+                       "--dtype", "bfloat16"])
+    ended_with(p, 143, "interrupted: nothing was converted (no partial model.pth is left)")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@needs_smollm2
+def test_conversions_left_by_killed_processes_are_removed_by_the_next_run(smollm2_dir, tmp_path, monkeypatch):
+    """A conversion killed mid-way leaves its folder (58 MB of a SmolLM2 conversion) beside the cache: the next run
+    removes it, in the names this code and the earlier code gave it, and leaves a running process's alone."""
+    from test_files import dead_pid
+
+    (tmp_path / checkpoint.SMOLLM2_CACHE).symlink_to(smollm2_dir)
+    dead = dead_pid()
+    left = [tmp_path / f"{checkpoint.SMOLLM2_CACHE}.{dead}.tmp",
+            tmp_path / f".{checkpoint.SMOLLM2_CACHE}.{dead}.0123abcd.tmp"]
+    running = tmp_path / f".{checkpoint.SMOLLM2_CACHE}.{os.getppid()}.0123abcd.tmp"
+    for d in left + [running]:
+        d.mkdir()
+        (d / "model.pth").write_bytes(b"x" * 100000)
+    monkeypatch.setenv("MAGICDEC_CACHE", str(tmp_path))
+    assert smollm2_checkpoint() == tmp_path / checkpoint.SMOLLM2_CACHE / "model.pth"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([checkpoint.SMOLLM2_CACHE, running.name])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BOOKS, LLAMA2_TOKENIZER, needs_llama_tokenizers, needs_smollm2, one_line_error, run_cli
+from conftest import BOOKS, FIXTURES, LLAMA2_TOKENIZER, needs_llama_tokenizers, needs_smollm2, one_line_error, run_cli
 from magicdec import drafters
 from magicdec.checkpoint import SMOLLM2_NAME
 from magicdec.cli import run_parser, run_record
@@ -73,7 +73,7 @@ def test_triforce_errors_name_triforce_flags():
 
 
 def test_interrupt_is_one_line(monkeypatch, capsys):
-    """Ctrl-C during a run: one line, exit status 130, no traceback."""
+    """Ctrl-C during a run: one line saying nothing was written, exit status 130, no traceback."""
     from magicdec import run
 
     def interrupted(cfg):
@@ -82,7 +82,9 @@ def test_interrupt_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(run, "run", interrupted)
     with pytest.raises(SystemExit) as e:
         run.main(lambda: RunConfig.from_options({"device": "cpu"}))
-    assert e.value.code == 130 and capsys.readouterr().err.strip() == "interrupted"
+    assert e.value.code == 130 and capsys.readouterr().err.strip() == (
+        "interrupted: the run did not finish and wrote no record (an earlier record at its --output is as it was); run "
+        "the same command again")
 
 
 def test_magicdec_command_lists_its_commands():
@@ -92,6 +94,51 @@ def test_magicdec_command_lists_its_commands():
     assert p.returncode == 0 and all(c in p.stdout for c in ("run", "compare", "sweep", "report", "reproduce"))
     p = subprocess.run([sys.executable, "-m", "magicdec", "nonsense"], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 2 and "unknown command 'nonsense'" in p.stderr
+
+
+# Packages a plain install (`pip install -e .`) does not bring: optional kernels and what only the tests install.
+NOT_RUNTIME = ("triton", "gemlite", "flash_attn", "accelerate", "google.protobuf", "pytest")
+RUNTIME_ONLY = """
+import contextlib, io, json, sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None  # `import name` now fails, as where it is not installed
+from magicdec import cli, drafters, options
+from magicdec.cli import run_record
+for command in cli.COMMANDS:
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        cli.main([command, "--help"])
+    assert "usage:" in out.getvalue(), command
+given = json.loads(sys.argv[2])
+for name in drafters.names():
+    kind = drafters.get(name)
+    flags = dict(kind.example) | {k: v for k, v in given.items() if k in options.keys(kind.Config)}
+    record = run_record(["--drafter", name, *sys.argv[3:], *[x for k, v in flags.items() for x in (f"--{k}", str(v))]])
+    assert record["metrics"]["speculation"]["iterations"] > 0, name
+    print("RAN", name)
+"""
+
+
+@needs_smollm2
+def test_runtime_requirements_alone_run_every_command_and_drafter(smol_dir, tmp_path):
+    """With every optional kernel and test-only package unimportable (as after `pip install -e .` alone), every
+    command's --help works and every registered drafter runs on a CPU (SmolLM2, real text): no module imports
+    triton, gemlite or flash-attn where it is not used."""
+    import json
+    import subprocess
+
+    from magicdec.datastore import main as datastore
+
+    store = tmp_path / "books.npz"
+    datastore(["--books", str(FIXTURES / "gutenberg" / "pg2701.txt"), "--tokenizer", str(smol_dir), "--output",
+               str(store)])
+    given = {"draft": str(smol_dir / "model.pth"), "datastore": str(store)}
+    run = ["--model", str(smol_dir / "model.pth"), "--dataset", str(BOOKS), "--skip_tokens", "0", "--prefix_len",
+           "64", "--gen_len", "6", "--device", "cpu", "--no_progress"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", RUNTIME_ONLY, ",".join(NOT_RUNTIME), json.dumps(given), *run],
+                       capture_output=True, text=True, cwd=REPO, env=env)
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert [line[4:] for line in p.stdout.splitlines() if line.startswith("RAN ")] == drafters.names()
 
 
 # ------------------------------------------------------------------ one-line errors naming the flag

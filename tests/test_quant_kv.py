@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from conftest import chi_square, copies, fixed_first_token, prefill_copies, run_here  # noqa: E402
 from magicdec import cost_model as cm  # noqa: E402
 from magicdec import quant_kv  # noqa: E402
+from magicdec import triton_quant_kv  # noqa: E402
 from magicdec.config import ModelArgs  # noqa: E402
 from magicdec.drafters.model_draft import ModelDraft  # noqa: E402
 from magicdec.generate import Decoder, Sampling, decode, prefill  # noqa: E402
@@ -188,7 +189,7 @@ def test_store_kernel_writes_what_the_plain_store_writes(bits):
     slots = torch.tensor([[3, 4], [10, 11], [0, 1]])
     rows = torch.arange(B)[:, None]
     caches = []
-    for store in (quant_kv.store_quantized_kernel, quant_kv.store_quantized.__wrapped__):
+    for store in (triton_quant_kv.store_quantized_kernel, quant_kv.store_quantized.__wrapped__):
         c = quant_kv.QuantizedKVCache(1, B, Hkv, S, D, bits, torch.float32, "cpu")
         store(c.k[0], c.v[0], c.k_sz[0], c.v_sz[0], rows, slots, k, v, bits)
         caches.append(c)

@@ -4,7 +4,9 @@ code) through `magicdec report`: best fixed setting, cost-model errors, planner 
 real tiny sweep, to prove its record format is read."""
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 from pathlib import Path
 
@@ -498,3 +500,139 @@ def test_help_describes_the_command_and_every_flag(capsys):
     text = capsys.readouterr().out
     assert "keeps every other" in text and "skipped with a warning naming its file" in text  # not cut at line one
     assert all(a.help for a in report.parser()._actions)
+
+
+# ------------------------------------------------------------------ faults: pages it did not make, broken markers,
+# a read-only or full disk, two reports into one page at once
+
+def no_drawing(monkeypatch):
+    monkeypatch.setattr(report, "section", lambda *a: pytest.fail("drew a section before refusing"))
+
+
+def test_a_page_the_report_did_not_make_is_never_replaced(tmp_path, monkeypatch):
+    """A sweep folder named RESULTS reported into --out results would write results/RESULTS.md: the committed
+    results page is refused (one line, before anything is drawn), untouched; a page an earlier report made is
+    replaced, and says so on its first line."""
+    _, new, _ = page_sweeps(tmp_path, monkeypatch)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "RESULTS.md").write_text("# Results\n\n2,241 lines of a page made by hand\n")
+    named = new.rename(tmp_path / "sweeps" / "RESULTS")
+    with monkeypatch.context() as m:
+        no_drawing(m)
+        with pytest.raises(MagicDecError) as e:
+            report.main([str(named), "--out", str(results)])
+    assert str(e.value).startswith(f"--out: {results / 'RESULTS.md'} exists and was not made by magicdec report")
+    assert "choose another --out, or move that file away" in str(e.value) and "\n" not in str(e.value)
+    assert (results / "RESULTS.md").read_text() == "# Results\n\n2,241 lines of a page made by hand\n"
+    assert sorted(p.name for p in results.iterdir()) == ["RESULTS.md"]
+    with pytest.raises(MagicDecError, match="the page of sweep .* would be .*RESULTS.md, the --results_md page itself"):
+        report.main([str(named), "--out", str(tmp_path / "out"), "--results_md", str(tmp_path / "out" / "RESULTS.md")])
+    report.main([str(named), "--out", str(tmp_path / "out")])
+    made = (tmp_path / "out" / "RESULTS.md").read_text()
+    assert made.splitlines()[0] == f"<!-- made by magicdec report from {named}: the next report of that folder " \
+                                   "replaces this page -->"
+    report.main([str(named), "--out", str(tmp_path / "out")])  # its own page: replaced
+    assert (tmp_path / "out" / "RESULTS.md").read_text() == made
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda md: md.replace("<!-- /sweep llama -->\n", "", 1), "`<!-- /sweep llama -->` 0 time(s)"),
+    (lambda md: md.replace("<!-- sweep drafters -->", "<!-- sweep drafters -->\n<!-- sweep drafters -->", 1),
+     "`<!-- sweep drafters -->` appears 2 time(s)"),
+    (lambda md: md.replace("<!-- /head -->\n", "", 1), "`<!-- /head -->` 0 time(s)"),
+])
+def test_a_lost_or_doubled_marker_is_refused(damage, said, tmp_path, monkeypatch):
+    """Updating a page whose markers are broken put a second copy of a section and a doubled overview row on it,
+    silently: refused in one line naming the marker, the page untouched."""
+    old, new, _ = page_sweeps(tmp_path, monkeypatch)
+    results_md = tmp_path / "RESULTS.md"
+    report.main([str(old), str(new), "--out", str(tmp_path / "png"), "--results_md", str(results_md)])
+    broken = damage(results_md.read_text())
+    results_md.write_text(broken)
+    no_drawing(monkeypatch)
+    with pytest.raises(MagicDecError) as e:
+        report.main([str(new), "--out", str(tmp_path / "png"), "--results_md", str(results_md)])
+    assert said in str(e.value) and "restore the markers, or rewrite the page whole with --rebuild" in str(e.value)
+    assert results_md.read_text() == broken
+
+
+@pytest.mark.parametrize("where", ["--out", "--results_md"])
+def test_a_read_only_folder_is_one_line_before_anything_is_drawn(where, tmp_path, monkeypatch):
+    from test_files import faulty_disk
+
+    old, _, _ = page_sweeps(tmp_path, monkeypatch)
+    out, results = tmp_path / "out", tmp_path / "results"
+    faulty_disk(monkeypatch, out if where == "--out" else results, errno.EROFS)
+    no_drawing(monkeypatch)
+    with pytest.raises(MagicDecError) as e:
+        report.main([str(old), "--out", str(out), "--results_md", str(results / "RESULTS.md")])
+    folder = out if where == "--out" else results
+    assert str(e.value) == (f"{where}: cannot write to {folder} (the file system is read-only); choose a folder on a "
+                            "writable disk")
+
+
+def test_a_full_disk_leaves_the_pages_and_figures_as_they_were(tmp_path, monkeypatch):
+    """A disk that fills while the report writes: one line naming the file; every page and figure already there is
+    whole (the old one), none partial, and no temporary file is left."""
+    import matplotlib.pyplot as plt
+
+    from test_files import faulty_disk, temporaries
+
+    old, new, _ = page_sweeps(tmp_path, monkeypatch)
+    monkeypatch.setattr(report, "fig_speedup", lambda rs, path, title: report.save(plt.figure(), path))
+    results_md, out = tmp_path / "results" / "RESULTS.md", tmp_path / "png"
+    report.main([str(old), str(new), "--out", str(out), "--results_md", str(results_md)])
+    written = lambda: {p: p.read_bytes() for d in (out, results_md.parent) for p in d.iterdir()}  # noqa: E731
+    before = written()
+    assert out / "llama_speedup.png" in before and results_md in before
+    for full, first in ((out, out / "llama_speedup.png"), (results_md.parent, results_md)):
+        with monkeypatch.context() as m:
+            faulty_disk(m, full, errno.ENOSPC, room=100)
+            with pytest.raises(MagicDecError, match=f"cannot write {first}: the disk is full"):
+                report.main([str(old), str(new), "--out", str(out), "--results_md", str(results_md)])
+        assert written() == before and temporaries(tmp_path) == []
+
+
+REPORTER = """
+import sys, time
+from pathlib import Path
+from magicdec import report
+for fig in ("fig_speedup", "fig_drafters", "fig_predicted", "fig_ratios", "fig_alpha"):
+    setattr(report, fig, lambda *a: None)
+write_page = report.write_page
+
+def after_the_other_read(path, page, *rest):  # this report has read the page: let the other read it too, then write
+    Path(sys.argv[1]).touch()
+    for _ in range(50):
+        if Path(sys.argv[2]).exists():
+            break
+        time.sleep(0.1)
+    write_page(path, page, *rest)
+
+report.write_page = after_the_other_read
+sys.exit(report.main(sys.argv[3:]))
+"""
+
+
+def test_two_reports_into_one_results_page_at_once_lose_no_section(tmp_path, monkeypatch):
+    """Each report reads the page, adds its section and writes it: two at once each said `wrote` and one section
+    was lost. Here each waits, after reading, until the other has read too (or 5 s): without the page's lock both
+    read the page without the other's section; with it the second reads the first's page."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    old, new, _ = page_sweeps(tmp_path, monkeypatch)
+    results_md = tmp_path / "RESULTS.md"
+    procs = [subprocess.Popen([sys.executable, "-c", REPORTER, str(tmp_path / f"read{i}"),
+                               str(tmp_path / f"read{1 - i}"), str(d), "--out", str(tmp_path / "png"),
+                               "--results_md", str(results_md)], cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": str(REPO)})
+             for i, d in enumerate((old, new))]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
+    md = results_md.read_text()
+    assert sorted(sections(md)) == ["drafters", "llama"]
+    assert sorted(x.split("]")[0] for x in md.splitlines() if x.startswith("| [")) == ["| [drafters", "| [llama"]
+    assert not list(tmp_path.glob(".RESULTS.md*"))

@@ -3,7 +3,10 @@ brute force over the token sequence, the datastore file and its tokenizer check,
 speculation (chain and branches) equal to plain greedy decoding."""
 from __future__ import annotations
 
+import errno
+import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -141,3 +144,138 @@ def test_rest_speculation_equals_plain_greedy(tiny, width):
     assert out.tolist() == want.tolist()
     per_seq = decoder.stats.sequence_kept
     assert per_seq[0] > 10 and decoder.stats.drafter["found"] > 0  # the first sequence found its continuation
+
+
+# --- the datastore command's faults: its printed path, bad books, a file in the way, a read-only or full disk,
+# a cut-short datastore, SIGTERM mid-write
+
+@pytest.fixture
+def books(tmp_path) -> Path:
+    from test_runs import PIECES, write_tokenizer
+
+    write_tokenizer(tmp_path, PIECES)
+    d = tmp_path / "books"
+    d.mkdir()
+    (d / "pg1.txt").write_text("It was the best of times, it was the worst of times.")
+    (d / "pg2.txt").write_text("Call me Ishmael.")
+    return d
+
+
+def datastore_line(capsys, *argv) -> str:
+    """`magicdec datastore ARGV` in this process: its one error line (exit 2)."""
+    from magicdec.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["datastore", *map(str, argv)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.fixture
+def no_tokenizer(monkeypatch):
+    import magicdec.tokenizer
+
+    monkeypatch.setattr(magicdec.tokenizer, "load_tokenizer", lambda *a: pytest.fail("the tokenizer was loaded"))
+
+
+def test_the_datastore_is_at_exactly_the_path_printed(books, capsys):
+    from magicdec.cli import main
+
+    out = books.parent / "rest.ds"  # no .npz: np.savez given this name wrote rest.ds.npz, and `rest.ds` was printed
+    assert main(["datastore", "--books", str(books), "--tokenizer", str(books.parent), "--output", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["output"] == str(out)
+    assert not out.with_name("rest.ds.npz").exists() and Datastore.load(out).meta["sources"] == ["pg1.txt", "pg2.txt"]
+
+
+@pytest.mark.parametrize("case, said", [
+    ("missing", "--books {books}/nothing.txt: no such file or folder"),
+    ("latin-1", "--books: {books}/pg1.txt is not UTF-8 (byte 0xe9 at byte 3): convert it, e.g. iconv -f latin1"),
+    ("binary", "--books: {books}/pg1.txt holds NUL characters"),
+    ("exclude", "--exclude pg9: no book of --books {books} is named so"),
+])
+def test_bad_books_are_one_line_before_the_tokenizer_loads(case, said, books, capsys, no_tokenizer):
+    given = books
+    if case == "missing":
+        given = books / "nothing.txt"
+    elif case == "latin-1":
+        (books / "pg1.txt").write_bytes("Caf\xe9 society, na\xefve".encode("latin-1"))
+    elif case == "binary":
+        (books / "pg1.txt").write_bytes(bytes(4096))
+    line = datastore_line(capsys, "--books", given, "--tokenizer", books.parent, "--output", books.parent / "s.npz",
+                          *(["--exclude", "pg9"] if case == "exclude" else []))
+    assert line.startswith("error: " + said.format(books=books)), line
+    if case in ("latin-1", "binary"):
+        assert "leave it out with --exclude pg1" in line, line
+    assert not (books.parent / "s.npz").exists()
+
+
+def test_an_output_that_is_not_a_datastore_is_never_replaced(books, capsys, no_tokenizer):
+    notes = books.parent / "notes.txt"
+    notes.write_text("my notes")
+    line = datastore_line(capsys, "--books", books, "--tokenizer", books.parent, "--output", notes)
+    assert line == (f"error: --output {notes} exists and is not a datastore: it will not be replaced; choose another "
+                    "name, or move that file away")
+    assert notes.read_text() == "my notes"
+
+
+def test_a_read_only_output_folder_is_one_line_before_the_tokenizer_loads(books, capsys, no_tokenizer, monkeypatch):
+    from test_files import faulty_disk
+
+    faulty_disk(monkeypatch, books.parent / "ro", errno.EROFS)
+    line = datastore_line(capsys, "--books", books, "--tokenizer", books.parent, "--output", books.parent / "ro" / "s")
+    assert line == (f"error: --output: cannot write to {books.parent / 'ro'} (the file system is read-only); choose a "
+                    "folder on a writable disk")
+
+
+def test_a_full_disk_leaves_the_old_datastore_whole(books, capsys, monkeypatch):
+    from magicdec.cli import main
+    from test_files import faulty_disk, temporaries
+
+    out = books.parent / "store" / "s.npz"
+    main(["datastore", "--books", str(books), "--tokenizer", str(books.parent), "--output", str(out), "--exclude",
+          "pg2"])
+    whole = out.read_bytes()
+    faulty_disk(monkeypatch, out.parent, errno.ENOSPC, room=300)
+    line = datastore_line(capsys, "--books", books, "--tokenizer", books.parent, "--output", out)
+    assert line == f"error: --output cannot write {out}: the disk is full; free space there or choose a folder on " \
+                   "another disk"
+    assert out.read_bytes() == whole and temporaries(out.parent) == []
+
+
+def test_a_cut_short_datastore_is_one_line(books, tmp_path):
+    from magicdec.cli import main
+
+    main(["datastore", "--books", str(books), "--tokenizer", str(books.parent), "--output", str(tmp_path / "s.npz")])
+    whole = (tmp_path / "s.npz").read_bytes()
+    for cut in (len(whole) - 10, len(whole) // 2, 300, 0):
+        (tmp_path / "cut.npz").write_bytes(whole[:cut])
+        with pytest.raises(MagicDecError, match=r"^--datastore .*cut.npz: not a datastore, or one cut short \(\w+\); "
+                                                r"rebuild it with `magicdec datastore`$"):
+            Datastore.load(tmp_path / "cut.npz")
+
+
+PAUSE_WRITING = """
+import numpy
+def half_then_pause(file, **arrays):  # a file object (a path for np.savez to add .npz to, before)
+    f = file if hasattr(file, "write") else open(file if str(file).endswith(".npz") else f"{file}.npz", "wb")
+    f.write(b"PK\\x03\\x04 half a datastore")
+    f.flush()
+    reached()
+numpy.savez = half_then_pause
+"""
+
+
+def test_sigterm_mid_write_keeps_the_old_datastore(books, tmp_path):
+    from magicdec.cli import main
+    from test_errors import CLI, ended_with, terminated_at
+    from test_files import temporaries
+
+    out = tmp_path / "s.npz"
+    main(["datastore", "--books", str(books), "--tokenizer", str(books.parent), "--output", str(out)])
+    whole = out.read_bytes()
+    p = terminated_at(PAUSE_WRITING + CLI, ["datastore", "--books", books, "--tokenizer", books.parent, "--output", out,
+                                            "--exclude", "pg2"])
+    ended_with(p, 143, f"interrupted: --output {out} was not written (it is as it was)")
+    assert out.read_bytes() == whole and temporaries(tmp_path) == []

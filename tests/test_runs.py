@@ -883,3 +883,36 @@ def test_skip_prefill_is_for_random_weights_only(tmp_path):
     check_speedup(record, 2)
     one_line_error(cli("baseline", "--B", "1", "--prefix_len", "64", "--skip_prefill"), "--skip_prefill",
                    "only for --random_weights")
+
+
+# ------------------------------------------------------------------ a disk that fills during the run
+
+def test_a_full_disk_at_the_end_of_a_run_loses_no_measurement(tmp_path, monkeypatch, capsys):
+    """`--output` on a disk with no room: the 0-byte writability check passes, the run runs, and the record cannot be
+    written. It is kept in the system's temporary folder, named in the one-line error; the temporary file beside
+    --output is gone. Where that folder is full too, the record is printed."""
+    import errno
+    import tempfile
+
+    from magicdec import run
+    from magicdec.cli import run_main
+    from test_files import faulty_disk, temporaries
+
+    out = tmp_path / "results" / "run.json"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    faulty_disk(monkeypatch, out.parent, errno.ENOSPC, room=0)
+    with pytest.raises(SystemExit) as e:
+        run_main([*SMALL, "--prefix_len", "16", "--device", "cpu", "--no_progress", "--output", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot write {out}: the disk is full; "), err
+    (kept,) = (tmp_path / "tmp").glob("magicdec-record-*.json")
+    assert f"the record is kept in {kept}: move it to {out} once there is room" in err[0]
+    record = json.loads(kept.read_text())
+    assert record["method"] == "baseline" and record["metrics"]["decode_tokens_per_s"] > 0
+    assert not out.exists() and temporaries(out.parent) == []
+    faulty_disk(monkeypatch, tmp_path / "tmp", errno.ENOSPC, room=0)
+    with pytest.raises(run.MagicDecError, match="the record is printed above"):
+        run.write_record(out, {"metrics": {"decode_tokens_per_s": 12.5}})
+    assert json.loads(capsys.readouterr().out) == {"metrics": {"decode_tokens_per_s": 12.5}}

@@ -7,15 +7,18 @@ import dataclasses
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import BOOKS, LLAMA2_TOKENIZER, TINY_SWEEP, needs_llama_tokenizers, one_line_error, run_here
+from conftest import BOOKS, LLAMA2_TOKENIZER, REPO, TINY_SWEEP, needs_llama_tokenizers, one_line_error, run_here
 from magicdec import cost_model as cm
 from magicdec import device as dev
-from magicdec import drafters, sweep
+from magicdec import drafters, files, sweep
 
 CONFIG = """
 model_name = "JackFram/llama-68m"
@@ -599,3 +602,104 @@ def test_a_planned_tree_runs(tmp_path, monkeypatch, kind):
     assert auto["config"][kind] == size and auto["gamma"] == 2 and auto["planner"][kind] == size
     check_counts(auto, B=2, gen_len=8)
     assert len(auto["metrics"]["speculation"]["per_rank"]["reached"]) >= 2
+
+
+# ------------------------------------------------------------------ faults: a second writer, broken records, SIGTERM
+# Each stops the sweep before its models load (what is tested is which points it takes as done, and how it ends).
+
+TWO_POINTS = TINY_SWEEP + 'gamma = [2]\nmethods = ["baseline", "selfspec"]\n'
+PAUSED_AFTER_LOCK = """
+from magicdec import sweep
+sweep.Sweep.check = lambda self, todo: reached()  # the folder locked, nothing loaded yet
+"""
+
+
+class Stopped(Exception):
+    pass
+
+
+def points_to_run(monkeypatch) -> list:
+    """Make Sweep.run stop where it would load the models; the points it was about to run are appended here."""
+    todo = []
+
+    def check(self, points):
+        todo.extend(points)
+        raise Stopped
+
+    monkeypatch.setattr(sweep.Sweep, "check", check)
+    return todo
+
+
+def recorded_by_hand(sw: sweep.Sweep, point) -> Path:
+    """A whole record of `point`, as the sweep writes it (its models never loaded)."""
+    sw.write(point.key, {"point": point.key, "method": point.method, "label": point.cfg.describe(),
+                         "prefix_len": 48, "B": 2, "decoding": "greedy", "metrics": {"decode_tokens_per_s": 1.0}})
+    return sw.out / f"{point.key}.json"
+
+
+def test_a_second_sweep_into_a_folder_in_use_stops_at_once_naming_the_first(tmp_path, capsys):
+    """Two sweeps into one folder would both time every point and both write its record: the second is refused in
+    one line naming the first's pid, before it loads anything; once the first is gone the folder is free."""
+    from test_errors import CLI, PRELUDE
+
+    config, out = _write(tmp_path, TWO_POINTS), tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-c", PRELUDE + PAUSED_AFTER_LOCK + CLI, "sweep", str(config),
+                              "--output_dir", str(out), "--device", "cpu", "--no_progress"], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ | {"PYTHONPATH": str(REPO)})
+    try:
+        for line in first.stdout:
+            if line.strip() == "reached":
+                break
+        with pytest.raises(SystemExit) as e:
+            sweep.main([str(config), "--output_dir", str(out), "--device", "cpu", "--no_progress"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: --output_dir {out} is in use by another sweep (pid {first.pid}): let it finish (or "
+                       f"stop it: kill {first.pid}), or give this one another --output_dir"]
+        assert not list(out.glob("*.json"))
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    assert first.returncode == 143 and not (out / sweep.LOCK).exists()
+    with files.locked(out / sweep.LOCK, lambda pid: f"still held by {pid}"):  # free: taken at once
+        pass
+
+
+def test_a_cut_short_or_empty_record_is_never_taken_as_done(tmp_path, capsys, monkeypatch):
+    """A record cut short (a full disk, a failed copy) or emptied is moved to broken/ with a line, and its point runs
+    again; a point's batches so far, likewise. A whole record is kept."""
+    sw = make(tmp_path, TWO_POINTS)
+    base, spec = (recorded_by_hand(sw, p) for p in sw.points)
+    whole = base.read_bytes()
+    todo = points_to_run(monkeypatch)
+    assert sw.run(None) == 0 and todo == [] and "0 of 2 points to run" in capsys.readouterr().out
+    base.write_bytes(whole[:100])
+    spec.write_bytes(b"")
+    with pytest.raises(Stopped):
+        sw.run(None)
+    said = capsys.readouterr().out
+    assert f"{base}: not readable JSON (" in said and f"{spec}: not readable JSON (empty); moved to " in said
+    assert "2 of 2 points to run" in said and [p.key for p in todo] == [p.key for p in sw.points]
+    assert (sw.out / "broken" / base.name).read_bytes() == whole[:100] and (sw.out / "broken" / spec.name).exists()
+    assert not base.exists() and not spec.exists() and not (sw.out / sweep.LOCK).exists()
+    recorded_by_hand(sw, sw.points[0])
+    (sw.out / ".batches").mkdir()
+    (sw.out / ".batches" / spec.name).write_text('{"batches": [')  # a point's first batches, cut short
+    todo.clear()
+    with pytest.raises(Stopped):
+        sw.run(None)
+    assert [p.key for p in todo] == [sw.points[1].key] and sw.partial(sw.points[1]) == {"batches": []}
+    assert (sw.out / "broken" / f"{spec.stem}.batches.json").exists()
+    assert "moved to" in capsys.readouterr().out
+
+
+def test_sigterm_mid_sweep_keeps_the_finished_points_and_says_how_many(tmp_path):
+    from test_errors import CLI, ended_with, terminated_at
+
+    sw = make(tmp_path, TWO_POINTS)
+    done = recorded_by_hand(sw, sw.points[0])
+    whole = done.read_bytes()
+    p = terminated_at(PAUSED_AFTER_LOCK + CLI, ["sweep", _write(tmp_path, TWO_POINTS), "--output_dir", sw.out,
+                                                "--device", "cpu", "--no_progress"])
+    ended_with(p, 143, f"interrupted: 1 of 2 points done in {sw.out}; run the same command again to resume")
+    assert done.read_bytes() == whole and not list(sw.out.rglob("*.tmp")) and not (sw.out / sweep.LOCK).exists()

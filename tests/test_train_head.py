@@ -8,8 +8,10 @@ is loaded.
 Nothing here depends on the machine's speed: every check compares numbers a fixed seed determines."""
 from __future__ import annotations
 
+import errno
 import json
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -292,3 +294,88 @@ def test_resuming_another_family_or_target_or_nothing_is_one_line(trained, stori
     assert "no checkpoint in" in one_line(capsys, ["--family", "medusa", "--resume", "--out", str(tmp_path / "x"),
                                                    *run])
     assert "pass --resume to continue it" in one_line(capsys, ["--family", "medusa", "--out", str(out), *run])
+
+
+# --- faults: a read-only or full --out, a damaged checkpoint, SIGTERM ------------------------------------------------
+
+def test_a_read_only_out_is_one_line_before_the_target_loads(stories, corpus, tmp_path, capsys, no_target_load,
+                                                              monkeypatch):
+    from test_files import faulty_disk
+
+    faulty_disk(monkeypatch, tmp_path / "out", errno.EROFS)
+    line = one_line(capsys, command(stories, corpus, tmp_path / "out", "medusa", "--steps", "2"))
+    assert line == (f"error: --out: cannot write to {tmp_path / 'out'} (the file system is read-only); choose a folder "
+                    "on a writable disk")
+
+
+def test_a_full_out_is_one_line_and_the_last_checkpoint_stands(stories, corpus, tmp_path, capsys, monkeypatch):
+    """The disk fills at the second checkpoint: one line naming the file; the first checkpoint stands whole (a
+    --resume on more room continues from it); no temporary file is left."""
+    from test_files import faulty_disk, temporaries
+
+    out = tmp_path / "out"
+    batch = train_head.Windows.batch
+
+    def fill_after_first(self, seed, step, n):  # step 2 begins after step 1's checkpoint is written
+        if step == 2:
+            faulty_disk(monkeypatch, out, errno.ENOSPC, room=1000)
+        return batch(self, seed, step, n)
+
+    monkeypatch.setattr(train_head.Windows, "batch", fill_after_first)
+    line = one_line(capsys, command(stories, corpus, out, "medusa", "--steps", "3", "--save_every", "1"))
+    assert line == (f"error: --out cannot write {out / train_head.STATE}: the disk is full; free space there or choose "
+                    "a folder on another disk")
+    assert temporaries(out) == []
+    assert torch.load(out / train_head.STATE, weights_only=False)["step"] == 1
+    assert json.loads((out / train_head.STATE_META).read_text())["step"] == 1
+
+
+def test_a_damaged_checkpoint_on_resume_is_one_line_before_the_target_loads(tmp_path, capsys, no_target_load):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / train_head.STATE_META).write_text(json.dumps({
+        "family": "medusa", "step": 4, "options": asdict(train_head.Options(family="medusa").resolved()),
+        "target": {}, "corpus": "c", "corpus_resolved": "c"}))
+    torch.save({"step": 4, "head": {"w": torch.ones(10000)}, "optimizer": {}, "rng": {}, "log": {}},
+               out / train_head.STATE)
+    whole = (out / train_head.STATE).read_bytes()
+    for cut in (len(whole) // 2, 100, 0):
+        (out / train_head.STATE).write_bytes(whole[:cut])
+        line = one_line(capsys, ["--resume", "--out", str(out), "--device", "cpu", "--no_progress"])
+        assert line == (f"error: --resume: {out / train_head.STATE} is truncated or corrupt ("
+                        f"{line.split('(')[1].split(')')[0]}): it cannot continue; restore the file or train anew in "
+                        "another --out"), line
+
+
+PAUSE_AT_STEP_3 = """
+from magicdec import train_head
+batch = train_head.Windows.batch
+train_head.Windows.batch = lambda self, seed, step, n: reached() if step == 3 else batch(self, seed, step, n)
+"""
+PAUSE_WRITING_THE_HEAD = """
+import torch
+from magicdec import heads
+save = torch.save
+def half_then_pause(obj, f, *a, **kw):
+    if str(f).endswith("_lm_head.pt"):
+        open(f, "wb").write(b"PK half a head")
+        reached()
+    save(obj, f, *a, **kw)
+heads.torch.save = half_then_pause
+"""
+
+
+@pytest.mark.parametrize("where", [PAUSE_AT_STEP_3, PAUSE_WRITING_THE_HEAD], ids=["training", "writing the head"])
+def test_sigterm_keeps_the_last_checkpoint_whole_and_says_so(where, stories, corpus, tmp_path):
+    """SIGTERM while training, or while the final head is written (it cut 595 KB of a head to 18 KB): one line
+    naming the checkpoint that stands, exit 143; every file in --out whole, none partial, no temporary left."""
+    from test_errors import CLI, ended_with, terminated_at
+
+    out = tmp_path / "out"
+    p = terminated_at(where + CLI, ["train-head", *command(stories, corpus, out, "medusa", "--steps", "4",
+                                                           "--save_every", "2", "--eval_every", "100")])
+    ended_with(p, 143, f"interrupted: the checkpoint of step 2 in {out} stands; the same command with --resume "
+                       "continues from it")
+    assert sorted(f.name for f in out.iterdir()) == sorted([train_head.STATE, train_head.STATE_META, train_head.LOG,
+                                                            train_head.PLOT])
+    assert torch.load(out / train_head.STATE, weights_only=False)["step"] == 2

@@ -86,6 +86,12 @@ class DrafterKind:
         """Where the draft's tokens and KV come from, for the record."""
         return self.description
 
+    def untrained(self, cfg) -> str | None:
+        """Why this config has no acceptance of its own to measure (a trained-head drafter given no trained head:
+        a fresh head drafts what its initialisation says), or None. `magicdec compare` shows such a config as a row
+        saying so, with no speed or prediction; a run still runs it (a speed run at random weights needs none)."""
+        return None
+
     def check(self, cfg) -> None:
         """Checks that need no file, on the run config (cfg.draft is this kind's Config)."""
         if cfg.speculation.auto and not self.supports_auto_gamma:

@@ -25,7 +25,7 @@ from magicdec import heads
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.head_draft import (FeatureTap, HeadDraft, HeadOptions, Sampler, check_head_files, check_head_run,
                                           graphs_for, head_bytes, head_prediction, level_picks, load_head,
-                                          prompt_features, sampler_of, tree_at)
+                                          prompt_features, sampler_of, tree_at, untrained_head)
 from magicdec.drafters.model_draft import appended_for
 from magicdec.errors import MagicDecError
 from magicdec.kv_cache import KVCache, StreamingCache
@@ -240,6 +240,9 @@ class Eagle(DrafterKind):
     def label(self, draft) -> str:
         who = Path(draft.head).name if draft.head else ("fresh eagle3" if draft.eagle3 else "fresh")
         return f"{self.name} {who}" + (f" window {draft.head_budget}" if draft.window else "")
+
+    def untrained(self, cfg) -> str | None:
+        return untrained_head(cfg, "eagle3" if cfg.draft.eagle3 else self.family)
 
     def describe(self, cfg) -> str:
         d = cfg.draft

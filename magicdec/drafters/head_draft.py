@@ -222,6 +222,14 @@ def hidden_offset(cfg) -> int:
         return 0
 
 
+def untrained_head(cfg, family: str) -> str | None:
+    """DrafterKind.untrained for a head drafter: None where --head names a trained head."""
+    if cfg.draft.head:
+        return None
+    return (f"untrained: no alpha to measure (train one: magicdec train-head --family {family} --out DIR; then "
+            f"--head DIR, or magicdec compare --heads over a folder of them)")
+
+
 def check_head_run(cfg, name: str) -> None:
     """Checks that need no file: heads read one process's hidden states; a head's candidates are a count."""
     if len(cfg.runtime.rank_group) > 1:
@@ -335,6 +343,9 @@ class KHeads(DrafterKind):
     supports_trees = drafts_shaped_trees = True
     example = {"num_heads": 3}
     family = ""
+
+    def untrained(self, cfg) -> str | None:
+        return untrained_head(cfg, self.family)
 
     def draft(self, head, tap: FeatureTap, cfg, ctx) -> HeadDraft:
         raise NotImplementedError

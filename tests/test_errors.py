@@ -1,0 +1,118 @@
+"""How a command ends (magicdec/errors.py): bad input as one `error:` line (exit 2); Ctrl-C (exit 130) and SIGTERM
+(exit 143) as one line saying what was kept and how to go on, after the files being written are cleaned up: a real
+signal sent to a process at a chosen point, and every command's entry point handling SIGTERM.
+
+`terminated_at` is what the other test files use to SIGTERM a command at a point of its work."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from magicdec import cli
+from magicdec.errors import _terminate
+
+PRELUDE = """
+import runpy, signal, sys, time
+
+def reached():  # the point to be signalled: say so, then wait for the signal
+    print("reached", flush=True)
+    time.sleep(120)
+
+"""
+
+
+CLI = "\nfrom magicdec.cli import main\nsys.exit(main(sys.argv[1:]))\n"  # `magicdec ARGV`
+
+
+def as_script(path) -> str:
+    """`python PATH ARGV`."""
+    return f"\nsys.argv = [{str(path)!r}] + sys.argv[1:]\nrunpy.run_path({str(path)!r}, run_name='__main__')\n"
+
+
+def terminated_at(code: str, argv=(), sig: int = signal.SIGTERM, cwd=REPO) -> subprocess.CompletedProcess:
+    """Run `code` (after PRELUDE; e.g. a patch making a call of a command call reached(), then CLI) with `argv` in a
+    process, and send it `sig` once it reaches reached(). Returns the finished process (stdout, stderr as text)."""
+    p = subprocess.Popen([sys.executable, "-c", PRELUDE + code, *map(str, argv)], cwd=cwd, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=os.environ | {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"})
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        if line.strip() == "reached":
+            break
+    else:
+        out, err = p.communicate(timeout=600)
+        pytest.fail(f"never reached the point to signal (rc {p.returncode}):\n{''.join(lines)}{out}{err[-3000:]}")
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=600)
+    return subprocess.CompletedProcess(p.args, p.returncode, "".join(lines) + out, err)
+
+
+def ended_with(p: subprocess.CompletedProcess, status: int, *needles: str) -> str:
+    """The process ended with `status` and one line on stderr (after any progress output) naming every needle."""
+    assert p.returncode == status, f"rc {p.returncode}\n{p.stderr[-3000:]}"
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = [x for x in p.stderr.strip().splitlines() if x.strip()]
+    assert lines and lines[-1].startswith("interrupted") and sum(x.startswith("interrupted") for x in lines) == 1, \
+        p.stderr
+    for n in needles:
+        assert n in lines[-1], lines[-1]
+    return lines[-1]
+
+
+SLEEPER = """
+from magicdec.errors import interrupted_as, one_line_errors
+with one_line_errors("interrupted: the default line"):
+    with interrupted_as(lambda: "interrupted: 3 of 10 points done; run the same command again"):
+        reached()
+"""
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_ends_with_the_line_of_what_was_kept(sig, status):
+    p = terminated_at(SLEEPER, sig=sig)
+    assert ended_with(p, status) == "interrupted: 3 of 10 points done; run the same command again"
+
+
+COMMAND_MAINS = {"compare": "magicdec.compare", "sweep": "magicdec.sweep", "report": "magicdec.report",
+                 "reproduce": "magicdec.reproduce", "datastore": "magicdec.datastore",
+                 "train-head": "magicdec.train_head"}
+
+
+@pytest.mark.parametrize("command", ["run", *COMMAND_MAINS])
+def test_every_command_handles_sigterm_while_it_works_and_restores_the_handler(command, monkeypatch):
+    """While a command runs, SIGTERM raises where the work is (errors.Terminated, a KeyboardInterrupt), so it ends as
+    Ctrl-C does: finally blocks run, temporary files go. After it, the handler that was there is back."""
+    import importlib
+
+    seen = []
+    if command == "run":
+        import magicdec.run
+
+        monkeypatch.setattr(magicdec.run, "run", lambda cfg: seen.append(signal.getsignal(signal.SIGTERM)))
+        argv = ["run", "--random_weights", "--model_name", "JackFram/llama-68m", "--device", "cpu"]
+    else:
+        module = importlib.import_module(COMMAND_MAINS[command])
+        monkeypatch.setattr(module, "main", lambda argv: seen.append(signal.getsignal(signal.SIGTERM)) or 0)
+        argv = [command]
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(argv) == 0
+    assert seen == [_terminate] and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_conversion_handles_sigterm():
+    """convert_hf_checkpoint.py is its own entry point: the same handler while it converts."""
+    p = subprocess.run([sys.executable, "-c", "import runpy, signal, sys\n"
+                        "import magicdec.checkpoint as c\n"
+                        "from magicdec.errors import _terminate\n"
+                        "c.convert_hf_checkpoint = lambda d, dtype=None: print(signal.getsignal(signal.SIGTERM) is "
+                        "_terminate) or 'x'\n"
+                        "sys.argv = ['convert_hf_checkpoint.py', '--checkpoint_dir', '.']\n"
+                        "runpy.run_path('convert_hf_checkpoint.py', run_name='__main__')"],
+                       cwd=REPO, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(REPO)})
+    assert p.returncode == 0 and p.stdout.splitlines()[0] == "True", p.stderr
