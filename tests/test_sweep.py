@@ -659,7 +659,7 @@ def test_a_second_sweep_into_a_folder_in_use_stops_at_once_naming_the_first(tmp_
         assert not list(out.glob("*.json"))
     finally:
         first.send_signal(signal.SIGTERM)
-        first.communicate(timeout=120)
+        first.communicate()
     assert first.returncode == 143 and not (out / sweep.LOCK).exists()
     with files.locked(out / sweep.LOCK, lambda pid: f"still held by {pid}"):  # free: taken at once
         pass
