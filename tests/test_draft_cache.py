@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import REPO, chi_square, fixed_first_token, run_cli
+from conftest import REPO, chi_square, copies, fixed_first_token, prefill_copies, run_here
 from magicdec import draft_cache
 from magicdec.drafters.model_draft import ModelDraft
 from magicdec.generate import Decoder, Sampling, decode
@@ -109,7 +109,8 @@ def test_retrieval_hand_made_chunk():
 def selected_speculation(model, policy, prompts, n_new, gamma, sampling=Sampling(), first=None, refresh=None):
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
-    logits, queries = draft_cache.prefill_recording(model, cache, prompts, policy.queries, 64)
+    logits, queries = (prefill_copies(model, cache, prompts, 64, policy.queries) if copies(prompts) else
+                       draft_cache.prefill_recording(model, cache, prompts, policy.queries, 64))
     dc = draft_cache.build(policy, cache, queries, append=n_new + gamma + 2)
     again = refresh and draft_cache.Refresh(policy, refresh, cache, dc, a.n_heads)
     decoder = Decoder(model, sampling, drafter=ModelDraft(model, dc, refresh=again), gamma=gamma, trace=sampling.greedy)
@@ -187,16 +188,17 @@ TINY_RUN = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_
     (("--draft_policy", "snapkv", "--draft_budget", "64", "--refresh", "0"), "--refresh 0: must be at least 1"),
 ])
 def test_bad_policy_flags_are_one_line(flags, needle):
-    p = run_cli(SELFSPEC, *TINY_RUN, *flags)
+    p = run_here(SELFSPEC, *TINY_RUN, *flags)
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("policy", [draft_cache.SnapKV(48, window=32), draft_cache.Retrieval(48, 4, window=32)],
-                         ids=["snapkv", "retrieval"])
-@pytest.mark.parametrize("refresh", [None, 2])
+@pytest.mark.parametrize("policy,refresh", [(draft_cache.SnapKV(48, window=32), None),
+                                            (draft_cache.Retrieval(48, 4, window=32), 2)], ids=["snapkv", "retrieval-2"])
 def test_smollm2_selected_draft_equals_plain_greedy(smol_model, smol_prompts, policy, refresh):
     """SmolLM2-135M on Gutenberg text (its prompts from the speculative tests): 40 tokens past a 48-token budget,
-    and with the selection made again every 2 verifications."""
+    and with the selection made again every 2 verifications. Each policy once on the real weights, one of them
+    refreshed: every policy with and without --refresh runs on the tiny model (test_selected_draft_equals_plain_greedy,
+    test_refreshed_draft_equals_plain_greedy)."""
     out, counts, decoder = selected_speculation(smol_model, policy, smol_prompts, 40, 3, refresh=refresh)
     assert out.tolist() == plain_greedy(smol_model, smol_prompts, 40).tolist()
     assert_ragged(decoder)

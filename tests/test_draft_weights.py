@@ -11,7 +11,7 @@ import weakref
 import pytest
 import torch
 
-from conftest import chi_square, fixed_first_token, run_cli
+from conftest import chi_square, fixed_first_token, run_here
 from magicdec import draft_cache
 from magicdec import draft_weights as dw
 from magicdec.drafters.model_draft import ModelDraft
@@ -178,12 +178,12 @@ TINY = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len"
                                                          "--draft_weights int4"),
 ])
 def test_bad_format_flags_are_one_line(flags, needle):
-    p = run_cli(SELFSPEC, *TINY, "--draft_budget", "64", *flags)
+    p = run_here(SELFSPEC, *TINY, "--draft_budget", "64", *flags)
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_a_format_for_the_baseline_is_refused():
-    p = run_cli(REPO / "tests" / "baseline_benchmark.py", *TINY, "--draft_weights", "int8")
+    p = run_here(REPO / "tests" / "baseline_benchmark.py", *TINY, "--draft_weights", "int8")
     assert p.returncode == 2 and "--draft_weights is an option of" in p.stderr and "baseline" in p.stderr, p.stderr
 
 

@@ -46,10 +46,10 @@ def terminated_at(code: str, argv=(), sig: int = signal.SIGTERM, cwd=REPO) -> su
         if line.strip() == "reached":
             break
     else:
-        out, err = p.communicate(timeout=600)
+        out, err = p.communicate()
         pytest.fail(f"never reached the point to signal (rc {p.returncode}):\n{''.join(lines)}{out}{err[-3000:]}")
     p.send_signal(sig)
-    out, err = p.communicate(timeout=600)
+    out, err = p.communicate()
     return subprocess.CompletedProcess(p.args, p.returncode, "".join(lines) + out, err)
 
 

@@ -25,7 +25,24 @@ def no_grad():
         yield
 
 
+_greedy_runs: list = []  # (model, its weights' fingerprint, prompts, ids): plain_greedy's runs so far
+
+
 def plain_greedy(model: Transformer, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
+    """The model's greedy continuation of each prompt, n_new tokens, one forward per token. Many tests check against
+    the same model's run on the same prompts: a run of at least n_new tokens made before (by this loop, the model's
+    weights unchanged since) gives its first n_new tokens instead of decoding again."""
+    fingerprint = [float(p.sum()) for p in model.parameters()]
+    for m, f, x, ids in _greedy_runs:
+        if m is model and f == fingerprint and x.shape == prompts.shape and torch.equal(x, prompts) \
+                and ids.shape[1] >= n_new:
+            return ids[:, :n_new].clone()
+    ids = _plain_greedy(model, prompts, n_new)
+    _greedy_runs.append((model, fingerprint, prompts.clone(), ids.clone()))
+    return ids
+
+
+def _plain_greedy(model: Transformer, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new, a.head_dim, torch.float32, "cpu")
     logits = model(prompts, cache, logits="last")[:, -1]
@@ -115,11 +132,13 @@ def shaped():
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 def test_tiny_drafted_tree_equals_plain_greedy(tiny, backend):
     """A tree drafted level by level (each level's nodes one forward over the draft's cache and their ancestors):
-    through a StreamingLLM ring past its budget, with --reindex, and a standalone draft's full cache."""
-    expected = plain_greedy(tiny, tiny_prompts(), 60)
+    through a StreamingLLM ring past its budget, with --reindex, and a standalone draft's full cache. Flex runs
+    eagerly on a CPU (a block mask per forward): 30 tokens there, the ring already past its budget from the prompt."""
+    n_new = 60 if backend == "sdpa" else 30
+    expected = plain_greedy(tiny, tiny_prompts(), n_new)
     tree = shaped()
     assert tree.depth == 5 and tree.max_children >= 3
-    check(tiny, tiny, tiny_prompts(), n_new=60, gamma=5, budget=20, shape=tree, expected=expected, backend=backend)
+    check(tiny, tiny, tiny_prompts(), n_new=n_new, gamma=5, budget=20, shape=tree, expected=expected, backend=backend)
     if backend == "sdpa":
         check(tiny, tiny, tiny_prompts(), n_new=60, gamma=5, budget=20, shape=tree, expected=expected, reindex=True)
         draft = first_layers(tiny, 2)
@@ -314,9 +333,10 @@ def check_every_tree_drafter(model, prompts, n_new, budget):
 
 
 # --- SmolLM2-135M (real weights) ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("gamma", GAMMAS)
-def test_smollm2_selfspec_equals_plain_greedy(smol_model, smol_prompts, gamma):
-    check(smol_model, smol_model, smol_prompts, n_new=48, gamma=gamma, budget=32)
+def test_smollm2_selfspec_equals_plain_greedy(smol_model, smol_prompts):
+    """Real weights at one gamma: gammas 1, 3 and 6 run the same code, each checked on the tiny model and
+    stories260K above and below."""
+    check(smol_model, smol_model, smol_prompts, n_new=48, gamma=3, budget=32)
 
 
 def test_smollm2_standalone_equals_plain_greedy(smol_model, smol_prompts):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import chi_square, fixed_first_token
+from conftest import chi_square, copies, fixed_first_token, prefill_copies
 from magicdec import draft_cache
 from magicdec.drafters.model_draft import ModelDraft
 from magicdec.generate import Decoder, Sampling, decode, prefill
@@ -32,7 +32,8 @@ def hierarchical(target, prompts, n_new, gamma, gamma_bottom, bottom_kind, botto
     a, (B, P) = target.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
     policy = draft_cache.Retrieval(budget, 4, window=32)
-    logits, queries = draft_cache.prefill_recording(target, cache, prompts, policy.queries, 64)
+    logits, queries = (prefill_copies(target, cache, prompts, 64, policy.queries) if copies(prompts) else
+                       draft_cache.prefill_recording(target, cache, prompts, policy.queries, 64))
     middle = ModelDraft(target, draft_cache.build(policy, cache, queries, append=n_new + gamma + gamma_bottom + 4))
     if bottom_kind == "model":
         d = bottom_model.args

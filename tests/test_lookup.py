@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import chi_square
+from conftest import chi_square, prefill_copies
 from magicdec.generate import Decoder, Sampling, decode
 from magicdec.kv_cache import KVCache
 from magicdec.drafters.lookup import PromptLookup, propose_ngram
@@ -128,8 +128,7 @@ def test_sampled_lookup_keeps_the_targets_distribution(tiny, monkeypatch):
     def second_tokens(seed):
         torch.manual_seed(seed)
         cache = KVCache(a.n_layers, N, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
-        tiny(prompt.expand(N, -1), cache, logits="none")
-        cache.advance(96)
+        prefill_copies(tiny, cache, prompt.expand(N, -1), 96)  # one prompt's KV copied to the N rows
         draft = PromptLookup(prompt.expand(N, -1), 3, a.vocab_size)
         out, _ = decode(Decoder(tiny, sampling, drafter=draft, gamma=1), cache, first, 2, prev=prompt[:, -1].expand(N))
         assert bool((draft.proposed == 1).all())

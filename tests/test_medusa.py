@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import chi_square, fixed_first_token
+from conftest import chi_square, copies, fixed_first_token
 from test_generate_speculative import assert_ragged, plain_greedy, tiny_prompts
 
 from magicdec import heads
@@ -39,7 +39,15 @@ def speculate(target, head, prompts, n_new, gamma, sampling=Sampling(), width=1,
     taps = head.taps(a.n_layers)
     eagle = isinstance(head, heads.EagleHead)
     positions = prompt_positions(P, window, budget, sinks) if eagle else torch.tensor([P - 1])
-    logits, feats = prefill_features(target, cache, prompts, 64, taps, positions)
+    if copies(prompts):  # the sampled tests' N copies: one prefill, its KV and features copied (conftest.prefill_copies)
+        one = KVCache(a.n_layers, 1, a.n_kv_heads, cache.max_len, a.head_dim, torch.float32, "cpu")
+        logits, feats = prefill_features(target, one, prompts[:1], 64, taps, positions)
+        for big, small in zip(cache.k + cache.v, one.k + one.v):
+            big.copy_(small.expand_as(big))
+        cache.lengths.copy_(one.lengths.expand(B))
+        logits, feats = logits.expand(B, -1), feats.expand(B, -1, -1).contiguous()
+    else:
+        logits, feats = prefill_features(target, cache, prompts, 64, taps, positions)
     sampler = Sampler(sampling.greedy, sampling.temperature, sampling.top_p, sampling.top_k, candidates)
     if eagle:
         drafter = EagleDraft.over_prompt(head, target, prompts, feats, sampler, nodes, n_new, window, budget, sinks)
@@ -79,27 +87,22 @@ def check_greedy(target, head, prompts, n_new, gamma, expected=None, **kw):
 
 
 @pytest.mark.parametrize("family", ["medusa", "eagle"])
-def test_a_second_generation_drafts_as_the_first(tiny, family):
+def test_a_second_generation_drafts_as_the_first(tiny, tiny_eagle, family):
     """Timed rounds generate again from the prompt with the same drafter: the head's kept features (and EAGLE's KV)
     must start from the prompt again, so a greedy rerun accepts exactly what the first run did; a drafter that kept
     the last run's features drafts its first proposal from them."""
-    from test_eagle import trained
-
-    if family == "eagle":
-        with torch.inference_mode(False), torch.enable_grad():
-            head = trained(tiny, "eagle")
-    else:
-        head = medusa_head(tiny)
+    head = tiny_eagle("eagle") if family == "eagle" else medusa_head(tiny)
     _, decoder = speculate(tiny, head, tiny_prompts(), 30, 3, runs=2)
     for first, again in zip(*decoder.proposals):
         assert torch.equal(first, again)
     assert decoder.traces[0] == decoder.traces[1] and sum(max(a, 0) for row in decoder.traces[0] for a in row) > 0
 
 
-def check_sampled(target, head, monkeypatch, gamma=2, candidates=0):
+def check_sampled(target, head, monkeypatch, gamma=2, candidates=0, min_alpha=0.2):
     """N copies of one prompt, the first token fixed: the first drafted position's token follows the target's own
     distribution (T 0.6, top-p 0.9); drawing from p instead of the residual after a rejection fails the check.
-    `candidates` K: the head draws among its K likeliest tokens only (--head_candidates)."""
+    `candidates` K: the head draws among its K likeliest tokens only (--head_candidates). The head must keep at least
+    `min_alpha` of its drafts: a head whose q misses the target keeps none, and the wrong rule would then pass."""
     from magicdec import generate, verify
 
     N, sampling = 4_000, Sampling(0.6, 0.9)
@@ -108,9 +111,7 @@ def check_sampled(target, head, monkeypatch, gamma=2, candidates=0):
     out, decoder = speculate(target, head, prompt.expand(N, -1), 2, gamma, sampling, first=first,
                              candidates=candidates)
     stat, bound = chi_square(out[:, 1], p)
-    assert stat < bound and decoder.stats.alpha < 0.98, (stat, bound, decoder.stats.alpha)
-    if decoder.stats.alpha < 0.02:  # the head's q missed the target here: the wrong rule cannot show
-        return
+    assert stat < bound and min_alpha <= decoder.stats.alpha < 0.98, (stat, bound, decoder.stats.alpha)
     wrong = lambda p_, q, d: verify.speculative_sampling_verify(p_, q, d, correct=False)  # noqa: E731
     monkeypatch.setattr(generate, "speculative_sampling_verify", wrong)
     torch.manual_seed(0)
@@ -142,7 +143,8 @@ def test_medusa_trees_equal_plain_greedy(tiny):
 
 @pytest.mark.parametrize("candidates", [0, 8])
 def test_medusa_sampled_keeps_the_targets_distribution(tiny, monkeypatch, candidates):
-    check_sampled(tiny, medusa_head(tiny), monkeypatch, candidates=candidates)
+    # 8 candidates confine q to the head's 8 likeliest tokens: it overlaps p less (alpha 0.11 measured, 0.46 without)
+    check_sampled(tiny, medusa_head(tiny), monkeypatch, candidates=candidates, min_alpha=0.2 if candidates == 0 else 0.1)
 
 
 def test_medusa_heads_draft_what_each_head_says(tiny):
@@ -173,9 +175,16 @@ def test_medusa_heads_draft_what_each_head_says(tiny):
     assert q is None and x.shape[0] == 2
 
 
-def test_smollm2_medusa_equals_plain_greedy(smol_model, smol_prompts):
-    out, decoder = speculate(smol_model, medusa_head(smol_model, num_heads=3), smol_prompts, 24, 3)
-    assert out.tolist() == plain_greedy(smol_model, smol_prompts, 24).tolist()
+def check_smollm2(model, head, prompts, min_kept, **kw):
+    """Greedy speculation on SmolLM2 over real text with a head fitted to two of the three prompts' continuations
+    (conftest.fit_smol_head) equals plain decoding, the batch ragged, and at least `min_kept` drafted tokens were
+    kept: losslessness is checked over many accepted tokens, not one."""
+    decoder = check_greedy(model, head, prompts, 24, 3, **kw)
+    assert sum(decoder.stats.kept) >= min_kept, (decoder.stats.kept, decoder.stats.sequence_kept)
+
+
+def test_smollm2_medusa_equals_plain_greedy(smol_model, smol_prompts, smol_heads):
+    check_smollm2(smol_model, smol_heads("medusa"), smol_prompts, 20)
 
 
 def test_graphed_heads_warm_up_over_a_whole_run(tiny):

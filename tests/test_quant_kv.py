@@ -12,7 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from conftest import chi_square, fixed_first_token, run_cli  # noqa: E402
+from conftest import chi_square, copies, fixed_first_token, prefill_copies, run_here  # noqa: E402
 from magicdec import cost_model as cm  # noqa: E402
 from magicdec import quant_kv  # noqa: E402
 from magicdec import triton_quant_kv  # noqa: E402
@@ -94,7 +94,7 @@ def speculation(model, prompts, n_new, gamma, bits, backend, sampling=Sampling()
     """Self-speculation over the quantized copy of the target's prefilled cache."""
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
-    logits = prefill(model, cache, prompts, 64, False)
+    logits = prefill_copies(model, cache, prompts, 64) if copies(prompts) else prefill(model, cache, prompts, 64, False)
     draft = quant_kv.QuantizedKVCache.of(cache, bits)
     draft.backend = backend
     decoder = Decoder(model, sampling, drafter=ModelDraft(draft_model or model, draft), gamma=gamma)
@@ -105,7 +105,8 @@ def speculation(model, prompts, n_new, gamma, bits, backend, sampling=Sampling()
 @pytest.mark.parametrize("bits,backend", [(8, "sdpa"), (4, "sdpa"), (4, "triton")])
 def test_greedy_speculation_over_a_quantized_copy_equals_plain_greedy(tiny, bits, backend):
     prompts = torch.randint(0, 256, (3, 80), generator=torch.Generator().manual_seed(4))
-    out, decoder = speculation(tiny, prompts, 24 if backend == "triton" else 40, 3, bits, backend)
+    # Triton's interpreter runs the kernel in Python on a CPU: 12 tokens there, the same kernel at every step
+    out, decoder = speculation(tiny, prompts, 12 if backend == "triton" else 40, 3, bits, backend)
     assert out.tolist() == plain_greedy(tiny, prompts, out.shape[1]).tolist()
     assert 0 < decoder.stats.alpha <= 1
 
@@ -174,7 +175,7 @@ TINY = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len"
     (("--draft_kv", "int4", "--reindex"), "--draft_kv int4 reads the target's whole KV"),
 ])
 def test_bad_draft_kv_flags_are_one_line(flags, needle):
-    p = run_cli(SELFSPEC, *TINY, *flags)
+    p = run_here(SELFSPEC, *TINY, *flags)
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 

@@ -168,14 +168,13 @@ synthetic_acceptance = 0.8
 def test_report_reads_a_real_sweep(tmp_path, monkeypatch):
     """A real sweep's records (a drafter with a budget, one without) through the report. The sweep's probes of
     this device's step times only calibrate its cost model; stubbed, they keep this test fast on a CPU."""
-    import torch
 
     from magicdec import sweep
 
     monkeypatch.setattr(sweep.Sweep, "probe", lambda self, cfg: 0.02)
     (tmp_path / "t.toml").write_text(TINY)
     out = tmp_path / "tiny"
-    assert sweep.Sweep(sweep.load_config(tmp_path / "t.toml"), out, torch.device("cpu"), False).run(None) == 0
+    assert sweep.Sweep(sweep.load_config(tmp_path / "t.toml"), out, "cpu", False).run(None) == 0
     (out / "commands.txt").write_text("magicdec sweep t.toml --output_dir tiny  # cpu, today\n")
     results_md = tmp_path / "RESULTS.md"
     report.main([str(out), "--out", str(tmp_path / "png"), "--results_md", str(results_md)])
@@ -631,7 +630,7 @@ def test_two_reports_into_one_results_page_at_once_lose_no_section(tmp_path, mon
                                "--results_md", str(results_md)], cwd=REPO, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": str(REPO)})
              for i, d in enumerate((old, new))]
-    assert [p.wait(timeout=300) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
+    assert [p.wait() for p in procs] == [0, 0], [p.stderr.read() for p in procs]
     md = results_md.read_text()
     assert sorted(sections(md)) == ["drafters", "llama"]
     assert sorted(x.split("]")[0] for x in md.splitlines() if x.startswith("| [")) == ["| [drafters", "| [llama"]

@@ -94,7 +94,7 @@ def magicdec(*argv):
     from conftest import REPO
 
     return subprocess.run([sys.executable, "-m", "magicdec", *argv], cwd=REPO, capture_output=True, text=True,
-                          env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=300)
+                          env=os.environ | {"HF_HUB_OFFLINE": "1"})
 
 
 def test_datastore_command_leaves_the_prompt_books_out(tmp_path):

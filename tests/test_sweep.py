@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BOOKS, LLAMA2_TOKENIZER, REPO, STORIES, TINY_SWEEP, needs_llama_tokenizers, one_line_error, run_cli
+from conftest import BOOKS, LLAMA2_TOKENIZER, REPO, STORIES, TINY_SWEEP, needs_llama_tokenizers, one_line_error, run_here
 from magicdec import cost_model as cm
 from magicdec import device as dev
 from magicdec import drafters, files, sweep
@@ -35,6 +35,15 @@ sinks = 4
 synthetic_acceptance = {"48" = 0.9, "96" = 0.7}
 """
 AUTO = '[auto]\ndrafter = "selfspec"\n'  # tables after every top-level key
+
+
+@pytest.fixture(autouse=True)
+def short_probes(monkeypatch):
+    """The load-time probes (a B = 1 step for the fixed cost per layer, each drafter's verifications for its fixed
+    cost) over a 64-token prompt and 8 tokens instead of 256 and 32: the same code, a quarter of the work (the
+    probes were half of a small sweep's time on a CPU). What they fit is checked by
+    test_verification_probe_fits_the_fixed_cost_per_verification, whatever their size."""
+    monkeypatch.setattr(sweep, "PROBE", (64, 8))
 
 
 def records(d: Path) -> dict[str, dict]:
@@ -92,17 +101,13 @@ def test_sweep_crash_resume(tmp_path, monkeypatch):
     assert {f.name: f.stat().st_mtime_ns for f in out.glob("*.json") if f.name in before} == before  # not redone
     for r in recs.values():
         m = r["metrics"]
-        assert r["B"] == 2 and m["decode_tokens_per_s"] > 0 and len(r["config_hash"]) == 12
+        assert r["B"] == 2 and len(r["config_hash"]) == 12
         assert r["point"].endswith(r["config_hash"]) or r["method"] == "auto"
+        check_counts(r, B=2, gen_len=8)
         if r["method"] in ("selfspec", "standalone"):
             assert r["synthetic_acceptance"] == {48: 0.9, 96: 0.7}[r["prefix_len"]]
-            assert m["measured_speedup"] > 0 and m["cost_model"]["speedup"] > 0
             assert m["speculation"]["gamma"] == r["gamma"]
-            pred = m["cost_model"]  # T_O (the probed fixed cost per verification) counts in the denominator
-            t_o = pred["device_model"]["verify_overhead_s"]
-            assert t_o >= 0 and pred["T_O_over_T_T"] == pytest.approx(t_o / pred["T_T"])
-            assert pred["speedup_effective"] == pytest.approx(m["omega_effective"] / (
-                r["gamma"] * pred["T_D_over_T_T"] + pred["T_V_over_T_T"] + pred["T_O_over_T_T"]))
+            check_prediction(r)
         if r["method"] == "auto":
             assert r["planner"]["budget"] in (24, 64) and r["budget"] == r["planner"]["budget"]
             assert r["planner"]["spread"] >= 0 and set(r["planner"]["spread_by_option"]) == {"24", "64"} & {
@@ -110,6 +115,45 @@ def test_sweep_crash_resume(tmp_path, monkeypatch):
             used = m["speculation"]["auto_gamma"]["iterations_per_gamma"]
             assert sum(used.values()) == m["iterations"] and set(map(int, used)) <= {0, 1, 2}
     assert (out / "commands.txt").read_text().count("magicdec sweep") == 2  # every run with points to do
+
+
+def check_counts(r: dict, B: int, gen_len: int) -> None:
+    """A record's counts and speeds against what the point asked for, by hand: B sequences of gen_len tokens, the
+    first from the prefill, so B (gen_len - 1) decoded in its decode seconds; alpha the sequences' kept over reached
+    drafted tokens; a speculative point's measured speedup its paired baseline's seconds over its own."""
+    m = r["metrics"]
+    assert r["B"] == m["batch_size"] == B and r["gen_len"] == gen_len and m["generated_tokens"] == B * gen_len
+    assert m["decode_tokens_per_s"] == pytest.approx(B * (gen_len - 1) / m["decode_s"], rel=1e-9)
+    assert m["decode_s"] == pytest.approx(sum(b["decode_s"] for b in r["batches"]), rel=1e-9)
+    if r["method"] == "baseline":
+        assert m["iterations"] == gen_len - 1  # one step per decoded token
+        return
+    spec = m["speculation"]
+    kept, reached = spec["per_sequence"]["kept"], spec["per_sequence"]["reached"]
+    assert len(kept) == len(reached) == B
+    assert m["alpha"] == (pytest.approx(sum(kept) / sum(reached), rel=1e-12) if sum(reached) else None)
+    assert spec["accepted_tokens"] == sum(kept)
+    # every verification keeps its accepted tokens and one of the target's: B (gen_len - 1) tokens at most (the last
+    # verification of a sequence may run past gen_len)
+    assert spec["accepted_tokens"] + spec["verifications"] >= B * (gen_len - 1)
+    assert m["measured_speedup"] == pytest.approx(
+        sum(b["baseline_decode_s"] for b in r["batches"]) / sum(b["decode_s"] for b in r["batches"]), rel=1e-9)
+
+
+def check_prediction(r: dict) -> None:
+    """The cost model's speedup written out from its step seconds and the device's fixed cost per verification
+    T_O (the probe's fit): Omega(alpha, gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha) tokens per gamma draft steps,
+    one (gamma + 1)-token verification and T_O, over as many target steps; the effective one at the measured tokens
+    per verification, B (gen_len - 1) decoded over the B sequences' iterations."""
+    m, pred, gamma = r["metrics"], r["metrics"]["cost_model"], r["gamma"]
+    t_t, t_d, t_v, t_o = pred["T_T"], pred["T_D"], pred["T_V"], pred["device_model"]["verify_overhead_s"]
+    assert t_o >= 0 and pred["T_O"] == t_o
+    a = m["alpha"]
+    omega = gamma + 1 if a == 1 else (1 - a ** (gamma + 1)) / (1 - a)
+    assert pred["speedup"] == pytest.approx(omega * t_t / (gamma * t_d + t_v + t_o), rel=1e-9)
+    per_verification = (r["gen_len"] - 1) / m["iterations"]
+    assert m["omega_effective"] == pytest.approx(per_verification, rel=1e-9)
+    assert pred["speedup_effective"] == pytest.approx(per_verification * t_t / (gamma * t_d + t_v + t_o), rel=1e-9)
 
 
 def test_a_changed_config_runs_again_and_old_records_move_aside(tmp_path, capsys):
@@ -167,8 +211,8 @@ def test_synthetic_alpha_interpolates_in_log_prefix():
 def sweep_cli(tmp_path, text, *extra):
     if '"auto"' in text and "[auto]" not in text:
         text += AUTO
-    return run_cli(_write(tmp_path, text), "--output_dir", str(tmp_path / "o"), *extra, launcher=("-m", "magicdec.cli",
-                                                                                                   "sweep"))
+    return run_here(_write(tmp_path, text), "--output_dir", str(tmp_path / "o"), *extra,
+                    launcher=("-m", "magicdec.cli", "sweep"))
 
 
 @pytest.mark.parametrize("old,new,needle", [
@@ -203,13 +247,13 @@ def test_an_unwritable_output_folder_is_refused_first(tmp_path):
     if os.geteuid() == 0:  # root writes anywhere: a file in the way stands in for a read-only folder
         blocker = tmp_path / "file"
         blocker.write_text("x")
-        p = run_cli(_write(tmp_path, CONFIG + AUTO), "--output_dir", str(blocker / "o"),
-                    launcher=("-m", "magicdec.cli", "sweep"))
+        p = run_here(_write(tmp_path, CONFIG + AUTO), "--output_dir", str(blocker / "o"),
+                     launcher=("-m", "magicdec.cli", "sweep"))
     else:
         ro = tmp_path / "ro"
         ro.mkdir(mode=0o500)
-        p = run_cli(_write(tmp_path, CONFIG + AUTO), "--output_dir", str(ro / "o"),
-                    launcher=("-m", "magicdec.cli", "sweep"))
+        p = run_here(_write(tmp_path, CONFIG + AUTO), "--output_dir", str(ro / "o"),
+                     launcher=("-m", "magicdec.cli", "sweep"))
     one_line_error(p, "--output_dir", "cannot write to")
 
 
@@ -454,9 +498,12 @@ def test_every_registered_drafter_runs_in_a_sweep(tmp_path):
     recs = records(tmp_path / "out")
     assert {r["method"] for r in recs.values()} == {"baseline", *names}
     for r in recs.values():
+        assert (r["prefix_len"], r["B"], r["gen_len"]) == (96, 2, 8), r["label"]
+        check_counts(r, B=2, gen_len=8)
         if r["method"] != "baseline":
+            assert r["gamma"] == 2 and r["label"].startswith(r["method"]), r["label"]
             cost = r["metrics"]["cost_model"]
-            assert r["metrics"]["measured_speedup"] > 0 and ("speedup" in cost or "none" in cost), r["label"]
+            assert "speedup" in cost or "none" in cost, r["label"]
 
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("experiments/sweeps/*.toml")),
@@ -551,7 +598,8 @@ def test_a_planned_tree_runs(tmp_path, monkeypatch, kind):
     assert make(tmp_path, text).run(None) == 0
     auto = next(r for r in records(tmp_path / "out").values() if r["method"] == "auto")
     assert auto["config"][kind] == size and auto["gamma"] == 2 and auto["planner"][kind] == size
-    assert auto["metrics"]["measured_speedup"] > 0 and len(auto["metrics"]["speculation"]["per_rank"]["reached"]) >= 2
+    check_counts(auto, B=2, gen_len=8)
+    assert len(auto["metrics"]["speculation"]["per_rank"]["reached"]) >= 2
 
 
 # ------------------------------------------------------------------ faults: a second writer, broken records, SIGTERM
@@ -609,7 +657,7 @@ def test_a_second_sweep_into_a_folder_in_use_stops_at_once_naming_the_first(tmp_
         assert not list(out.glob("*.json"))
     finally:
         first.send_signal(signal.SIGTERM)
-        first.communicate(timeout=120)
+        first.communicate()
     assert first.returncode == 143 and not (out / sweep.LOCK).exists()
     with files.locked(out / sweep.LOCK, lambda pid: f"still held by {pid}"):  # free: taken at once
         pass

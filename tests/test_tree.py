@@ -266,13 +266,14 @@ def test_tree_verification_through_the_model_equals_transformers_on_each_path(ti
 
 def tree_speculation(model, draft_model, prompts, n_new, gamma, width, sampling=None, first=None):
     """Speculation whose draft (over a StreamingLLM ring of its own prefill) proposes a tree `width` wide."""
+    from conftest import copies, prefill_copies
     from magicdec.drafters.model_draft import ModelDraft
     from magicdec.generate import Decoder, Sampling, decode, prefill
     from magicdec.kv_cache import StreamingCache
 
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma * width + 2, a.head_dim, torch.float32, "cpu")
-    logits = prefill(model, cache, prompts, 64, False)
+    logits = prefill_copies(model, cache, prompts, 64) if copies(prompts) else prefill(model, cache, prompts, 64, False)
     d = draft_model.args
     ring = StreamingCache(d.n_layers, B, d.n_kv_heads, 24, 4, 64 + n_new, d.head_dim, torch.float32, "cpu", "sdpa")
     prefill(draft_model, ring, prompts, 32, False)
@@ -379,15 +380,33 @@ def test_expected_tokens_against_simulation(tree):
 
 
 def test_the_cost_model_verifies_a_trees_nodes():
+    """A tree's verification, written out at Llama-3.1-8B's shapes (32 layers of 4096 wide, 8 KV heads of 128, MLP
+    14336, vocabulary 128256) at B 1 over 100K tokens: its 13 nodes through every weight, the KV read once (or its
+    attention's FLOPs at the fitted rate, the longer); the draft step the self-draft's over its 512-token budget, the
+    chain's; the yield the tree's: at each of the 3 depths the chain's node kept at 0.8, else a sibling at 0.5, 0.3
+    and 0.3, and only the chain's node goes deeper."""
     from magicdec import cost_model as cm
     from magicdec.config import ModelArgs
 
     c, d = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B"), cm.Device(3e12, 7e14, attention_flops=130e12)
     tree = Tree.chain_with_siblings(3, 4)
+    params = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336) + 128256 * 4096 + 4096 * 65
+
+    def step(T, context):
+        weights = 2 * params / 3e12 + 2 * T * params / 7e14
+        kv_reads = context * 2 * 2 * 32 * 8 * 128 / 3e12  # K and V, bf16, 32 layers x 8 heads x 128
+        attention = 2 * T * 2 * 32 * 32 * 128 * context / 130e12  # QK and PV of 32 query heads
+        return weights + max(kv_reads, attention)
+
     p = cm.predict(c, d, 1, 100_000, 3, 0.8, 512, tree=tree, sibling_rates=(0.5, 0.3))
-    assert p["T_V"] == cm.step_time(c, d, 1, 100_000, tree.size)
-    assert p["omega"] == expected_tokens(tree, (0.8, 0.5, 0.3))
-    assert p["T_D"] == cm.predict(c, d, 1, 100_000, 3, 0.8, 512)["T_D"]  # the same draft steps as the chain's
+    assert tree.size == 13
+    assert p["T_V"] == pytest.approx(step(13, 100_000), rel=1e-12)
+    assert p["T_T"] == pytest.approx(step(1, 100_000), rel=1e-12)
+    assert p["T_D"] == pytest.approx(step(1, 512), rel=1e-12)
+    some_kept = 1 - 0.2 * 0.5 * 0.7 * 0.7  # a depth keeps one of its four candidates
+    assert p["omega"] == pytest.approx(1 + some_kept * (1 + 0.8 + 0.8 ** 2), rel=1e-12)
+    assert p["speedup"] == pytest.approx(p["omega"] * step(1, 100_000) / (3 * step(1, 512) + step(13, 100_000)),
+                                         rel=1e-12)
 
 
 @pytest.mark.parametrize("rates, nodes, depth", [((0.85, 0.61, 0.64), 7, 3), ((0.5, 0.3), 7, 6), ((0.9,), 6, 2)])
