@@ -33,6 +33,12 @@ def interrupted_as(line):
         raise
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """Host or device memory ran out (torch.OutOfMemoryError is no MemoryError): the memory check, an estimate, let
+    through a run that did not fit."""
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+
+
 @contextmanager
 def one_line_errors(interrupted: str = "interrupted", rename: dict | None = None):
     """Turn MagicDecError into `error: <message>` and exit status 2, and Ctrl-C (exit 130) or SIGTERM (exit 143)
@@ -48,6 +54,13 @@ def one_line_errors(interrupted: str = "interrupted", rename: dict | None = None
             message = re.sub(rf"{re.escape(ours)}(?![\w-])", theirs, message)
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+    except Exception as e:
+        if not out_of_memory(e):
+            raise
+        said = str(e).split(". ")[0] or type(e).__name__
+        print(f"error: out of memory ({said}) although the memory estimate let this size through: lower --B or "
+              "--prefix_len, or run on more tensor-parallel ranks or a device with more memory", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt as e:
         print(f"\n{e.args[0] if e.args else interrupted}", file=sys.stderr)
         sys.exit(143 if isinstance(e, Terminated) else 130)

@@ -2,6 +2,8 @@
 acceptance, the measured cost ratios, the cost model's prediction from them and the measured speedups."""
 from __future__ import annotations
 
+import statistics
+
 from magicdec import cost_model
 from magicdec.kv_cache import KVCache
 
@@ -49,6 +51,21 @@ def baseline_step_seconds(baseline: dict) -> float | None:
     return baseline["ms_per_step"] / 1e3 if baseline.get("ms_per_step") else None
 
 
+def paired_speedups(metrics: dict, baseline: dict) -> dict:
+    """Each metric's speedup as the median of the rounds' own ratios (each round's speculative run over the baseline's
+    run of the same round), with their min and max: a ratio of medians would pair runs of different rounds, and a
+    median chosen by seconds picks a round that decoded fewer tokens. Without paired rounds: the ratio of the kept
+    runs' rates."""
+    rounds = round_speedups(metrics, baseline)
+    out = dict(rounds)
+    for key in ("", "_first_done"):
+        ratios = rounds.get(f"measured_speedup{key}_rounds")
+        if ratios:
+            out[f"measured_speedup{key}"] = statistics.median(ratios)
+            out[f"measured_speedup{key}_range"] = [min(ratios), max(ratios)]
+    return out
+
+
 def round_speedups(metrics: dict, baseline: dict | None) -> dict:
     """Each timed round's speedup over the baseline's run of the same round (timing.timed_generations interleaves
     them), all reach and first done: the spread a median speedup is read with. Empty unless both were timed in the
@@ -83,7 +100,8 @@ def speculation_metrics(metrics: dict, stats, baseline: dict | None, gamma: int)
             first_tokens = metrics["batch_size"] * metrics["batches"]  # each batch's prefill token
             out["decode_tokens_per_s_first_done"] = (first["tokens"] - first_tokens) / first["seconds"]
             out["measured_speedup_first_done"] = out["decode_tokens_per_s_first_done"] / baseline["decode_tokens_per_s"]
-    out.update(round_speedups(metrics, baseline))
+    if baseline:
+        out.update(paired_speedups(metrics, baseline))
     out.update(alpha=alpha, omega=omega, acceptance_length=omega)
     if metrics.get("iterations"):
         # Tokens per sequence per verification of the whole batch: the loop runs until its slowest sequence is done,

@@ -139,6 +139,8 @@ def reproduce(exp: dict, output: Path | None, anywhere: bool = False) -> tuple[b
             raise
         raise MagicDecError(f"{exp['path']} cannot run on this {here}: {e}; the experiment fixes its [run] options: "
                             f"run it on {exp['device']}, or time a smaller copy of them with magicdec run") from None
+    if not run.writes_records():  # a tensor-parallel run: rank 0 alone judges, prints and writes
+        return True, record
     value = metric(record, exp["metric"])
     if comparable:
         ok, line = verdict(exp, value)

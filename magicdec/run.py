@@ -137,6 +137,11 @@ def run(cfg: RunConfig) -> dict:
     return record
 
 
+def writes_records() -> bool:
+    """Whether this process writes what a run reports: every process but ranks 1.. of a tensor-parallel run."""
+    return not (torch.distributed.is_initialized() and torch.distributed.get_rank() != 0)
+
+
 def make_record(cfg: RunConfig, built, metrics: dict, baseline: dict | None, sweep: dict) -> dict:
     engine, spec = built.engine, cfg.speculation
     offload = None
@@ -200,8 +205,9 @@ def print_table(rows: list[tuple[str, object]]) -> None:
 LEGEND = {"omega_effective": "tokens per verification of the whole batch (stragglers included)",
           "T_D_over_T_T": "a draft step over a baseline step", "T_V_over_T_T": "a verification over a baseline step",
           "predicted_speedup": "Omega / (gamma T_D/T_T + T_V/T_T), from the measured ratios",
-          "predicted_speedup_effective": "the same with Omega_eff", "measured_speedup": "every sequence reaches gen_len",
-          "measured_speedup_first_done": "stopped when the first sequence is done (MagicDec's convention)"}
+          "predicted_speedup_effective": "the same with Omega_eff",
+          "measured_speedup": "every sequence reaches gen_len (the median of the rounds' ratios to the baseline)",
+          "measured_speedup_first_done": "stopped when the first sequence is done (MagicDec's convention; the same)"}
 
 
 def print_summary(cfg: RunConfig, record: dict) -> None:
@@ -211,7 +217,7 @@ def print_summary(cfg: RunConfig, record: dict) -> None:
             ("device", record["environment"].get("gpu", cfg.runtime.device)), ("decoding", record["decoding"]),
             ("B x prefix, gen_len", f"{w.B} x {w.prefix_len}, {w.gen_len}"),
             ("prompts", record.get("prompt_source") or "n/a"),
-            ("timed rounds", f"{len(m.get('round_s') or [])} (median kept)"),
+            ("timed rounds", f"{len(m.get('round_s') or [])} (the run of median rate kept)"),
             ("prefill s", m["prefill_s"] or "skipped")]
     if m.get("draft_prefill_s") is not None:
         rows.append(("draft preparation s", m["draft_prefill_s"]))
@@ -242,7 +248,9 @@ def print_summary(cfg: RunConfig, record: dict) -> None:
                                         f"drafting would not pay; steps per gamma: {steps}"))
         for key in LEGEND:
             if key in m:
-                rows.append((f"{key} ({LEGEND[key]})", m[key]))
+                spread = m.get(f"{key}_range")
+                rows.append((f"{key} ({LEGEND[key]})", m[key] if not spread else
+                             f"{m[key]:.4g} [{spread[0]:.4g}-{spread[1]:.4g} over {len(m[f'{key}_rounds'])} rounds]"))
         if cfg.speculation.synthetic_acceptance is not None:
             rows.append(("synthetic acceptance", cfg.speculation.synthetic_acceptance))
         for g, gm in record.get("gamma_sweep", {}).items():

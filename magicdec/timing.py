@@ -1,5 +1,5 @@
 """How generations are timed: decoders warmed up, then timed in interleaved rounds from the same prompt, each run on
-the loop's own wall clock (Decoder.seconds), the median run kept; and --gamma auto's profile of each candidate."""
+the loop's own wall clock (Decoder.seconds), the run of median rate kept; and --gamma auto's profile of each candidate."""
 from __future__ import annotations
 
 import gc
@@ -26,7 +26,7 @@ def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int
                       min_seconds: float = 0.0, progress: bool = False, on_done=None):
     """(tokens, counts, seconds) of each decoder: warmed up, then rounds that time every decoder once, each from the
     prompt, until `repeats` rounds are done and every decoder has been timed for `min_seconds` in all (at most
-    MAX_ROUNDS); each keeps its median run, `decoder.round_seconds` lists all of its runs in round order and
+    MAX_ROUNDS); each keeps its run of median decode rate (the slower of the middle two), `decoder.round_seconds` lists all of its runs in round order and
     `decoder.round_rates` their decode tokens/s, all reach and first done (metrics pair them with the baseline's by
     round: the spread of a speedup).
     Interleaved, a speculative decoder and the baseline see the same state of the machine (clocks, host load,
@@ -48,7 +48,9 @@ def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int
         decoder, runs_of = decoders[i], timings[i]
         decoder.round_seconds = [r[0] for r in runs_of]
         decoder.round_rates = [round_rates(*r) for r in runs_of]
-        seconds, decoder.stats, out, counts = sorted(runs_of, key=lambda r: r[0])[len(runs_of) // 2]
+        # the median by rate, not by seconds: sampled rounds that stop early decode fewer tokens in fewer seconds
+        by_rate = sorted(range(len(runs_of)), key=lambda k: decoder.round_rates[k][0] or 0.0)
+        seconds, decoder.stats, out, counts = runs_of[by_rate[(len(runs_of) - 1) // 2]]
         results[i] = (out, counts, seconds)
         if on_done is not None:
             on_done(i, results[i])

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from magicdec import cli
+from magicdec import cli, errors
 from magicdec.errors import _terminate
 
 PRELUDE = """
@@ -116,3 +116,17 @@ def test_conversion_handles_sigterm():
                         "runpy.run_path('convert_hf_checkpoint.py', run_name='__main__')"],
                        cwd=REPO, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(REPO)})
     assert p.returncode == 0 and p.stdout.splitlines()[0] == "True", p.stderr
+
+
+def test_out_of_memory_is_one_line_naming_the_fix(capsys):
+    """A device that runs out of memory past the memory check (torch.OutOfMemoryError, a RuntimeError): one line,
+    exit 1; any other RuntimeError keeps its traceback."""
+    import torch
+
+    with pytest.raises(SystemExit) as e, errors.one_line_errors():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has ...")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(err) == 1
+    assert err[0].startswith("error: out of memory (CUDA out of memory) ") and "lower --B or --prefix_len" in err[0]
+    with pytest.raises(RuntimeError, match="not memory"), errors.one_line_errors():
+        raise RuntimeError("not memory")

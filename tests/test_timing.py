@@ -93,3 +93,21 @@ def test_profile_keeps_each_length_fastest_try(monkeypatch):
     assert policy.costs == pytest.approx(per_iteration) and policy.forced is None
     assert sorted(set(calls)) == [(0, 4), (0, 12), (1, 8), (1, 24)] and len(calls) == 2 * (1 + 2 * 3)
     assert not any(collecting) and gc.isenabled()  # no collection while timing; back on after
+
+
+def test_the_kept_run_is_the_median_by_rate_when_rounds_decode_different_counts(monkeypatch):
+    """Sampled rounds that stop early decode fewer tokens in fewer seconds: the median by seconds would keep the
+    round of 250 tokens/s, the median by rate is the round of 228.6 tokens/s."""
+    runs = iter([(0.1, 8), (0.1, 8),  # the two warm-ups, then round 1 (fast, slow), round 2 (slow, fast), ...
+                 (0.80, 160), (2.0, 250), (2.0, 250), (1.00, 250), (1.05, 240), (2.0, 250)])
+
+    def fake_decode(decoder, cache, first, n, eos, progress=False, prev=None):
+        decoder.seconds, decoded = next(runs)
+        decoder.stats = SimpleNamespace(first_done=None)
+        return "tokens", torch.tensor([decoded + 1])
+
+    monkeypatch.setattr(timing, "decode", fake_decode)
+    decoders = [SimpleNamespace(name="fast", gamma=0, stats=None), SimpleNamespace(name="slow", gamma=0, stats=None)]
+    (_, counts, seconds), _ = timing.timed_generations(decoders, fake_cache(), None, None, 8, [], 0, False, 3)
+    assert [r[0] for r in decoders[0].round_rates] == pytest.approx([200.0, 250.0, 240 / 1.05])
+    assert (seconds, int(counts[0]) - 1) == (1.05, 240)
