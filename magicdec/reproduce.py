@@ -15,8 +15,7 @@ An experiment file:
     metric = "metrics.measured_speedup_first_done"                        # a dotted path into the record
     expected = 1.54                                                       # the value the README states
     tolerance = 0.05                                                      # relative: PASS within ±5%
-    weights = "random, Llama-3.1-8B's shapes"                             # the weights the run used
-    acceptance = "synthetic, iid α 0.8"                                   # where its acceptance came from
+    acceptance = "SmolLM2's alpha at 8K"                                  # optional: where a synthetic rate came from
     prediction = "1.73× at TP = 8 (cost model)"                           # ours for the paper's setup, if any
     details = "results/selfspec/README.md"
     order = 10                                                            # the row's place in the table
@@ -29,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import tomllib
 from pathlib import Path
 
@@ -36,7 +36,7 @@ from magicdec.errors import MagicDecError
 from magicdec.files import write_text
 from magicdec.run_config import RunConfig, writable_folder
 
-KEYS = {"claim", "paper", "device", "record", "metric", "expected", "tolerance", "weights", "acceptance",
+KEYS = {"claim", "paper", "device", "record", "metric", "expected", "tolerance", "acceptance",
         "prediction", "details", "run", "also", "note", "order"}
 REQUIRED = ("claim", "device", "record", "metric", "expected", "tolerance", "run")
 NUMBERS = {"expected", "tolerance", "order"}  # the others are strings, but run (a table)
@@ -78,6 +78,17 @@ def metric(record, path: str):
         else:
             return None
     return value
+
+
+def value_of(record: dict, path: str):
+    """The metric an experiment names, as the project reports it: a speedup whose record lists its rounds' own
+    ratios is their median (records made before that rule stored the ratio of the median runs' rates, the median
+    chosen by seconds), any other metric the record's value."""
+    rounds = metric(record, path + "_rounds")
+    if path.split(".")[-1].startswith("measured_speedup") and isinstance(rounds, list) and rounds and \
+            all(isinstance(r, (int, float)) for r in rounds):
+        return statistics.median(rounds)
+    return metric(record, path)
 
 
 def verdict(exp: dict, value) -> tuple[bool, str]:
@@ -141,7 +152,7 @@ def reproduce(exp: dict, output: Path | None, anywhere: bool = False) -> tuple[b
                             f"run it on {exp['device']}, or time a smaller copy of them with magicdec run") from None
     if not run.writes_records():  # a tensor-parallel run: rank 0 alone judges, prints and writes
         return True, record
-    value = metric(record, exp["metric"])
+    value = value_of(record, exp["metric"])
     if comparable:
         ok, line = verdict(exp, value)
     else:
@@ -194,7 +205,7 @@ def cited(exp: dict, root: Path | None = None) -> tuple[float | None, dict | Non
         record = json.loads(cited_path(exp, root).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None, None
-    return (metric(record, exp["metric"]), record) if isinstance(record, dict) else (None, None)
+    return (value_of(record, exp["metric"]), record) if isinstance(record, dict) else (None, None)
 
 
 def check_cited(experiments: list[dict]) -> None:
@@ -225,6 +236,63 @@ def spread(exp: dict, record: dict) -> str:
     return "single run, not interleaved"
 
 
+def names(record: dict) -> list[str]:
+    cfg = record.get("config") or {}
+    target = cfg.get("model_name") or (record.get("model_config") or {}).get("name") or "not recorded"
+    return [target] + [d.get("name") or "not recorded" for d in (record.get("draft_models") or {}).values()]
+
+
+def kernels(record: dict) -> str:
+    """The kernel each quantized draft layer ran, as the run's preparation reported it (every batch shape it met)."""
+    used = {}
+    for shape in ((record.get("drafter_notes") or {}).get("draft_weights") or {}).get("kernels") or []:
+        for kernel, n in (shape.get("layers_by_kernel") or {}).items():
+            used[kernel] = max(used.get(kernel, 0), n)
+    return ", ".join(f"{k} on {n} layers" for k, n in sorted(used.items())) or "kernel not recorded"
+
+
+def weights(record: dict) -> str:
+    """Random or real weights and whose shapes, the draft's weight and KV formats and the kernels that ran them,
+    from the record."""
+    cfg, models = record.get("config") or {}, names(record)
+    if record.get("random_weights") is None:
+        label = "not recorded"
+    elif record["random_weights"]:
+        label = "random, " + " and ".join(f"{m}'s" for m in models) + " shapes"
+    else:
+        label = "real: " + (Path(record["checkpoint"]).parent.name if record.get("checkpoint") else models[0])
+    if cfg.get("draft_weights") not in (None, "bf16"):
+        label += f"; the draft's weights {cfg['draft_weights']} ({kernels(record)})"
+    if cfg.get("draft_kv") not in (None, "bf16"):
+        label += f"; the draft's KV {cfg['draft_kv']}"
+    return label
+
+
+def acceptance(exp: dict, record: dict) -> str:
+    """Where α came from, from the run's config: a replayed trace, synthetic rates (iid, per tree sibling, per
+    position, the hierarchy's two levels) or measured on the prompts; the experiment's `acceptance` adds where a
+    synthetic rate was taken from."""
+    cfg, m = record.get("config") or {}, record.get("metrics") or {}
+    rate = cfg.get("synthetic_acceptance")
+    if cfg.get("acceptance_trace"):
+        label = f"replayed trace ({cfg['acceptance_trace']})"
+    elif rate is not None:
+        if cfg.get("synthetic_siblings"):
+            later = " / ".join(f"{x:g}" for x in cfg["synthetic_siblings"])
+            label = f"synthetic per tree level: α {rate:g} for a level's first candidate, {later} for later ones"
+        elif cfg.get("synthetic_positions"):
+            label = "synthetic per position: α " + " / ".join(f"{x:g}" for x in cfg["synthetic_positions"])
+        else:
+            label = f"synthetic, iid α {rate:g}"
+        if cfg.get("synthetic_bottom") is not None:
+            label += f" (middle → target), {cfg['synthetic_bottom']:g} (bottom → middle)"
+    elif isinstance(m.get("alpha"), (int, float)):
+        label = f"measured: α {m['alpha']:.2f} on {record.get('prompt_source') or 'prompts not recorded'}"
+    else:
+        label = "not recorded"
+    return label + (f"; {exp['acceptance']}" if exp.get("acceptance") else "")
+
+
 def decoding(exp: dict, record: dict) -> str:
     """Greedy or sampled, and the tokens generated, from the record's run config (else the experiment's)."""
     cfg = record.get("config") if isinstance(record.get("config"), dict) else exp["run"]
@@ -245,6 +313,40 @@ def rerun(exp: dict, record: dict) -> str:
     return " · rerun: " + when.split(":")[0]
 
 
+COMPANION = {"measured_speedup": ("measured_speedup_first_done", "first done"),
+             "measured_speedup_first_done": ("measured_speedup", "all reach")}
+
+
+def companion(exp: dict, record: dict) -> str:
+    """The other speedup of the same run (all reach beside first done, or the reverse), its spread and its γ, from
+    the record: a row states both conventions of the one configuration it reports."""
+    parent, _, name = exp["metric"].rpartition(".")
+    if name not in COMPANION:
+        return ""
+    other, label = COMPANION[name]
+    path = f"{parent}.{other}" if parent else other
+    value = value_of(record, path)
+    if not isinstance(value, (int, float)) or f"{value:.3f}" == f"{value_of(record, exp['metric']):.3f}":
+        return ""  # one sequence: the first to finish is every sequence
+    rounds = metric(record, path + "_rounds")
+    text = f"{label} {value:.3f}×"
+    if isinstance(rounds, list) and len(rounds) >= 3:
+        text += f" [{min(rounds):.3f}–{max(rounds):.3f}]"
+    gamma = metric(record, f"{parent}.gamma" if parent else "gamma")
+    return text + (f" (γ {gamma})" if isinstance(gamma, int) else "")
+
+
+def filled(text: str, record: dict) -> str:
+    """An experiment's free text with each {dotted.path:format} replaced by the record's value there ("not
+    recorded" where the record has none): a figure in a label is read from the record, never typed."""
+    def one(m):
+        value = metric(record, m.group(1))
+        if value is None:
+            return "not recorded"
+        return format(value, m.group(2) or "")
+    return re.sub(r"\{([\w.\"]+)(?::([^}]*))?\}", one, text)
+
+
 def table(experiments: list[dict]) -> str:
     """The README's headline table: one row per experiment, its value from the record it cites, the spread of its
     interleaved rounds, what differs from the paper's run (device, weights, acceptance, decoding, tokens), our own
@@ -259,10 +361,10 @@ def table(experiments: list[dict]) -> str:
         device = (f"{count} × " if count else "") + (env.get("gpu") or exp["device"])
         kind = "first done" if exp["metric"].endswith("first_done") else ""
         ours = f"**{value:.3f}×**" + (f" {kind}" if kind else "")
-        ours += f"; {exp['also']}" if exp.get("also") else ""
+        ours += "".join(f"; {part}" for part in (companion(exp, record), filled(exp.get("also", ""), record)) if part)
         check = verdict(exp, value)[1].split(":")[0]
         check = f"{check} (± {exp['tolerance']:.0%} of {exp['expected']})" + rerun(exp, record)
-        cells = [ours, spread(exp, record), device, exp.get("weights", "—"), exp.get("acceptance", "—"),
+        cells = [ours, spread(exp, record), device, weights(record), acceptance(exp, record),
                  decoding(exp, record), exp.get("prediction", "—"), check]
         lines.append("| " + " | ".join([exp["claim"], exp.get("paper", "—"), *cells, link]) + " |")
     return "\n".join(lines)

@@ -20,7 +20,6 @@ from magicdec import cost_model as cm
 from magicdec import heads
 from magicdec.config import ModelArgs
 from magicdec.drafters.eagle import Config, HeadShape, head_shape
-from magicdec.generate import prefill_features
 from magicdec.kv_cache import KVCache
 from magicdec.run_config import RunConfig
 from magicdec.tree import Tree, expected_tokens

@@ -34,35 +34,83 @@ def test_verdict_by_hand():
     assert reproduce.metric({"metrics": {"x": 1.5}}, "metrics.x") == 1.5 and reproduce.metric({}, "a.b") is None
 
 
-def test_the_headline_table_is_written_between_markers(tmp_path):
-    (tmp_path / "r.json").write_text(json.dumps({"metrics": {"x": 1.5}, "environment": {"gpu": "NVIDIA H100"}}))
-    (tmp_path / "experiments").mkdir()
+def table_of(tmp_path, record: dict, metric: str = "metrics.x", extra: str = "") -> str:
+    """The headline table written from one experiment citing `record`."""
+    (tmp_path / "r.json").write_text(json.dumps(record))
+    (tmp_path / "experiments").mkdir(exist_ok=True)
     exp_file = tmp_path / "experiments" / "e.toml"
-    exp_file.write_text('claim = "a claim"\ndevice = "H100"\nrecord = "r.json"\nmetric = "metrics.x"\n'
-                        'expected = 1.5\ntolerance = 0.05\nweights = "random"\n[run]\ndrafter = "lookup"\n')
+    exp_file.write_text(f'claim = "a claim"\ndevice = "H100"\nrecord = "r.json"\nmetric = "{metric}"\n'
+                        f'expected = 1.5\ntolerance = 0.05\n{extra}[run]\ndrafter = "lookup"\n')
     start, end = reproduce.README_MARKERS
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{start}\nold\n{end}\n\nafter\n")
     reproduce.write_table(readme, [reproduce.load(exp_file)])
     text = readme.read_text()
-    assert "old" not in text and text.endswith("after\n")
-    assert "| a claim | — | **1.500×** | single run, not interleaved | NVIDIA H100 | random | — | greedy | — | PASS" in text
+    assert "\nold\n" not in text and text.endswith("after\n")
+    return text
+
+
+def test_the_headline_table_is_written_between_markers(tmp_path):
+    """A record that says nothing of its weights or acceptance: those cells say "not recorded", never a typed
+    label; a record with rounds: their spread and the decoding its config names."""
+    text = table_of(tmp_path, {"metrics": {"x": 1.5}, "environment": {"gpu": "NVIDIA H100"}})
+    assert "| a claim | — | **1.500×** | single run, not interleaved | NVIDIA H100 | not recorded | not recorded " \
+           "| greedy | — | PASS" in text
     rounds = {"metrics": {"x": 1.5, "x_rounds": [1.4, 1.5, 1.6]}, "environment": {"gpu": "NVIDIA H100"},
               "config": {"temperature": 0.6, "top_p": 0.9, "gen_len": 256}}
-    (tmp_path / "r.json").write_text(json.dumps(rounds))
-    reproduce.write_table(readme, [reproduce.load(exp_file)])
-    assert "| **1.500×** | 1.400–1.600 (3 interleaved rounds) | NVIDIA H100 | random | — | sampled, T 0.6, top-p 0.9, " \
-           "256 tokens |" in readme.read_text()
+    assert "| **1.500×** | 1.400–1.600 (3 interleaved rounds) | NVIDIA H100 | not recorded | not recorded | sampled, " \
+           "T 0.6, top-p 0.9, 256 tokens |" in table_of(tmp_path, rounds)
     # the record's own rerun verdict, against the claim of its time: named when the claim has changed since
     for expected, shown in (("1.5", "PASS (± 5% of 1.5) · rerun: PASS |"),
                             ("2.3", "PASS (± 5% of 1.5) · rerun against the earlier claim 2.3: FAIL |")):
         verdict = f"{'PASS' if expected == '1.5' else 'FAIL'}: metrics.x = 1.5, expected {expected} ± 5% (...)"
-        (tmp_path / "r.json").write_text(json.dumps(rounds | {"reproduce": {"verdict": verdict}}))
-        reproduce.write_table(readme, [reproduce.load(exp_file)])
-        assert shown in readme.read_text(), readme.read_text()
+        text = table_of(tmp_path, rounds | {"reproduce": {"verdict": verdict}})
+        assert shown in text, text
+    readme = tmp_path / "README.md"
     readme.write_text("no markers")
     with pytest.raises(MagicDecError, match="no headline-table markers"):
-        reproduce.write_table(readme, [reproduce.load(exp_file)])
+        reproduce.write_table(readme, [reproduce.load(tmp_path / "experiments" / "e.toml")])
+
+
+def test_a_record_beyond_the_claims_tolerance_is_a_fail(tmp_path):
+    """The check compares the cited record with the experiment's claim: a record remade 10% lower fails it."""
+    assert "| PASS (± 5% of 1.5)" in table_of(tmp_path, {"metrics": {"x": 1.5}})
+    assert "| FAIL (± 5% of 1.5)" in table_of(tmp_path, {"metrics": {"x": 1.35}})
+
+
+def test_a_speedup_is_the_median_of_its_rounds_whatever_the_record_stored(tmp_path):
+    """Records made before the paired rule stored the ratio of the runs kept by seconds (TriForce's int4 row:
+    2.422, its rounds 2.262 / 2.422 / 2.280): the table reports the rounds' median, 2.280, and beside first done
+    the same run's all reach with its spread and gamma."""
+    record = {"metrics": {"measured_speedup": 2.422, "measured_speedup_rounds": [2.262, 2.422, 2.280]}}
+    assert "| **2.280×** | 2.262–2.422 (3 interleaved rounds) |" in table_of(tmp_path, record,
+                                                                              "metrics.measured_speedup")
+    both = {"metrics": {"gamma": 3, "measured_speedup_first_done": 1.9, "measured_speedup_first_done_rounds":
+                        [1.8, 1.9, 2.0], "measured_speedup": 1.5, "measured_speedup_rounds": [1.4, 1.6, 1.5]}}
+    assert "| **1.900×** first done; all reach 1.500× [1.400–1.600] (γ 3) |" in \
+        table_of(tmp_path, both, "metrics.measured_speedup_first_done")
+
+
+def test_labels_are_read_from_the_record(tmp_path):
+    """Weights, the kernels a quantized draft ran, the KV format and where α came from, each from the record; a
+    figure in free text is filled from the record too."""
+    record = {"metrics": {"x": 1.5, "T_D_over_T_T": 0.6412}, "random_weights": True,
+              "model_config": {"name": "meta-llama/Meta-Llama-3.1-8B"},
+              "config": {"synthetic_acceptance": 0.9, "synthetic_bottom": 0.6, "draft_weights": "int4",
+                         "draft_kv": "int8"},
+              "drafter_notes": {"draft_weights": {"kernels": [{"M": 1, "layers_by_kernel": {"tinygemm": 161}},
+                                                              {"M": 2, "layers_by_kernel": {"tinygemm": 161}}]}},
+              "draft_models": {"bottom": {"name": "JackFram/llama-68m"}}}
+    text = table_of(tmp_path, record, extra='also = "T_D/T_T {metrics.T_D_over_T_T:.2f}, {metrics.nothing}"\n'
+                                            'acceptance = "taken from a SmolLM2 run"\n')
+    assert "**1.500×**; T_D/T_T 0.64, not recorded |" in text
+    assert "| random, meta-llama/Meta-Llama-3.1-8B's and JackFram/llama-68m's shapes; the draft's weights int4 " \
+           "(tinygemm on 161 layers); the draft's KV int8 |" in text
+    assert "| synthetic, iid α 0.9 (middle → target), 0.6 (bottom → middle); taken from a SmolLM2 run |" in text
+    measured = {"metrics": {"x": 1.5, "alpha": 0.9024}, "random_weights": False,
+                "checkpoint": "/c/SmolLM2-135M-Instruct/model.pth", "prompt_source": "folder books (21 .txt books)"}
+    text = table_of(tmp_path, measured)
+    assert "| real: SmolLM2-135M-Instruct | measured: α 0.90 on folder books (21 .txt books) |" in text
 
 
 def test_an_experiment_runs_on_its_device_class_only():
