@@ -228,26 +228,37 @@ def ours_timer(ours: Ours, cfg: RunConfig | None = None, drafter=None, gamma=0):
     return once
 
 
+def common_prefix(tokens: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Per row, how many leading tokens equal our baseline's."""
+    t = min(tokens.shape[1], reference.shape[1])
+    return (tokens[:, :t].cpu() == reference[:, :t].cpu()).long().cumprod(1).sum(1)
+
+
 def agreement(tokens: torch.Tensor, reference: torch.Tensor) -> float:
     """The mean common prefix of each row with our baseline's, over its length (a method that stopped early agrees on
     fewer tokens)."""
-    t = min(tokens.shape[1], reference.shape[1])
-    same = (tokens[:, :t].cpu() == reference[:, :t].cpu()).long().cumprod(1).sum(1)
-    return float(same.float().mean()) / reference.shape[1]
+    return float(common_prefix(tokens, reference).float().mean()) / reference.shape[1]
+
+
+def clock(name: str) -> str:
+    """The clock a method's seconds were read on: each library's own (TIMING says how)."""
+    return TIMING["transformers" if name.startswith("transformers") else "magicdec"]
 
 
 def interleaved(timers: dict, rounds: int, ref, progress: bool) -> dict:
     """Each timer run once per round, the order reversed every other round (timing.timed_generations' rule), so
     every library meets the same state of the machine; per method its rates in round order, median, min and max,
     and its agreement with our baseline's tokens."""
-    names, rates, agree = list(timers), {n: [] for n in timers}, {}
+    names, rates, agree, agreed = list(timers), {n: [] for n in timers}, {}, {}
     for r in tqdm(range(rounds), desc="interleaved rounds", disable=not progress):
         for name in names if r % 2 == 0 else names[::-1]:
             tokens, m = timers[name]()
             rates[name].append(m["decode_tokens_per_s"])
             agree[name] = agreement(tokens, ref)
+            agreed[name] = [int(common_prefix(tokens, ref).min()), int(ref.shape[1])]
     return {n: {"tokens_per_s": v, "median": statistics.median(v), "min": min(v), "max": max(v),
-                "agreement_with_our_baseline": agree[n]} for n, v in rates.items()}
+                "agreement_with_our_baseline": agree[n], "tokens_equal_to_our_baseline": agreed[n],
+                "clock": clock(n)} for n, v in rates.items()}
 
 
 def ratios(result: dict, pairs: list[tuple[str, str]]) -> dict:
@@ -571,8 +582,9 @@ def print_table(records, summary):
             print(f"\nB = 1, prefix {r['prefix_len']}: {r['metrics']['rounds']} interleaved rounds, decode tokens/s "
                   "median [min-max] and ratios of the same rounds\n")
             for name, m in r["metrics"]["methods"].items():
-                print(f"- {name} {m['settings']}: {m['median']:.1f} [{m['min']:.1f}-{m['max']:.1f}], agreement "
-                      f"{m['agreement_with_our_baseline']:.3f}")
+                same, total = m["tokens_equal_to_our_baseline"]
+                print(f"- {name} {m['settings']}: {m['median']:.1f} [{m['min']:.1f}-{m['max']:.1f}]; its output equals "
+                      f"our baseline's for the first {same} of {total} tokens; clock: {m['clock']}")
             for name, m in r["metrics"]["ratios"].items():
                 print(f"- {name}: {m['median']:.2f}x [{m['min']:.2f}-{m['max']:.2f}]")
     # The issue's goal: our baseline >= 2x transformers' batched generate at B >= 8 and prefix >= 8K.

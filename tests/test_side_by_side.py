@@ -66,6 +66,11 @@ def check(summary: dict, hf) -> None:
     for m in methods.values():
         assert len(m["tokens_per_s"]) == 3 and m["min"] <= m["median"] <= m["max"]
         assert m["agreement_with_our_baseline"] == 1.0
+    gen_len = rounds["metrics"]["methods"]["ours: baseline"]["tokens_equal_to_our_baseline"][1]
+    for name, m in methods.items():  # fp32 on a CPU: both libraries agree on every token; each names its clock
+        assert m["tokens_equal_to_our_baseline"] == [gen_len, gen_len]
+        assert m["clock"].startswith("decode only: t(generate" if name.startswith("transformers") else
+                                     "decode only: timing.timed_generations")
     lookup = rounds["metrics"]["ratios"]["ours: prompt_lookup / ours: baseline"]
     per_round = lookup["per_round"]  # ratios() is checked by hand below; here: one per round, summarized
     assert len(per_round) == 3 and (lookup["min"], lookup["median"], lookup["max"]) == tuple(sorted(per_round))
@@ -122,3 +127,14 @@ def test_random_weights_side_by_side(tmp_path, monkeypatch):
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     check(summary, hf)
+
+
+def test_agreement_counts_the_leading_tokens_equal_to_our_baseline():
+    """Two rows parting from our baseline after 3 and 1 of 4 tokens: 3 and 1 equal leading tokens, mean 2 of 4."""
+    import torch
+
+    script = benchmark_script("transformers_side_by_side")
+    ref = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    tokens = torch.tensor([[1, 2, 3, 9], [5, 9, 7, 8]])
+    assert script.common_prefix(tokens, ref).tolist() == [3, 1]
+    assert script.agreement(tokens, ref) == 0.5
