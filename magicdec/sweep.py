@@ -42,6 +42,7 @@ import hashlib
 import itertools
 import json
 import math
+import statistics
 import sys
 import time
 import tomllib
@@ -314,15 +315,35 @@ def group_key(point: Point) -> tuple:
 def timing_entry(skip: int, seconds: float, decoder, counts) -> dict:
     """One decoder's timed generation on one batch, as a point keeps it until its last batch."""
     return {"skip_tokens": skip, "counts": counts.tolist(), "seconds": seconds, "stats": asdict(decoder.stats),
-            "round_s": decoder.round_seconds}
+            "round_s": decoder.round_seconds, "round_tokens": decoder.round_tokens}
 
 
 def combined(timings: list[dict]):
-    """(counts, seconds, stats, round seconds) over several batches' timings: each batch's sequences side by side,
-    seconds summed, stats combined (Stats.combine), the rounds one batch after another."""
+    """(counts, seconds, stats, round seconds, round rates) over several batches' timings: each batch's sequences
+    side by side, seconds summed, stats combined (Stats.combine), the rounds one batch after another; round r's
+    rates are the tokens every batch decoded in its round r over their seconds (all reach and first done), so that
+    a speedup pairs round r of the drafter with round r of the baseline."""
     counts = torch.tensor([c for t in timings for c in t["counts"]])
     stats = Stats.combine([Stats(**t["stats"]) for t in timings])
-    return counts, sum(t["seconds"] for t in timings), stats, [r for t in timings for r in t["round_s"]]
+    # rounds past the fewest batches' count are left out; timings kept by an older version have no round counts
+    per_round = list(zip(*[t["round_tokens"] for t in timings])) if all(t.get("round_tokens") for t in timings) else []
+
+    rates = []
+    for r in per_round:
+        every_first = all(x[3] for x in r)  # first done needs every batch's first-done span
+        rates.append(timing.rates_of(sum(x[0] for x in r), sum(x[1] for x in r),
+                                     sum(x[2] for x in r) if every_first else None,
+                                     sum(x[3] for x in r) if every_first else None))
+    return counts, sum(t["seconds"] for t in timings), stats, [r for t in timings for r in t["round_s"]], rates
+
+
+def batch_speedup(timing_of: dict) -> float:
+    """One batch's speedup: the median of its rounds' ratios to the baseline's (its kept runs' seconds where the
+    timing has no round counts)."""
+    rounds = met.round_speedups({"round_tokens_per_s": [r[0] for r in combined([timing_of])[4]]},
+                                {"round_tokens_per_s": [r[0] for r in combined([timing_of["baseline"]])[4]]})
+    ratios = rounds.get("measured_speedup_rounds")
+    return statistics.median(ratios) if ratios else timing_of["baseline"]["seconds"] / timing_of["seconds"]
 
 
 def spread_of(records) -> float | None:
@@ -683,8 +704,8 @@ class Sweep:
             cfg = planned(cfg, partial["planner"])
             point = replace(point, cfg=cfg)
         timings = partial["batches"]
-        counts, secs, stats, round_s = combined(timings)
-        m = met.generation_metrics(counts, secs, w.B, stats, round_s)
+        counts, secs, stats, round_s, rates = combined(timings)
+        m = met.generation_metrics(counts, secs, w.B, stats, round_s, rates)
         rec = self.meta(point)
         if point.method == "baseline":
             m.update(met.bandwidth_metrics(self.engine.target, self.engine.target_config, w.B, w.prefix_len, w.gen_len,
@@ -695,8 +716,8 @@ class Sweep:
             return rec | {"device_model": vars(self.cost_device), "metrics": m, "batches": [
                 {"skip_tokens": t["skip_tokens"], "decode_s": t["seconds"], "iterations": t["stats"]["iterations"]}
                 for t in timings]}
-        b_counts, b_secs, b_stats, b_round_s = combined([t["baseline"] for t in timings])
-        paired = met.generation_metrics(b_counts, b_secs, w.B, b_stats, b_round_s)
+        b_counts, b_secs, b_stats, b_round_s, b_rates = combined([t["baseline"] for t in timings])
+        paired = met.generation_metrics(b_counts, b_secs, w.B, b_stats, b_round_s, b_rates)
         gamma = rec["gamma"] or 0
         m.update(met.speculation_metrics(m, stats, paired, gamma))
         m["draft_prefill_s"] = timings[0].get("draft_prefill_s")
@@ -706,7 +727,7 @@ class Sweep:
             s = Stats(**t["stats"])
             per_batch.append({"skip_tokens": t["skip_tokens"], "decode_s": t["seconds"],
                               "baseline_decode_s": t["baseline"]["seconds"],
-                              "measured_speedup": t["baseline"]["seconds"] / t["seconds"], "iterations": s.iterations,
+                              "measured_speedup": batch_speedup(t), "iterations": s.iterations,
                               "alpha": s.alpha, "gamma_use": s.policy and s.policy["iterations_per_gamma"]})
         return rec | {"baseline_metrics": paired, "planner": partial.get("planner"),
                       "auto_gamma_profile_s": partial.get("auto_gamma_profile_s"), "metrics": m, "batches": per_batch}

@@ -47,7 +47,8 @@ def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int
     def finish(i: int) -> None:
         decoder, runs_of = decoders[i], timings[i]
         decoder.round_seconds = [r[0] for r in runs_of]
-        decoder.round_rates = [round_rates(*r) for r in runs_of]
+        decoder.round_tokens = [round_tokens(*r) for r in runs_of]
+        decoder.round_rates = [rates_of(*r) for r in decoder.round_tokens]
         # the median by rate, not by seconds: sampled rounds that stop early decode fewer tokens in fewer seconds
         by_rate = sorted(range(len(runs_of)), key=lambda k: decoder.round_rates[k][0] or 0.0)
         seconds, decoder.stats, out, counts = runs_of[by_rate[(len(runs_of) - 1) // 2]]
@@ -72,13 +73,23 @@ def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int
     return results
 
 
-def round_rates(seconds: float, stats, out, counts) -> tuple[float | None, float | None]:
-    """One run's decode tokens/s, all reach and first done (metrics.speculation_metrics' conventions: each
-    sequence's prefill token is not decoded)."""
-    decoded = int((counts - 1).sum())
+def round_tokens(seconds: float, stats, out, counts) -> tuple[int, float, int | None, float | None]:
+    """One run's decoded tokens and seconds, all reach and first done (metrics.speculation_metrics' conventions:
+    each sequence's prefill token is not decoded): what rates over several batches sum."""
     first = stats.first_done or {}
-    first_rate = (first["tokens"] - len(counts)) / first["seconds"] if first.get("seconds") else None
-    return (decoded / seconds if decoded and seconds else None), first_rate
+    return (int((counts - 1).sum()), seconds, first["tokens"] - len(counts) if first.get("seconds") else None,
+            first.get("seconds") or None)
+
+
+def rates_of(decoded: int, seconds: float, first_decoded, first_seconds) -> tuple[float | None, float | None]:
+    """Decode tokens/s, all reach and first done, of round_tokens' counts."""
+    return (decoded / seconds if decoded and seconds else None), (first_decoded / first_seconds if first_seconds
+                                                                  else None)
+
+
+def round_rates(seconds: float, stats, out, counts) -> tuple[float | None, float | None]:
+    """One run's decode tokens/s, all reach and first done."""
+    return rates_of(*round_tokens(seconds, stats, out, counts))
 
 
 def timed_as_configured(decoders, cfg, cache, first, prev, eos):

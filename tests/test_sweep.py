@@ -768,3 +768,20 @@ def test_a_source_too_small_for_a_point_is_said_before_anything_loads(tmp_path, 
     assert "point baseline_P100_B8_greedy: " in str(e.value), str(e.value)
     assert "prompts of prefix_len 100 after skipping 0 tokens per document, but batch_size 8 were asked for" in \
         str(e.value), str(e.value)
+
+
+def test_a_points_rounds_pair_across_batches_by_hand():
+    """Over two batches, round r's rate is the tokens both batches decoded in their round r over their seconds; a
+    batch's speedup is the median of its rounds' ratios. Worked out by hand: batch 1 rounds (100 tok, 1 s), (80 tok,
+    1 s), (100 tok, 2 s); batch 2 (50 tok, 1 s) each; baseline 50 tok in 1 s every round of both."""
+    def entry(rounds, first=None):
+        return {"counts": [1], "seconds": rounds[0][1], "stats": dataclasses.asdict(sweep.Stats(gamma=1)), "round_s": [r[1] for r in rounds],
+                "round_tokens": [(d, s, *(first or (None, None))) for d, s in rounds]}
+
+    b1 = entry([(100, 1.0), (80, 1.0), (100, 2.0)], first=(30, 0.25)) | {
+        "baseline": entry([(50, 1.0)] * 3, first=(20, 0.5))}
+    b2 = entry([(50, 1.0)] * 3, first=(10, 0.25)) | {"baseline": entry([(50, 1.0)] * 3, first=(20, 0.5))}
+    rates = sweep.combined([b1, b2])[4]
+    assert rates == [(75.0, 80.0), (65.0, 80.0), (50.0, 80.0)]  # (150 / 2, 40 / 0.5), (130 / 2, ...), (150 / 3, ...)
+    assert sweep.batch_speedup(b1) == 1.6  # ratios 2.0, 1.6, 1.0
+    assert sweep.combined([b1, entry([(50, 1.0)])])[4] == [(75.0, None)]  # one round in both; no first-done span
