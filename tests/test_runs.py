@@ -632,6 +632,8 @@ def test_several_gammas_in_one_run(tiny, jsonl, tiny_baseline):
         assert paired["iterations"] == GEN - 1 and paired["generated_tokens"] == gm["generated_tokens"]  # plain, same tokens
         assert gm["measured_speedup"] == pytest.approx(gm["decode_tokens_per_s"] / paired["decode_tokens_per_s"])
     assert m["measured_speedup"] == max(gm["measured_speedup"] for gm in sweep.values())
+    assert m["gamma_chosen_by"] == "best of 3 gammas by the all-reach speedup, each timed in its own rounds with the " \
+                                   "baseline"
     assert sweep[str(m["gamma"])]["decode_s"] == m["decode_s"]
     assert record["baseline_metrics"] == sweep[str(m["gamma"])]["paired_baseline"] and "paired_baseline" not in m
     assert_lossless(record, tiny_baseline)
