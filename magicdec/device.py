@@ -183,7 +183,8 @@ def environment(device: torch.device) -> dict:
     import transformers
 
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-           "device": str(device), "host": platform.node(), "code": code_version()}
+           "device": str(device), "host": platform.node(), "code": code_version(),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
         env["cuda"] = torch.version.cuda

@@ -307,10 +307,12 @@ def rerun(exp: dict, record: dict) -> str:
     when = (record.get("reproduce") or {}).get("verdict")
     if not when:
         return ""
+    date = (record.get("environment") or {}).get("date")
+    on = f" ({date[:10]})" if date else " (date not recorded)"
     then = re.search(r"expected (\S+) ±", when)
     if when.startswith("FAIL") and then and float(then.group(1)) != float(f"{exp['expected']:.4g}"):
-        return f" · rerun against the earlier claim {then.group(1)}: {when.split(':')[0]}"
-    return " · rerun: " + when.split(":")[0]
+        return f" · rerun{on} against the earlier claim {then.group(1)}: {when.split(':')[0]}"
+    return f" · rerun{on}: " + when.split(":")[0]
 
 
 COMPANION = {"measured_speedup": ("measured_speedup_first_done", "first done"),

@@ -61,11 +61,14 @@ def test_the_headline_table_is_written_between_markers(tmp_path):
     assert "| **1.500×** | 1.400–1.600 (3 interleaved rounds) | NVIDIA H100 | not recorded | not recorded | sampled, " \
            "T 0.6, top-p 0.9, 256 tokens |" in table_of(tmp_path, rounds)
     # the record's own rerun verdict, against the claim of its time: named when the claim has changed since
-    for expected, shown in (("1.5", "PASS (± 5% of 1.5) · rerun: PASS |"),
-                            ("2.3", "PASS (± 5% of 1.5) · rerun against the earlier claim 2.3: FAIL |")):
+    for expected, shown in (("1.5", "PASS (± 5% of 1.5) · rerun (date not recorded): PASS |"),
+                            ("2.3", "PASS (± 5% of 1.5) · rerun (date not recorded) against the earlier claim 2.3: "
+                                    "FAIL |")):
         verdict = f"{'PASS' if expected == '1.5' else 'FAIL'}: metrics.x = 1.5, expected {expected} ± 5% (...)"
         text = table_of(tmp_path, rounds | {"reproduce": {"verdict": verdict}})
         assert shown in text, text
+    dated = rounds | {"reproduce": {"verdict": "PASS: ..."}, "environment": {"date": "2026-11-27T16:20:00Z"}}
+    assert "· rerun (2026-11-27): PASS |" in table_of(tmp_path, dated)
     readme = tmp_path / "README.md"
     readme.write_text("no markers")
     with pytest.raises(MagicDecError, match="no headline-table markers"):
