@@ -338,15 +338,20 @@ def companion(exp: dict, record: dict) -> str:
     return text + (f" (γ {gamma})" if isinstance(gamma, int) else "")
 
 
-def filled(text: str, record: dict) -> str:
-    """An experiment's free text with each {dotted.path:format} replaced by the record's value there ("not
-    recorded" where the record has none): a figure in a label is read from the record, never typed."""
+def filled(text: str, record: dict, root: Path | None = None) -> str:
+    """An experiment's free text with each {dotted.path:format} replaced by the record's value there, and each
+    {FILE.json#dotted.path:format} by that committed JSON file's (relative to the repository, `root`); "not
+    recorded" where there is none: a figure in a label is read from a record, never typed."""
     def one(m):
-        value = metric(record, m.group(1))
-        if value is None:
-            return "not recorded"
-        return format(value, m.group(2) or "")
-    return re.sub(r"\{([\w.\"]+)(?::([^}]*))?\}", one, text)
+        source = record
+        if m.group(1):
+            try:
+                source = json.loads(((root or Path.cwd()) / m.group(1)).read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                return "not recorded"
+        value = metric(source, m.group(2))
+        return "not recorded" if value is None else format(value, m.group(3) or "")
+    return re.sub(r"\{(?:([\w./-]+\.json)#)?([\w.\"-]+)(?::([^}]*))?\}", one, text)
 
 
 def table(experiments: list[dict]) -> str:
@@ -363,11 +368,13 @@ def table(experiments: list[dict]) -> str:
         device = (f"{count} × " if count else "") + (env.get("gpu") or exp["device"])
         kind = "first done" if exp["metric"].endswith("first_done") else ""
         ours = f"**{value:.3f}×**" + (f" {kind}" if kind else "")
-        ours += "".join(f"; {part}" for part in (companion(exp, record), filled(exp.get("also", ""), record)) if part)
+        root = Path(exp["path"]).resolve().parent.parent
+        ours += "".join(f"; {part}" for part in (companion(exp, record), filled(exp.get("also", ""), record, root))
+                        if part)
         check = verdict(exp, value)[1].split(":")[0]
         check = f"{check} (± {exp['tolerance']:.0%} of {exp['expected']})" + rerun(exp, record)
         cells = [ours, spread(exp, record), device, weights(record), acceptance(exp, record),
-                 decoding(exp, record), exp.get("prediction", "—"), check]
+                 decoding(exp, record), filled(exp.get("prediction", "—"), record, root), check]
         lines.append("| " + " | ".join([exp["claim"], exp.get("paper", "—"), *cells, link]) + " |")
     return "\n".join(lines)
 

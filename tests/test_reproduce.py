@@ -110,6 +110,10 @@ def test_labels_are_read_from_the_record(tmp_path):
     assert "| random, meta-llama/Meta-Llama-3.1-8B's and JackFram/llama-68m's shapes; the draft's weights int4 " \
            "(tinygemm on 161 layers); the draft's KV int8 |" in text
     assert "| synthetic, iid α 0.9 (middle → target), 0.6 (bottom → middle); taken from a SmolLM2 run |" in text
+    (tmp_path / "pred.json").write_text(json.dumps([{"tp8": {"first_done": 1.7317}}]))
+    text = table_of(tmp_path, record, extra='prediction = "{pred.json#0.tp8.first_done:.2f}× at TP = 8, '
+                                            '{gone.json#0.x:.2f}"\n')
+    assert "| 1.73× at TP = 8, not recorded |" in text
     measured = {"metrics": {"x": 1.5, "alpha": 0.9024}, "random_weights": False,
                 "checkpoint": "/c/SmolLM2-135M-Instruct/model.pth", "prompt_source": "folder books (21 .txt books)"}
     text = table_of(tmp_path, measured)
