@@ -152,3 +152,19 @@ def test_offloaded_target_two_ranks(tmp_path):
     one, two = same_tokens(tmp_path, "selfspec_benchmark.py", *LLAMA68M, "--streamingllm_budget", "64", "--gamma", "3",
                            "--offload", "--on_chip", "1")
     assert two["offload"]["offloaded_layers"] == 1
+
+
+def test_a_shard_of_random_weights_holds_only_its_slices():
+    """Random weights are made whole and sliced per rank: every tensor a rank keeps owns exactly its own bytes (a
+    slice kept as a view kept the whole tensor, so each rank held the whole model beside its shard); the slices'
+    values are test_shards_reassemble_every_tensor's."""
+    from magicdec.model import build_model
+
+    args = ModelArgs(vocab_size=101, dim=48, n_layers=2, n_heads=6, n_kv_heads=2, intermediate_size=50)
+    shard = tp.Shard(1, 2, None, tp.even_split(2, 2, 1), tp.even_split(50, 2, 1), tp.even_split(101, 2, 1), 51)
+    part = build_model(args, "cpu", torch.float32, random_seed=3, shard=shard)
+    whole = sum(t.numel() for t in build_model(args, "cpu", torch.float32, random_seed=3).state_dict().values())
+    kept = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in part.state_dict().values()}
+    for name, t in part.state_dict().items():
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), name
+    assert sum(kept.values()) < 0.7 * whole * 4  # half the layers' matrices, the embeddings and norms whole
