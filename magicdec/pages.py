@@ -12,9 +12,10 @@ must equal, at its printed precision, what its records hold or derive by the pro
 A page's records are the JSON files under its folder and those it links (`[text](path)` or `` `path` ``: a record,
 a folder of them, or another page, whose folder then counts).
 
-Exempt, by a narrow rule, a figure whose clause (the text between `|`, `;` and sentence ends) names another source or
-a model: the word "paper", a peer's name followed by ":" or "≈" ("MagicDec: 1.84×", "QuantSpec ≈ 2.5×"), "predict"
-(predicted, prediction) or "cost model"; and a bound, a figure written after "≥", "≤", "<" or ">" (a goal).
+Exempt, by a narrow rule: a figure written after, in its clause (the text between `|`, `;` and sentence ends), the
+name of another source or of a model: the word "paper", a peer's name followed by ":" or "≈" ("MagicDec: 1.84×",
+"QuantSpec ≈ 2.5×"), "predict" (predicted, prediction) or "cost model"; and a bound, a figure written right after "≥",
+"≤", "<" or ">" (a goal). A figure before such a name is checked: "1.84× (the paper's)" is not exempt.
 
     python -m magicdec.pages results/heads/README.md   # each figure no record backs, with its line
 """
@@ -28,7 +29,7 @@ import sys
 from pathlib import Path
 
 FIGURE = re.compile(r"(?<![\d.])(\d+\.\d+)(?:–(\d+\.\d+))?×")
-RANGE = re.compile(r"(?:(?<![\d.])(\d+\.\d+)×?\**\s*)?\[(\d+\.\d+)–(\d+\.\d+)[\],]")
+RANGE = re.compile(r"(?:(?<![\d.])(\d+\.\d+)×?\**\s*)?\[(?:rounds )?(\d+\.\d+)–(\d+\.\d+)[\],]")
 CLAUSE = re.compile(r"\||;|\.\s")
 EXEMPT = re.compile(r"\bpaper|predict|cost model|\b(?:MagicDec|TriForce|Spec-Bench|QuantSpec|Sequoia|EAGLE|Medusa|"
                     r"Hydra|LongSpec|REST|Lookahead|SnapKV|StreamingLLM|PLD)\s*[:≈]", re.IGNORECASE)
@@ -129,17 +130,17 @@ def unbacked(page: Path, root: Path, lines: list[str] | None = None) -> list[tup
     out = []
     for line in [ln for ln in text.splitlines() if ln.lstrip().startswith("|")] if lines is None else lines:
         for clause in CLAUSE.split(line):
-            if EXEMPT.search(clause):
-                continue
             medians = set()
             for m in RANGE.finditer(clause):
                 median, lo, hi = m.groups()
                 medians.add(m.start(1))
+                if EXEMPT.search(clause[:m.start()]):
+                    continue
                 if not any(printed(min(r), lo) == lo and printed(max(r), hi) == hi and
                            (median is None or printed(statistics.median(r), median) == median) for r in lists):
                     out.append((f"{median + ' ' if median else ''}[{lo}–{hi}]", line))
             for m in FIGURE.finditer(clause):
-                if m.start() in medians or BOUND.search(clause[:m.start()]):
+                if m.start() in medians or EXEMPT.search(clause[:m.start()]) or BOUND.search(clause[:m.start()]):
                     continue
                 out += [(x, line) for x in m.groups() if x and not any(printed(v, x) == x for v in held)]
     return out
