@@ -8,7 +8,8 @@ must equal, at its printed precision, what its records hold or derive by the pro
   baseline's `round_s` over the run's, rounds that decoded the same tokens); the runs of one interleaved call
   (sibling entries each with a `tokens_per_s` list of its rounds), each one's rates and any two's ratios round by
   round. A range is such a list's min and max, and a figure written just before it is the same list's median;
-- a single figure: a number under a key naming a speedup (not a prediction's), or any round, median, min or max above.
+- a single figure: a number under a key naming a speedup or another ratio (`T_V_over_T_T`, `vs_bf16`; not a
+  prediction's), or any round, median, min or max above.
 A page's records are the JSON files under its folder and those it links (`[text](path)` or `` `path` ``: a record,
 a folder of them, or another page, whose folder then counts).
 
@@ -34,6 +35,7 @@ CLAUSE = re.compile(r"\||;|\.\s")
 EXEMPT = re.compile(r"\bpaper|predict|cost model|\b(?:MagicDec|TriForce|Spec-Bench|QuantSpec|Sequoia|EAGLE|Medusa|"
                     r"Hydra|LongSpec|REST|Lookahead|SnapKV|StreamingLLM|PLD)\s*[:≈]", re.IGNORECASE)
 BOUND = re.compile(r"[≥≤<>]\s*\**\s*$")
+RATIO = re.compile(r"speedup|ratio|_over_|(?:^|_)vs_")  # a key holding a speedup or another ratio
 LINK = re.compile(r"\]\(([^)\s#]+)\)|`([^`\s]+)`")
 
 
@@ -71,15 +73,16 @@ def rounds(record) -> list[list[float]]:
     return out
 
 
-def singles(record, inside: str = "") -> list[float]:
-    """Every speedup a record stores (not a prediction's: a key or a parent naming one or the cost model)."""
+def singles(record) -> list[float]:
+    """Every speedup or other ratio a record stores (not a prediction's: a key or a parent naming one or the cost
+    model)."""
     out = []
     if isinstance(record, dict):
         for key, value in record.items():
             key = str(key).lower()
             if "predict" in key or key == "cost_model":
                 continue
-            if "speedup" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if RATIO.search(key) and isinstance(value, (int, float)) and not isinstance(value, bool):
                 out.append(float(value))
             out += singles(value)
     elif isinstance(record, list):

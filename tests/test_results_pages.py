@@ -34,6 +34,15 @@ def test_the_readme_figures_beside_its_table_come_from_the_records_it_links():
     assert not bad, "\n".join(f"{figure}: {line[:200]}" for figure, line in bad)
 
 
+def test_the_results_page_opening_comes_from_the_records_it_links():
+    """results/RESULTS.md: its sections are `magicdec report`'s; what is written above them by hand is checked."""
+    page = REPO / "results" / "RESULTS.md"
+    opening = page.read_text(encoding="utf-8").split("<!-- head -->", 1)[0].splitlines()
+    assert sum(len(pages.FIGURE.findall(line)) for line in opening) >= 2
+    bad = pages.unbacked(page, REPO, opening)
+    assert not bad, "\n".join(f"{figure}: {line[:200]}" for figure, line in bad)
+
+
 EXPERIMENTS = [reproduce.load(p) for p in sorted((REPO / "experiments").glob("*.toml"))]
 
 
