@@ -12,14 +12,10 @@ from magicdec import pages, reproduce
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = sorted((REPO / "results").glob("*/README.md"))
-SUPERSEDED: dict[str, str] = {}  # a page's folder: why its figures are not checked (the page says so at its top)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.parent.name for p in PAGES])
 def test_each_results_page_figure_comes_from_its_records(page):
-    if page.parent.name in SUPERSEDED:
-        assert "superseded" in page.read_text(encoding="utf-8")[:600].lower(), SUPERSEDED[page.parent.name]
-        return
     bad = pages.unbacked(page, REPO)
     assert not bad, "\n".join(f"{figure}: {line[:200]}" for figure, line in bad)
 
