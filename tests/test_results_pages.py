@@ -102,6 +102,7 @@ def test_only_named_sources_models_and_bounds_are_exempt(tmp_path):
     exempt = "| a | MagicDec: 1.84× (A100); QuantSpec ≈ 2.5×; the paper's 2.2×; predicted 1.73×; goal ≥ 1.8× |"
     assert page_with(tmp_path, rec, exempt) == []
     assert page_with(tmp_path, rec, "| MagicDec's convention | 1.84× |") == ["1.84"]
+    assert page_with(tmp_path, rec, "| a | Hydra: 1.84× |") == ["1.84"]  # a drafter's name is no source
     assert page_with(tmp_path, rec, "| a | 1.84× (as the paper's 2.2×) |") == ["1.84"]  # ours, before the source
     assert page_with(tmp_path, rec, "| a | ≈ 1.84× |") == ["1.84"]
 
