@@ -42,7 +42,8 @@ LINK = re.compile(r"\]\(([^)\s#]+)\)|`([^`\s]+)`")
 
 
 def numbers(value) -> list[float] | None:
-    if isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+    if isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                 for v in value):
         return [float(v) for v in value]
     return None
 
