@@ -309,6 +309,9 @@ def rerun(exp: dict, record: dict) -> str:
         return ""
     date = (record.get("environment") or {}).get("date")
     on = f" ({date[:10]})" if date else " (date not recorded)"
+    judged = re.match(r"\w+: (\S+) (=|is missing)", when)
+    if judged and judged.group(1) != exp["metric"]:  # the experiment names another metric since
+        on += f" of {judged.group(1)}"
     then = re.search(r"expected (\S+) ±", when)
     if when.startswith("FAIL") and then and float(then.group(1)) != float(f"{exp['expected']:.4g}"):
         return f" · rerun{on} against the earlier claim {then.group(1)}: {when.split(':')[0]}"

@@ -69,6 +69,8 @@ def test_the_headline_table_is_written_between_markers(tmp_path):
         assert shown in text, text
     dated = rounds | {"reproduce": {"verdict": "PASS: ..."}, "environment": {"date": "2026-11-27T16:20:00Z"}}
     assert "· rerun (2026-11-27): PASS |" in table_of(tmp_path, dated)
+    other = rounds | {"reproduce": {"verdict": "PASS: metrics.y = 1.5, expected 1.5 ± 5% (...)"}}
+    assert "· rerun (date not recorded) of metrics.y: PASS |" in table_of(tmp_path, other)  # it judged another metric
     readme = tmp_path / "README.md"
     readme.write_text("no markers")
     with pytest.raises(MagicDecError, match="no headline-table markers"):
