@@ -78,8 +78,8 @@ def parse(argv=None):
                    help="the target's shapes (magicdec/config.py KNOWN_MODELS); random weights")
     p.add_argument("--draft_name", default="meta-llama/Llama-3.2-1B",
                    help="the draft's shapes, random weights; the target's name drafts with the target's own weights")
-    p.add_argument("--prefix_lens", type=int, nargs="*", default=[4096, 32768], help="plain decoding at these (none: "
-                                                                                   "speculative only)")
+    p.add_argument("--prefix_lens", type=int, nargs="*", default=[4096, 32768],
+                   help="plain decoding at these (none: speculative only)")
     p.add_argument("--speculative_prefix_lens", type=int, nargs="*", default=[32768],
                    help="speculative decoding at these (none: plain only)")
     p.add_argument("--gen_len", type=int, default=128, help="tokens per run, the prefill's first included")
