@@ -618,6 +618,23 @@ def checkout(folder: Path, commit: str | None, flag: str) -> dict:
     return {"path": folder, "commit": commit, "commit_source": source}
 
 
+def cloned_decode_loop(older: "GptFast") -> str:
+    """The earlier checkout's speculative_decode drives its draft through decode_n_tokens, whose loop feeds each
+    step's output straight back as the next input (`cur_token = next_token.view(1, -1)`); under torch 2.11's
+    CUDA-graph trees the next replay overwrites that output and the run fails. gpt-fast's later decode_n_tokens clones
+    it (`cur_token = next_token.clone()`, with its batched shapes); the same clone, and nothing else, is made here in
+    the earlier loop: one edit of ours, recorded."""
+    import inspect
+
+    before = "cur_token = next_token.view(1, -1)"
+    text = inspect.getsource(older.generate.decode_n_tokens)
+    if before not in text:
+        return "unchanged (its loop has no `" + before + "`)"
+    exec(compile(text.replace(before, before + ".clone()"), str(older.folder / "generate.py"), "exec"),
+         older.generate.__dict__)
+    return f"one edit of ours: `{before}` -> `{before}.clone()` (gpt-fast's later loop clones it too)"
+
+
 def main(argv=None) -> dict:
     start = time.perf_counter()
     cli = parse(argv)
@@ -641,6 +658,8 @@ def main(argv=None) -> dict:
     drivers = {"plain": GptFast(source["plain"]["path"], model, "plain")}
     drivers["speculative"] = drivers["plain"] if source["speculative"] is source["plain"] else GptFast(
         source["speculative"]["path"], model, "speculative")
+    if drivers["speculative"] is not drivers["plain"]:
+        source["speculative"]["decode_n_tokens"] = cloned_decode_loop(drivers["speculative"])
     # magicdec's side as `magicdec run` times it: random weights, greedy, EOS ignored (gpt-fast never stops at one),
     # CUDA graphs, its fused kernels and its attention backend
     options = {"model_name": cli.model_name, "random_weights": True, "B": 1, "gen_len": cli.gen_len,

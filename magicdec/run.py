@@ -209,8 +209,8 @@ LEGEND = {"omega_effective": "tokens per verification of the whole batch (stragg
           "T_D_over_T_T": "a draft step over a baseline step", "T_V_over_T_T": "a verification over a baseline step",
           "predicted_speedup": "Omega / (gamma T_D/T_T + T_V/T_T), from the measured ratios",
           "predicted_speedup_effective": "the same with Omega_eff",
-          "measured_speedup": "every sequence reaches gen_len (the median of the rounds' ratios to the baseline)",
-          "measured_speedup_first_done": "stopped when the first sequence is done (MagicDec's convention; the same)"}
+          "measured_speedup": "every sequence reaches gen_len",
+          "measured_speedup_first_done": "stopped when the first sequence is done (MagicDec's convention)"}
 
 
 def print_summary(cfg: RunConfig, record: dict) -> None:
@@ -253,7 +253,8 @@ def print_summary(cfg: RunConfig, record: dict) -> None:
             if key in m:
                 spread = m.get(f"{key}_range")
                 rows.append((f"{key} ({LEGEND[key]})", m[key] if not spread else
-                             f"{m[key]:.4g} [{spread[0]:.4g}-{spread[1]:.4g} over {len(m[f'{key}_rounds'])} rounds]"))
+                             f"{m[key]:.4g}, the median of {len(m[f'{key}_rounds'])} rounds' ratios "
+                             f"[{spread[0]:.4g}-{spread[1]:.4g}]"))
         if cfg.speculation.synthetic_acceptance is not None:
             rows.append(("synthetic acceptance", cfg.speculation.synthetic_acceptance))
         for g, gm in record.get("gamma_sweep", {}).items():
