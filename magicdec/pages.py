@@ -7,7 +7,8 @@ must equal, at its printed precision, what its records hold or derive by the pro
   run over its baseline of the same round (`metrics` over `baseline_metrics`: `round_tokens_per_s`, else the
   baseline's `round_s` over the run's, rounds that decoded the same tokens); the runs of one interleaved call
   (sibling entries each with a `tokens_per_s` list of its rounds), each one's rates and any two's ratios round by
-  round. A range is such a list's min and max, and a figure written just before it is the same list's median;
+  round; a ratio stored with its rounds (`{"per_round": [...]}` under a key naming a ratio). A range is such a
+  list's min and max, and a figure written just before it is the same list's median;
 - a single figure: a number under a key naming a speedup or another ratio (`T_V_over_T_T`, `vs_bf16`; not a
   prediction's), or any round, median, min or max above.
 A page's records are the JSON files under its folder and those it links (`[text](path)` or `` `path` ``: a record,
@@ -69,6 +70,9 @@ def rounds(record) -> list[list[float]]:
         for key, value in record.items():
             if "speedup" in str(key).lower() and numbers(value) and len(value) > 1:
                 out.append(numbers(value))
+            if RATIO.search(str(key).lower()) and isinstance(value, dict) and len(numbers(value.get("per_round")) or
+                                                                                   []) > 1:
+                out.append(numbers(value["per_round"]))  # a ratio stored with its rounds: {"per_round": [...], ...}
             out += rounds(value)
     elif isinstance(record, list):
         for value in record:

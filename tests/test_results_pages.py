@@ -87,6 +87,10 @@ def test_rounds_paired_with_the_baselines_rounds(tmp_path):
     interleaved = {"results/p/r.json": {"methods": {"a": {"tokens_per_s": [30.0, 22.0, 21.0]},
                                                     "b": {"tokens_per_s": [15.0, 20.0, 15.0]}}}}
     assert page_with(tmp_path, interleaved, "| a | 1.4× [1.1–2.0]; 0.71× [0.50–0.91]; 22.0 [21.0–30.0] |") == []
+    stored = {"results/p/r.json": {"a_over_b": {"per_round": [1.1, 1.4, 2.0], "median": 1.4}}}
+    assert page_with(tmp_path, stored, "| a | 1.4× [1.1–2.0] |") == []
+    assert page_with(tmp_path, {"results/p/r.json": {"a_and_b": {"per_round": [1.1, 1.4, 2.0]}}},
+                     "| a | 1.4× [1.1–2.0] |") == ["1.4 [1.1–2.0]"]  # rounds under a key that names no ratio
 
 
 def test_a_figure_is_a_stored_speedup_at_its_printed_precision(tmp_path):
