@@ -34,8 +34,7 @@ from magicdec import device as dev
 from magicdec import files
 from magicdec import metrics as met
 from magicdec.checkpoint import _hf_name, load_state_dict
-from magicdec.config import ModelArgs
-from magicdec.drafters.model_draft import appended_for
+from magicdec.config import appended_for, ModelArgs
 from magicdec.engine import Engine, first_tokens
 from magicdec.generate import decode
 from magicdec.model import from_state_dict

@@ -27,7 +27,7 @@ from magicdec import drafters
 from magicdec import metrics as met
 from magicdec import options as opt
 from magicdec import timing
-from magicdec.config import ModelArgs, check_context
+from magicdec.config import appended_for, check_context, ModelArgs
 from magicdec.engine import Engine, first_tokens
 from magicdec.errors import MagicDecError
 from magicdec.run import write_record
@@ -186,7 +186,7 @@ def side_by_side(a, base: dict, target: RunConfig, engine: Engine, profile, foun
     engine.load_target()
     queries = max((v["cfg"].drafter.prefill_queries(v["cfg"]) for v in runnable), default=0)
     ahead = max((v["cfg"].lookahead for v in runnable), default=0)
-    batch = engine.prefill(target, queries, target.workload.prefix_len + target.workload.gen_len + ahead + 2)
+    batch = engine.prefill(target, queries, target.workload.prefix_len + appended_for(target.workload.gen_len, ahead))
     modes = {"greedy": {}, "sampled": SAMPLED} if not a.greedy_only else {"greedy": {}}
     record = {"command": "magicdec compare " + " ".join(a.argv), "model_config": engine.target_config.to_dict(),
               "prompt_source": batch.prompt_source, "prefill_s": batch.seconds,

@@ -159,6 +159,13 @@ KNOWN_MODELS: dict[str, ModelArgs] = {
 }
 
 
+def appended_for(gen_len: int, ahead: int) -> int:
+    """The one rule for cache sizes: the positions generation reaches after the prompt (gen_len tokens, a
+    verification's `ahead` tokens past the last kept one plus the token it adds, and a slot of slack). What the
+    target's cache holds beyond the prompt, and what a selected draft cache appends."""
+    return gen_len + ahead + 2
+
+
 def check_context(config: ModelArgs, prefix_len: int, new_tokens: int, what: str, whose: str = "the model's",
                   hint: str = "") -> None:
     """The prompt and what generation adds to it (`what`, named as the sum's terms) within a model's context."""

@@ -16,9 +16,8 @@ import torch
 from magicdec import device as dev
 from magicdec import draft_cache, fused, tp
 from magicdec.attention import resolve_backend
-from magicdec.config import ModelArgs, check_context
+from magicdec.config import appended_for, check_context, ModelArgs
 from magicdec.drafters.base import ModelRef, Part, PrepareContext
-from magicdec.drafters.model_draft import appended_for
 from magicdec.errors import MagicDecError
 from magicdec.generate import Decoder, Sampling, prefill
 from magicdec.kv_cache import KVCache

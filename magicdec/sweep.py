@@ -60,8 +60,8 @@ from magicdec import files
 from magicdec import metrics as met
 from magicdec import options as opt
 from magicdec import timing
-from magicdec.drafters.model_draft import appended_for
 from magicdec.engine import activation_rows, Engine, first_tokens, memory_needed
+from magicdec.config import appended_for
 from magicdec.errors import interrupted_as, MagicDecError, one_line_errors
 from magicdec.planner import AutoGamma, fit_spread, option_parts, plan
 from magicdec.files import writable_folder, write_json

@@ -26,7 +26,7 @@ from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.head_draft import (FeatureTap, HeadDraft, HeadOptions, Sampler, check_head_files, check_head_run,
                                           graphs_for, head_bytes, head_prediction, level_picks, load_head,
                                           prompt_features, sampler_of, tree_at, untrained_head)
-from magicdec.drafters.model_draft import appended_for
+from magicdec.config import appended_for
 from magicdec.errors import MagicDecError
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.options import option

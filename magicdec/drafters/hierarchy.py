@@ -21,7 +21,7 @@ import torch
 
 from magicdec import cost_model as cm
 from magicdec import quant_kv
-from magicdec.config import check_context
+from magicdec.config import appended_for, check_context
 from magicdec.drafters import lookup, selfspec
 from magicdec.drafters.base import DrafterKind, ModelRef, OnRanks, Part, raise_auto
 from magicdec.drafters.model_draft import (
@@ -219,8 +219,9 @@ class TriForce(DrafterKind):
         check_same_vocabulary(bottom, target, "bottom draft")
         w = cfg.workload
         if not cfg.models.random_weights:  # its keys keep absolute positions
-            check_context(bottom, w.prefix_len, w.gen_len + cfg.speculation.largest + cfg.draft.gamma_bottom + 2,
-                          "gen_len + gamma + gamma_bottom + 2", "the bottom draft's", " (--draft ngram has no context limit)")
+            ahead = cfg.speculation.largest + cfg.draft.gamma_bottom
+            check_context(bottom, w.prefix_len, appended_for(w.gen_len, ahead), "gen_len + gamma + gamma_bottom + 2",
+                          "the bottom draft's", " (--draft ngram has no context limit)")
 
     def lookahead(self, cfg) -> int:
         return cfg.draft.gamma_bottom + 2  # the middle runs ahead of the target

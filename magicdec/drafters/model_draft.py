@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from magicdec import draft_cache, draft_weights
+from magicdec.config import appended_for
 from magicdec.errors import MagicDecError
 from magicdec.generate import Drafter, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
@@ -146,12 +147,6 @@ def ring_extra_for(gen_len: int, gamma: int) -> int:
     """Ring slots beyond the window: a draft prefill chunk, or what generating gen_len tokens (and a warm-up of
     4*(gamma+1)) writes before rolling back to the prompt — never overwriting a prompt key the window still needs."""
     return max(DRAFT_PREFILL_CHUNK, max(gen_len, 4 * (gamma + 1)) + 2 * gamma + 4)
-
-
-def appended_for(gen_len: int, gamma: int) -> int:
-    """Positions generation reaches after the prompt (gen_len tokens, a verification's gamma + 1 past the last, and
-    a slot of slack): what the target's cache holds beyond the prompt, and what a selected draft cache appends."""
-    return gen_len + gamma + 2
 
 
 def draft_prefill_chunk(chunk: int, full: bool) -> int:

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 from magicdec import cost_model as cm
 from magicdec import draft_cache, quant_kv
+from magicdec.config import appended_for
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import (
     DraftCacheOptions,
     DraftWeightOptions,
     ModelDraft,
-    appended_for,
     own_prefill,
     refresh_slots,
     tree_of,
