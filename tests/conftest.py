@@ -80,6 +80,14 @@ def randomize_(model: torch.nn.Module, seed: int, std: float = 0.1) -> None:
                 p.copy_(std * noise)
 
 
+@pytest.fixture
+def inference_mode():
+    """A test run under torch.inference_mode (the engine's own mode): a module's tests ask for it with
+    `pytestmark = pytest.mark.usefixtures("inference_mode")`."""
+    with torch.inference_mode():
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory):
     """Factory: tiny_hf(arch="llama"|"qwen2", seed=0, **config overrides) -> (transformers model in eval mode, fp32,

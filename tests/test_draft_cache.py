@@ -16,10 +16,7 @@ from magicdec.kv_cache import KVCache
 from test_generate_speculative import assert_ragged, plain_greedy
 
 
-@pytest.fixture(autouse=True)
-def no_grad():
-    with torch.inference_mode():
-        yield
+pytestmark = pytest.mark.usefixtures("inference_mode")  # conftest: no autograd in these tests
 
 
 def qk(B=2, H=4, Hkv=2, n=3, P=24, D=4, seed=0):

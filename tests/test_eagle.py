@@ -35,10 +35,7 @@ def eagle3(tiny_eagle):
     return tiny_eagle("eagle3")
 
 
-@pytest.fixture(autouse=True)
-def no_grad():
-    with torch.inference_mode():
-        yield
+pytestmark = pytest.mark.usefixtures("inference_mode")  # conftest: no autograd in these tests
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])

@@ -19,10 +19,7 @@ from magicdec.model import Transformer, load_model
 GAMMAS = [1, 3, 6]
 
 
-@pytest.fixture(autouse=True)
-def no_grad():
-    with torch.inference_mode():
-        yield
+pytestmark = pytest.mark.usefixtures("inference_mode")  # conftest: no autograd in these tests
 
 
 _greedy_runs: list = []  # (model, its weights' fingerprint, prompts, ids): plain_greedy's runs so far

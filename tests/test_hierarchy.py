@@ -18,10 +18,7 @@ from test_generate_speculative import assert_ragged, first_layers, plain_greedy
 from test_lookup import repetitive_prompts
 
 
-@pytest.fixture(autouse=True)
-def no_grad():
-    with torch.inference_mode():
-        yield
+pytestmark = pytest.mark.usefixtures("inference_mode")  # conftest: no autograd in these tests
 
 
 def hierarchical(target, prompts, n_new, gamma, gamma_bottom, bottom_kind, bottom_model=None, budget=48,

@@ -14,10 +14,7 @@ from magicdec.drafters.head_draft import FeatureTap, Sampler
 from magicdec.drafters.hydra import HydraDraft
 
 
-@pytest.fixture(autouse=True)
-def no_grad():
-    with torch.inference_mode():
-        yield
+pytestmark = pytest.mark.usefixtures("inference_mode")  # conftest: no autograd in these tests
 
 
 def hydra_head(model, num_heads=4, seed=0):

@@ -25,10 +25,7 @@ def model(tiny_hf) -> Transformer:
     return load_model(path, "cpu", torch.float32)
 
 
-@pytest.fixture(autouse=True)
-def no_grad():
-    with torch.inference_mode():
-        yield
+pytestmark = pytest.mark.usefixtures("inference_mode")  # conftest: no autograd in these tests
 
 
 def tokens(B: int, T: int, seed: int) -> torch.Tensor:

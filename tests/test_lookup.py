@@ -15,10 +15,7 @@ from magicdec.sampling import probabilities
 from test_generate_speculative import assert_ragged, plain_greedy
 
 
-@pytest.fixture(autouse=True)
-def no_grad():
-    with torch.inference_mode():
-        yield
+pytestmark = pytest.mark.usefixtures("inference_mode")  # conftest: no autograd in these tests
 
 
 def lookup(seq, gamma=3, ngram_max=2, pad=4):

@@ -18,10 +18,7 @@ from magicdec.kv_cache import KVCache
 from magicdec.tree import optimal_tree
 
 
-@pytest.fixture(autouse=True)
-def no_grad():
-    with torch.inference_mode():
-        yield
+pytestmark = pytest.mark.usefixtures("inference_mode")  # conftest: no autograd in these tests
 
 
 def shaped():
