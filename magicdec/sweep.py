@@ -327,7 +327,6 @@ def combined(timings: list[dict]):
     stats = Stats.combine([Stats(**t["stats"]) for t in timings])
     # rounds past the fewest batches' count are left out; timings kept by an older version have no round counts
     per_round = list(zip(*[t["round_tokens"] for t in timings])) if all(t.get("round_tokens") for t in timings) else []
-
     rates = []
     for r in per_round:
         every_first = all(x[3] for x in r)  # first done needs every batch's first-done span
@@ -340,9 +339,11 @@ def combined(timings: list[dict]):
 def batch_speedup(timing_of: dict) -> float:
     """One batch's speedup: the median of its rounds' ratios to the baseline's (its kept runs' seconds where the
     timing has no round counts)."""
-    rounds = met.round_speedups({"round_tokens_per_s": [r[0] for r in combined([timing_of])[4]]},
-                                {"round_tokens_per_s": [r[0] for r in combined([timing_of["baseline"]])[4]]})
-    ratios = rounds.get("measured_speedup_rounds")
+    def rates(t: dict) -> list:
+        return [timing.rates_of(*r)[0] for r in t.get("round_tokens") or []]
+
+    ratios = met.round_speedups({"round_tokens_per_s": rates(timing_of)},
+                                {"round_tokens_per_s": rates(timing_of["baseline"])}).get("measured_speedup_rounds")
     return statistics.median(ratios) if ratios else timing_of["baseline"]["seconds"] / timing_of["seconds"]
 
 

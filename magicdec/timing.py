@@ -1,5 +1,6 @@
 """How generations are timed: decoders warmed up, then timed in interleaved rounds from the same prompt, each run on
-the loop's own wall clock (Decoder.seconds), the run of median rate kept; and --gamma auto's profile of each candidate."""
+the loop's own wall clock (Decoder.seconds), the run of median rate kept; and --gamma auto's profile of each
+candidate."""
 from __future__ import annotations
 
 import gc
@@ -26,7 +27,8 @@ def timed_generations(decoders, cache, first, prev, gen_len: int, eos, seed: int
                       min_seconds: float = 0.0, progress: bool = False, on_done=None):
     """(tokens, counts, seconds) of each decoder: warmed up, then rounds that time every decoder once, each from the
     prompt, until `repeats` rounds are done and every decoder has been timed for `min_seconds` in all (at most
-    MAX_ROUNDS); each keeps its run of median decode rate (the slower of the middle two), `decoder.round_seconds` lists all of its runs in round order and
+    MAX_ROUNDS); each keeps its run of median decode rate (the slower of the middle two); `decoder.round_seconds`
+    lists all of its runs in round order, `decoder.round_tokens` their decoded tokens and seconds and
     `decoder.round_rates` their decode tokens/s, all reach and first done (metrics pair them with the baseline's by
     round: the spread of a speedup).
     Interleaved, a speculative decoder and the baseline see the same state of the machine (clocks, host load,
@@ -85,11 +87,6 @@ def rates_of(decoded: int, seconds: float, first_decoded, first_seconds) -> tupl
     """Decode tokens/s, all reach and first done, of round_tokens' counts."""
     return (decoded / seconds if decoded and seconds else None), (first_decoded / first_seconds if first_seconds
                                                                   else None)
-
-
-def round_rates(seconds: float, stats, out, counts) -> tuple[float | None, float | None]:
-    """One run's decode tokens/s, all reach and first done."""
-    return rates_of(*round_tokens(seconds, stats, out, counts))
 
 
 def timed_as_configured(decoders, cfg, cache, first, prev, eos):
