@@ -94,7 +94,7 @@ COMMANDS = {
     "run": "one timed run (magicdec run --help for its flags)",
     "compare": "every drafter side by side over one shared prefill (the default job; runs on a CPU in about a minute)",
     "sweep": "a grid of runs from a TOML file, one record per point, resumable",
-    "report": "sweep records to tables, plots and a results page",
+    "report": "sweep records to tables, plots and a results page; specbench-table, tp-tables, heads-acceptance",
     "reproduce": "run a headline experiment (experiments/*.toml) and print PASS or FAIL",
     "datastore": "REST's datastore: books tokenized with the target's tokenizer, and a suffix array over them",
     "train-head": "train a draft head (eagle, eagle3, medusa, hydra) for a target on a text corpus, resumable",
