@@ -30,12 +30,11 @@ from pathlib import Path
 
 from magicdec import compare
 from magicdec import cost_model as cm
-from magicdec import files
-from magicdec import sweep
+from magicdec import drafters, files, sweep
 from magicdec.config import ModelArgs
 from magicdec.run_config import RunConfig
 
-HEADS = ("eagle", "hydra", "medusa")
+HEADS = tuple(drafters.owners("head"))  # the drafters that draft with a trained head
 PICK_GROUPS = ("sort / scan (top-p)", "softmax / draw", "reduce")  # head_proposal_profile's groups of the pick
 
 

@@ -15,12 +15,13 @@ GQA is never expanded in memory: the G query heads that share a KV head are fold
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from magicdec.errors import INSTALL, installed, require
 
 Attend = Callable[..., torch.Tensor]  # (q, k, v, layer=None) -> out
 BACKENDS = ("auto", "sdpa", "flex", "triton", "flash")
@@ -30,10 +31,10 @@ Q_BLOCK = 128
 
 
 def flash_attn_available() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
+    return installed("flash_attn")
 
 
-TRITON_INSTALL = "pip install triton (CUDA builds of torch bring it; a CPU install has none)"
+TRITON_INSTALL = INSTALL["triton"]
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -42,16 +43,17 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name not in BACKENDS:
         raise MagicDecError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
     if name == "auto":
-        if device.type != "cuda" or importlib.util.find_spec("triton") is None:  # the kernels below are Triton's
+        if device.type != "cuda" or not installed("triton"):  # the kernels below are Triton's
             return "sdpa" if device.type != "cuda" else "flex"
         return "flash" if flash_attn_available() else "triton"
     if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise MagicDecError("--attn_backend triton needs a CUDA device (or TRITON_INTERPRET=1 to interpret it on the CPU)")
-    if name in ("triton", "flash") and importlib.util.find_spec("triton") is None:
+    if name in ("triton", "flash") and not installed("triton"):
         raise MagicDecError(f"--attn_backend {name} runs the split-KV Triton kernel, and triton is not installed: "
                             f"{TRITON_INSTALL}, or pass --attn_backend sdpa")
     if name == "flash" and not (device.type == "cuda" and flash_attn_available()):
-        raise MagicDecError("--attn_backend flash needs a CUDA device and the flash-attn package (pip install flash-attn)")
+        raise MagicDecError("--attn_backend flash needs a CUDA device and the flash-attn package: "
+                            f"{INSTALL['flash_attn']}")
     return name
 
 
@@ -166,7 +168,7 @@ def flash_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None, tree=N
     trees use the Triton kernel, whose mask handles scattered slots."""
     if key_pos is not None or scores is not None or tree is not None:
         return triton_attend(q_pos, key_pos, n_slots, sinks, window, scores, tree)
-    from flash_attn import flash_attn_with_kvcache
+    flash_attn_with_kvcache = require("flash_attn", "--attn_backend flash").flash_attn_with_kvcache
 
     seqlens = (q_pos[:, -1] + 1).to(torch.int32)  # keys 0..last query position; causal aligns queries at the end
 
@@ -182,7 +184,7 @@ def triton_attend(q_pos, key_pos, n_slots, sinks=0, window=0, scores=None, tree=
     """Split-KV Triton kernel for decode/verify (few query tokens); flex (GPU) or sdpa (CPU) for prefill chunks."""
     if q_pos.shape[1] > TRITON_MAX_T:
         return (flex_attend if q_pos.is_cuda else sdpa_attend)(q_pos, key_pos, n_slots, sinks, window, scores, tree)
-    from magicdec.triton_attention import split_kv_attention
+    split_kv_attention = require("magicdec.triton_attention", "--attn_backend triton").split_kv_attention
 
     def attend(q, k, v, layer=None):
         return split_kv_attention(q, k, v, q_pos, key_pos, sinks=sinks, window=window,

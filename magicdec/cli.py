@@ -21,19 +21,27 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def run_parser(description: str, defaults: dict | None = None, prog: str | None = None) -> argparse.ArgumentParser:
-    """Every option of the run config as a flag, in groups: the sections, then each drafter's own (an option two
-    drafters share is one flag, listed with the first). --help shows `defaults` (a script's own) over the config's."""
+    """Every option of the run config as a flag, in groups: the sections, the options several drafters share (one
+    flag each, naming its drafters), then each drafter's own. --help shows `defaults` (a script's own) over the
+    config's."""
     defaults = defaults or {}
     p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=Formatter,
                                 epilog="Options of a drafter apply only when it is the run's --drafter.")
     taken: dict[str, str] = {}
     for name, cls in SECTIONS.items():
         opt.add_flags(p.add_argument_group(SECTION_TITLES[name]), cls, defaults, taken)
-    for name, kind in drafters.registry().items():
-        group = p.add_argument_group(f"drafter {name}" + (f" (also: {', '.join(kind.aliases)})" if kind.aliases else ""),
-                                     kind.description)
-        shared = {k: drafters.owners(k) for k in opt.keys(kind.Config) if len(drafters.owners(k)) > 1}
-        opt.add_flags(group, kind.Config, defaults, taken, shared)
+    kinds = drafters.registry()
+    owners = {k: drafters.owners(k) for kind in kinds.values() for k in opt.keys(kind.Config)}
+    shared = {k: names for k, names in owners.items() if len(names) > 1}
+    group = p.add_argument_group("options of several drafters", "each applies to the drafters named after it")
+    for kind in kinds.values():
+        opt.add_flags(group, kind.Config, defaults, taken, shared, only=shared)
+    for name, kind in kinds.items():
+        also = [opt.flag_of(f) for f in opt.fields(kind.Config) if f.name in shared]
+        opt.add_flags(p.add_argument_group(
+            f"drafter {name}" + (f" (also: {', '.join(kind.aliases)})" if kind.aliases else ""),
+            kind.description + (f"\nalso takes {', '.join(also)} (options of several drafters, above)" if also else "")),
+            kind.Config, defaults, taken)
     no_auto = [n for n, k in drafters.registry().items() if not k.supports_auto_gamma]
     gamma = next(a for a in p._actions if a.dest == "gamma")
     if no_auto:
@@ -86,7 +94,7 @@ COMMANDS = {
     "run": "one timed run (magicdec run --help for its flags)",
     "compare": "every drafter side by side over one shared prefill (the default job; runs on a CPU in about a minute)",
     "sweep": "a grid of runs from a TOML file, one record per point, resumable",
-    "report": "sweep records to tables, plots and a results page",
+    "report": "sweep records to tables, plots and a results page; specbench-table, tp-tables, heads-acceptance",
     "reproduce": "run a headline experiment (experiments/*.toml) and print PASS or FAIL",
     "datastore": "REST's datastore: books tokenized with the target's tokenizer, and a suffix array over them",
     "train-head": "train a draft head (eagle, eagle3, medusa, hydra) for a target on a text corpus, resumable",

@@ -15,7 +15,6 @@ numbers.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import itertools
 import weakref
 from dataclasses import dataclass
@@ -24,13 +23,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from magicdec.errors import MagicDecError
+from magicdec.errors import INSTALL, MagicDecError, installed, require
 
 FORMATS = ("bf16", "int8", "fp8", "int4")
 BITS = {"bf16": 16, "int8": 8, "fp8": 8, "int4": 4}
 LINEARS = ("wqkv", "wo", "w1", "w3", "w2", "output")  # every matmul of a decode step
 FP8 = torch.float8_e4m3fn
-GEMLITE_INSTALL = "pip install gemlite (its Triton kernels run the 8- and 4-bit draft weights on a GPU)"
+GEMLITE_INSTALL = INSTALL["gemlite"]
 # The GPU kernel per format, by the largest row count M (batch x tokens) it runs, read off the probe in
 # results/draft_weights/probe. Past a format's last bound its kernels no longer beat bf16 on an H100: such calls (a
 # large batch, a prefill chunk) run the model's own weights, which also spares gemlite an autotune of its GEMM at
@@ -122,7 +121,7 @@ def check_format(fmt: str, group: int, dims: dict[str, int] | None = None, devic
                 raise MagicDecError(f"--draft_group {group} does not divide {name}'s input width {K}: use {hint}")
     if fmt == "bf16" or device is None or torch.device(device).type != "cuda":
         return
-    if importlib.util.find_spec("gemlite") is None:
+    if not installed("gemlite"):
         raise MagicDecError(f"--draft_weights {fmt} on a GPU needs gemlite, which is not installed: {GEMLITE_INSTALL}")
     major, minor = torch.cuda.get_device_capability(device)
     if fmt == "fp8" and (major, minor) < (8, 9):
@@ -238,7 +237,8 @@ def gemlite_kernel(q: Quantized, bias, dtype):
     if K % 128 or N % 128 or (q.fmt == "int4" and q.group != 128):
         raise ValueError(f"gemlite is used here only where it was checked: widths that are multiples of 128 (this "
                          f"layer: {N} x {K}) and int4 groups of 128")
-    from gemlite.helper import A16W4_HQQ_INT, A16W8_FP8, A16W8_INT8
+    helper = require("gemlite.helper", f"--draft_weights {q.fmt} on a GPU")
+    A16W4_HQQ_INT, A16W8_FP8, A16W8_INT8 = helper.A16W4_HQQ_INT, helper.A16W8_FP8, helper.A16W8_INT8
 
     load_gemlite_config(q.data.device)
     dev = q.data.device
@@ -257,8 +257,7 @@ def load_gemlite_config(device) -> None:
     """gemlite's shipped kernel configs for this GPU (a shape they lack is autotuned at its first use)."""
     import os
 
-    import gemlite
-
+    gemlite = require("gemlite", "--draft_weights on a GPU")
     name = torch.cuda.get_device_name(device)
     shipped = {"H100": "h100", "H200": "h100", "H20": "h100", "A100": "a100", "L40S": "l40s", "L40": "l40",
                "A6000": "a6000", "4090": "4090", "5090": "5090", "L4": "l4", "A40": "a40"}

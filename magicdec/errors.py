@@ -1,5 +1,7 @@
 """One exception type for bad input: the command-line entry points print its message on one line and exit 2. Ctrl-C
 and SIGTERM end a command the same way: one line (what was kept, how to go on), exit 130 or 143."""
+import importlib
+import importlib.util
 import re
 import signal
 import sys
@@ -9,6 +11,33 @@ from contextlib import contextmanager
 
 class MagicDecError(Exception):
     """A problem with the user's input or environment, with a message that names the fix."""
+
+
+# The optional kernel libraries, each imported only in the function that runs it (`require`), so that every command
+# and every drafter works on the runtime requirements alone; the install line its error names.
+INSTALL = {
+    "triton": "pip install triton (CUDA builds of torch bring it; a CPU install has none)",
+    "gemlite": "pip install gemlite (its Triton kernels run the 8- and 4-bit draft weights on a GPU)",
+    "flash_attn": "pip install flash-attn (its decode kernel, on a CUDA device)",
+}
+
+
+def installed(library: str) -> bool:
+    """Whether an optional library can be imported, without importing it."""
+    return importlib.util.find_spec(library) is not None
+
+
+def require(module: str, needed_for: str):
+    """`module` imported where it is used: an optional kernel library, or one of ours that imports one at its top (the
+    Triton kernels). A missing library is one line naming what needed it and its install; any other failure to
+    import is a bug, raised as it is."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        library = (e.name or "").split(".")[0]
+        if library not in INSTALL:
+            raise
+        raise MagicDecError(f"{needed_for} needs {library}, which is not installed: {INSTALL[library]}") from None
 
 
 class Terminated(KeyboardInterrupt):

@@ -11,9 +11,10 @@ traces the plain functions (fuse() is not called then).
 from __future__ import annotations
 
 import functools
-import importlib
 
 import torch
+
+from magicdec.errors import require
 
 _plain: dict[str, object] = {}
 _kernels: dict[str, str | None] = {}  # a hand-written replacement's "module.function", imported when fusing
@@ -26,7 +27,7 @@ def _fused(name: str):
         return _plain[name]
     if _kernels[name] is not None:
         module, function = _kernels[name].rsplit(".", 1)
-        return getattr(importlib.import_module(module), function)
+        return getattr(require(module, "the fused kernels on a GPU (--no_fuse runs without them)"), function)
     return torch.compile(_plain[name], dynamic=True)
 
 

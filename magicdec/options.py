@@ -51,12 +51,13 @@ def shown(value) -> str:
     return str(value)
 
 
-def add_flags(group, cls, defaults: dict, taken: dict[str, str], owners: dict[str, list[str]] | None = None) -> None:
+def add_flags(group, cls, defaults: dict, taken: dict[str, str], owners: dict[str, list[str]] | None = None,
+              only=None) -> None:
     """cls's options as flags of an argparse group; `defaults` are those shown in --help (a script's own over the
     dataclass's); `taken` maps flags already added to their keys (an option two drafters share is one flag);
-    `owners` names the drafters that take each key, shown in its help."""
+    `owners` names the drafters that take each key, shown in its help; `only`: these keys alone."""
     for f in fields(cls):
-        if flag_of(f) in taken:
+        if flag_of(f) in taken or (only is not None and f.name not in only):
             continue
         default = defaults.get(f.name, f.default)
         text = f.metadata["help"]

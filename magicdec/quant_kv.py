@@ -18,6 +18,7 @@ import torch
 
 from magicdec import fused
 from magicdec.attention import TRITON_MAX_T, make_attend
+from magicdec.errors import require
 from magicdec.kv_cache import KVCache
 
 FORMATS = ("bf16", "int8", "int4")
@@ -124,7 +125,8 @@ class QuantizedKVCache(KVCache):
     def attend(self, T: int):
         pos = self.positions(T)
         if self.backend in ("triton", "flash") and T <= TRITON_MAX_T:
-            from magicdec.triton_attention import split_kv_attention
+            split_kv_attention = require("magicdec.triton_attention", "a quantized cache's attention on a GPU"
+                                         ).split_kv_attention
 
             def attend(q, k, v, layer=None):
                 return split_kv_attention(q, k[0], v[0], pos, None, k_scale_zero=k[1], v_scale_zero=v[1],

@@ -8,6 +8,7 @@ speedup 1), both with every sequence reaching gen_len; the figures; the commands
 
     magicdec report SWEEP_DIR --out OUT                                 # OUT/NAME.md and OUT/NAME_*.png only
     magicdec report SWEEP_DIR --out OUT --results_md results/RESULTS.md # and NAME's section of the results page
+    magicdec report specbench-table | tp-tables | heads-acceptance ...  # the reports of magicdec/report_*.py
 
 NAME is the sweep folder's name. The results page is updated in place: each sweep's section sits between
 `<!-- sweep NAME -->` and `<!-- /sweep NAME -->` (an --include file between `<!-- include PATH -->` markers); a run
@@ -22,6 +23,7 @@ that is missing or holds no records is an error.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -739,8 +741,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# Reports of their own records, each a module beside this one: `magicdec report NAME ...` (NAME before any sweep
+# folder; `magicdec report NAME --help` for its flags).
+REPORTS = {"specbench-table": "report_specbench", "tp-tables": "report_tp", "heads-acceptance": "report_heads"}
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in REPORTS:
+        return importlib.import_module(f"magicdec.{REPORTS[argv[0]]}").main(argv[1:]) or 0
     a = parser().parse_args(argv)
     for flag, given in (("--include", a.include), ("--rebuild", a.rebuild)):
         if given and a.results_md is None:

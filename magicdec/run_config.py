@@ -516,12 +516,14 @@ class RunConfig:
             self.drafter.check(self)
         if self.speculation.tree_width > 1 and self.drafter and not self.drafter.supports_trees:
             raise MagicDecError(f"--tree_width {self.speculation.tree_width}: drafter {self.drafter.name} drafts "
-                                "chains only (trees: selfspec, standalone, lookup, rest)")
+                                f"chains only (trees: {', '.join(drafters.having('supports_trees'))})")
         if self.speculation.tree_width > 1 and self.runtime.offload:
             raise MagicDecError("--tree_width with --offload: an offloaded cache verifies chains only")
         if self.speculation.tree_nodes and self.drafter and not self.drafter.drafts_shaped_trees:
+            branching = [n for n in drafters.having("supports_trees") if n not in drafters.having("drafts_shaped_trees")]
             raise MagicDecError(f"--tree_nodes: drafter {self.drafter.name} does not draft a tree level by level "
-                                "(selfspec and standalone do; lookup and rest take --tree_width)")
+                                f"({', '.join(drafters.having('drafts_shaped_trees'))} do; {', '.join(branching)} "
+                                "take --tree_width)")
         if self.speculation.tree_nodes and self.runtime.offload:
             raise MagicDecError("--tree_nodes with --offload: an offloaded cache verifies chains only")
 

@@ -30,6 +30,11 @@ FIXTURES = REPO / "tests" / "fixtures"
 BOOKS = DATA / "gutenberg" if (DATA / "gutenberg").is_dir() else FIXTURES / "gutenberg"
 STORIES = DATA / "models" / "stories260K" if (DATA / "models" / "stories260K").is_dir() else FIXTURES / "stories260K"
 LLAMA2_TOKENIZER = DATA / "tokenizers" / "llama2" / "tokenizer.model"
+# A small run's flags, for the checks a command makes before its work: random weights at llama-68m's shapes, a
+# 200-token prompt, on the CPU; and the seed's self-speculation script that takes them.
+TINY_RUN = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len", "200", "--gen_len", "4",
+            "--device", "cpu")
+SELFSPEC = REPO / "tests" / "selfspec_benchmark.py"
 LLAMA3_TOKENIZER = DATA / "tokenizers" / "llama3" / "tokenizer.model"
 needs_llama_tokenizers = pytest.mark.skipif(
     not (LLAMA2_TOKENIZER.is_file() and LLAMA3_TOKENIZER.is_file()),

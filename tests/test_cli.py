@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BOOKS, FIXTURES, LLAMA2_TOKENIZER, needs_llama_tokenizers, needs_smollm2, one_line_error, run_cli
-from magicdec import drafters
+from magicdec import drafters, options
 from magicdec.checkpoint import SMOLLM2_NAME
 from magicdec.cli import run_parser, run_record
 from magicdec.config import ModelArgs
@@ -47,6 +47,28 @@ def test_help_shows_defaults_and_what_each_flag_does(script):
         assert f"drafter {name}" in text
     p = run_cli(SCRIPTS[script], "--help")
     assert p.returncode == 0 and "(default: 4000)" in p.stdout, p.stderr
+
+
+def test_help_lists_an_option_of_several_drafters_once_with_its_drafters():
+    """An option two drafters share is one flag in a group of its own, naming every drafter that takes it; each
+    drafter's group lists its own options and names the shared ones it takes, so none reads as another's."""
+    p = run_parser("x")
+    groups = {g.title: [a for a in g._group_actions] for g in p._action_groups}
+    shared = groups["options of several drafters"]
+    by_key = {}
+    for name, kind in drafters.registry().items():
+        for key in options.keys(kind.Config):
+            by_key.setdefault(key, []).append(name)
+    assert sorted(a.dest for a in shared) == sorted(k for k, names in by_key.items() if len(names) > 1)
+    for action in shared:
+        assert action.help.split(" [", 1)[1].startswith(", ".join(by_key[action.dest]) + "]"), action.dest
+    sinks = next(a for a in shared if a.dest == "sinks")
+    assert "[hierarchy, selfspec, standalone]" in sinks.help
+    for name, kind in drafters.registry().items():
+        title = next(t for t in groups if t.startswith(f"drafter {name}"))
+        assert {a.dest for a in groups[title]} == {k for k in options.keys(kind.Config) if by_key[k] == [name]}
+        description = next(g.description for g in p._action_groups if g.title == title)
+        assert ("--sinks" in description) == ("sinks" in options.keys(kind.Config)), name
 
 
 def test_a_script_shows_the_defaults_it_applies():

@@ -14,7 +14,7 @@ from conftest import BOOKS, needs_smollm2
 from magicdec import compare, drafters
 from magicdec.errors import MagicDecError
 
-HEADS = {"eagle", "hydra", "medusa"}  # the registered drafters that draft with a trained head
+HEADS = set(drafters.owners("head"))  # the registered drafters that draft with a trained head (their --head)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import REPO, chi_square, copies, fixed_first_token, prefill_copies, run_here
+from conftest import SELFSPEC, TINY_RUN, chi_square, copies, fixed_first_token, prefill_copies, run_here
 from magicdec import draft_cache
 from magicdec.drafters.model_draft import ModelDraft
 from magicdec.generate import Decoder, Sampling, decode
@@ -169,9 +169,6 @@ def test_selected_cache_holds_the_targets_kv_at_the_selected_positions(tiny):
     assert dc.key_pos[:, :16].eq(0).all() and dc.lengths.tolist() == [80, 80]
 
 
-SELFSPEC = REPO / "tests" / "selfspec_benchmark.py"
-TINY_RUN = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len", "200", "--gen_len", "4",
-            "--device", "cpu")
 
 
 @pytest.mark.parametrize("flags,needle", [

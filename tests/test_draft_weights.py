@@ -11,7 +11,7 @@ import weakref
 import pytest
 import torch
 
-from conftest import chi_square, fixed_first_token, run_here
+from conftest import REPO, SELFSPEC, TINY_RUN, chi_square, fixed_first_token, run_here
 from magicdec import draft_cache
 from magicdec import draft_weights as dw
 from magicdec.drafters.model_draft import ModelDraft
@@ -19,7 +19,6 @@ from magicdec.errors import MagicDecError
 from magicdec.generate import Decoder, Sampling, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from test_generate_speculative import plain_greedy
-from test_runs import REPO
 
 FORMATS = [f for f in dw.FORMATS if f != "bf16"]
 GROUP = 32  # divides the tiny models' widths (64, 96)
@@ -164,9 +163,6 @@ def test_sampled_speculation_with_each_format_keeps_the_targets_distribution(tin
     assert stat > 2 * bound, (stat, bound)
 
 
-SELFSPEC = REPO / "tests" / "selfspec_benchmark.py"
-TINY = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len", "200", "--gen_len", "4",
-        "--device", "cpu")
 
 
 @pytest.mark.parametrize("flags,needle", [
@@ -178,12 +174,12 @@ TINY = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len"
                                                          "--draft_weights int4"),
 ])
 def test_bad_format_flags_are_one_line(flags, needle):
-    p = run_here(SELFSPEC, *TINY, "--draft_budget", "64", *flags)
+    p = run_here(SELFSPEC, *TINY_RUN, "--draft_budget", "64", *flags)
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_a_format_for_the_baseline_is_refused():
-    p = run_here(REPO / "tests" / "baseline_benchmark.py", *TINY, "--draft_weights", "int8")
+    p = run_here(REPO / "tests" / "baseline_benchmark.py", *TINY_RUN, "--draft_weights", "int8")
     assert p.returncode == 2 and "--draft_weights is an option of" in p.stderr and "baseline" in p.stderr, p.stderr
 
 

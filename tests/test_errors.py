@@ -130,3 +130,69 @@ def test_out_of_memory_is_one_line_naming_the_fix(capsys):
     assert err[0].startswith("error: out of memory (CUDA out of memory) ") and "lower --B or --prefix_len" in err[0]
     with pytest.raises(RuntimeError, match="not memory"), errors.one_line_errors():
         raise RuntimeError("not memory")
+
+
+# Every module of the package imported, then every command's --help, with the optional kernel libraries made
+# unimportable (None in sys.modules stops an import as a missing package does): only the Triton kernels' own modules,
+# which the code imports through errors.require, may need one.
+WITHOUT_KERNELS = """
+import contextlib, importlib, io, pkgutil, sys
+for library in {libraries!r}:
+    sys.modules[library] = None
+import magicdec
+from magicdec import cli
+failed = {{}}
+for info in pkgutil.walk_packages(magicdec.__path__, "magicdec."):
+    if info.name == "magicdec.__main__":  # runs the command
+        continue
+    try:
+        importlib.import_module(info.name)
+    except ImportError as e:
+        failed[info.name] = e.name
+print("FAILED", sorted(failed.items()))
+for command in cli.COMMANDS:
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            cli.main([command, "--help"])
+        except SystemExit as e:
+            assert not e.code, (command, e.code)
+    assert "usage:" in out.getvalue(), command
+    print("HELP", command)
+"""
+
+
+def test_every_module_and_every_help_work_without_the_optional_kernel_libraries():
+    p = subprocess.run([sys.executable, "-c", WITHOUT_KERNELS.format(libraries=sorted(errors.INSTALL))],
+                       capture_output=True, text=True, cwd=REPO, env=os.environ | {"PYTHONPATH": str(REPO)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    failed = eval(p.stdout.split("FAILED ", 1)[1].splitlines()[0])
+    assert failed and all(module.startswith("magicdec.triton_") and library == "triton" for module, library in failed)
+    assert [line[5:] for line in p.stdout.splitlines() if line.startswith("HELP ")] == list(cli.COMMANDS)
+
+
+def test_a_missing_kernel_library_is_one_line_naming_its_install(monkeypatch):
+    import torch
+
+    from magicdec import attention, fused
+    from magicdec.model import add_rms_norm
+
+
+    monkeypatch.setitem(sys.modules, "triton", None)
+    for kernels in ("magicdec.triton_attention", "magicdec.triton_norm", "magicdec.triton_quant_kv"):
+        monkeypatch.delitem(sys.modules, kernels, raising=False)
+    monkeypatch.setitem(sys.modules, "gemlite", None)
+    with pytest.raises(errors.MagicDecError, match=r"^--attn_backend triton needs triton, which is not installed: "
+                                                    r"pip install triton \("):
+        attention.make_attend("triton", torch.zeros(1, 1, dtype=torch.long), None, 8)
+    with pytest.raises(errors.MagicDecError, match=r"^--draft_weights on a GPU needs gemlite, .*: pip install gemlite"):
+        errors.require("gemlite", "--draft_weights on a GPU")
+    monkeypatch.setattr(fused, "_fusing", True)
+    with pytest.raises(errors.MagicDecError, match="fused kernels on a GPU .* needs triton"):
+        fused._fused(f"{add_rms_norm.__module__}.{add_rms_norm.__qualname__}")
+
+
+def test_require_raises_a_bug_in_an_import_as_it_is(tmp_path, monkeypatch):
+    (tmp_path / "broken_module.py").write_text("import a_module_that_is_not_a_kernel_library\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match="a_module_that_is_not_a_kernel_library"):
+        errors.require("broken_module", "this test")

@@ -12,7 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from conftest import chi_square, copies, fixed_first_token, prefill_copies, run_here  # noqa: E402
+from conftest import SELFSPEC, TINY_RUN, chi_square, copies, fixed_first_token, prefill_copies, run_here  # noqa: E402
 from magicdec import cost_model as cm  # noqa: E402
 from magicdec import quant_kv  # noqa: E402
 from magicdec import triton_quant_kv  # noqa: E402
@@ -22,7 +22,6 @@ from magicdec.generate import Decoder, Sampling, decode, prefill  # noqa: E402
 from magicdec.kv_cache import KVCache  # noqa: E402
 from test_attention import reference  # noqa: E402
 from test_generate_speculative import plain_greedy  # noqa: E402
-from test_runs import REPO  # noqa: E402
 
 
 def hand_quantized(row: list[float], bits: int) -> list[float]:
@@ -163,9 +162,6 @@ def test_memory_estimate_counts_the_quantized_copy():
     assert need["kv_cache"] - plain["kv_cache"] == 2 * cache_len * 2 * 32 * 8 * 68
 
 
-SELFSPEC = REPO / "tests" / "selfspec_benchmark.py"
-TINY = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len", "200", "--gen_len", "4",
-        "--device", "cpu")
 
 
 @pytest.mark.parametrize("flags,needle", [
@@ -175,7 +171,7 @@ TINY = ("--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len"
     (("--draft_kv", "int4", "--reindex"), "--draft_kv int4 reads the target's whole KV"),
 ])
 def test_bad_draft_kv_flags_are_one_line(flags, needle):
-    p = run_here(SELFSPEC, *TINY, *flags)
+    p = run_here(SELFSPEC, *TINY_RUN, *flags)
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_SWEEP
-from magicdec import report
+from magicdec import cli, report
 from magicdec.errors import MagicDecError
 
 ENV = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.13.0", "python": "3.11.7", "device": "cuda"}
@@ -635,3 +635,11 @@ def test_two_reports_into_one_results_page_at_once_lose_no_section(tmp_path, mon
     assert sorted(sections(md)) == ["drafters", "llama"]
     assert sorted(x.split("]")[0] for x in md.splitlines() if x.startswith("| [")) == ["| [drafters", "| [llama"]
     assert not list(tmp_path.glob(".RESULTS.md*"))
+
+
+@pytest.mark.parametrize("name", sorted(report.REPORTS))
+def test_magicdec_report_runs_each_report_module_by_name(name, capsys):
+    """`magicdec report NAME ...` runs that report's module (its own flags), not a sweep folder called NAME."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", name, "--help"])
+    assert e.value.code == 0 and f"usage: magicdec report {name} " in capsys.readouterr().out

@@ -114,9 +114,11 @@ RECORD_KINDS = {  # a command line of each kind of run whose record --replay mus
     "baseline json": ["--drafter", "lookup", "--baseline_json", "b.json"],
     "hierarchy": ["--drafter", "hierarchy", "--draft", "ngram"],
     "rest": ["--drafter", "rest", "--datastore", "x.npz"],
+    "standalone": ["--drafter", "standalone", "--draft_name", "JackFram/llama-68m"],
     "eagle3": ["--drafter", "eagle3", "--eagle3"],
-    **{name: ["--drafter", name] for name in drafters.names() if name not in ("hierarchy", "rest", "standalone")},
 }
+# every registered drafter (those named above with the inputs they need)
+RECORD_KINDS = {name: ["--drafter", name] for name in drafters.names()} | RECORD_KINDS
 
 
 @pytest.mark.parametrize("kind", RECORD_KINDS)

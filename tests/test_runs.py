@@ -234,7 +234,7 @@ def example_args(name: str, tiny, datastore: Path | None = None) -> list[str]:
     return ["--drafter", name] + [x for k, v in given.items() for x in (f"--{k}", str(v))]
 
 
-HEAD_FAMILIES = ("eagle", "hydra", "medusa")
+HEAD_FAMILIES = tuple(drafters.owners("head"))  # the drafters that draft with a trained head
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +301,8 @@ def test_model_drafters_run_each_draft_weight_format_losslessly(tiny, jsonl, tin
     assert record["drafter_notes"]["draft_weights"]["kernels"][0]["layers_by_kernel"] == {"reference": 5 * layers + 1}
 
 
-@pytest.mark.parametrize("name", ["selfspec", "standalone", "lookup", "rest"])
+# the drafters that propose trees, but those with a trained head (test_head_draft.py trains and checks theirs)
+@pytest.mark.parametrize("name", [n for n in drafters.having("supports_trees") if n not in HEAD_FAMILIES])
 def test_drafters_proposing_trees_are_lossless(tiny, jsonl, tiny_baseline, datastore, name):
     """--tree_width 3 (a model draft: each drafted position with the draft's two next candidates beside it; lookup:
     three earlier occurrences as branches) gives the baseline's ids, greedy; sampled runs and stays seeded; the
@@ -318,7 +319,7 @@ def test_drafters_proposing_trees_are_lossless(tiny, jsonl, tiny_baseline, datas
     assert run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])["generated_ids"] == sampled["generated_ids"]
 
 
-@pytest.mark.parametrize("name", ["selfspec", "standalone"])
+@pytest.mark.parametrize("name", [n for n in drafters.having("drafts_shaped_trees") if n not in HEAD_FAMILIES])
 def test_drafted_sequoia_trees_are_lossless(tiny, jsonl, tiny_baseline, name):
     """--tree_nodes 12 --tree_rates ...: the draft drafts Sequoia's tree for that acceptance vector level by level;
     greedy gives the baseline's ids; sampled runs, stays seeded, and keeps more than one token per verification

@@ -1,13 +1,12 @@
-"""benchmarks/heads_acceptance_plot.py: the heads' acceptance and speedup against the context from sweep records,
+"""magicdec/report_heads.py (`magicdec report heads-acceptance`): the heads' acceptance and speedup against the context from sweep records,
 one row per (decoding, drafter) at the gamma asked for (lookup and the self-draft at theirs), each cell the record's
 own α / Ω / speedup; records written here by hand."""
 from __future__ import annotations
 
 import json
 
-from conftest import benchmark_script
+from magicdec import report_heads as plot
 
-plot = benchmark_script("heads_acceptance_plot")
 
 
 def record(folder, method, label, decoding, prefix, gamma, alpha, omega, speedup):

@@ -1,4 +1,4 @@
-"""benchmarks/specbench_table.py: Spec-Bench's table from a sweep's records, with the trained heads' rows (EAGLE,
+"""magicdec/report_specbench.py (`magicdec report specbench-table`): Spec-Bench's table from a sweep's records, with the trained heads' rows (EAGLE,
 Hydra, Medusa) only for the heads named by --eagle_head / --hydra_head / --medusa_head; a fresh (untrained) head's
 records are left out and the output says which head families have no rows and why. The sweep runs on the CPU over
 stories260K (a real tiny model with its tokenizer) with heads saved by magicdec.heads at its shapes."""
@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import BOOKS, STORIES, benchmark_script
+from conftest import BOOKS, STORIES
 
 from magicdec import heads, sweep
+from magicdec import report_specbench as specbench_table
 from magicdec.config import ModelArgs
 
-specbench_table = benchmark_script("specbench_table")
 pytestmark = pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(), reason=f"no stories260K in {STORIES}")
 
 

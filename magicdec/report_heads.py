@@ -2,7 +2,7 @@
 run once per decoding): per drafter at one gamma, the acceptance rate α and the tokens per verification Ω at each
 prefix, greedy and sampled side by side, and the speedup beside them; one markdown table and one figure.
 
-    python benchmarks/heads_acceptance_plot.py results/heads/sweep_smollm2_greedy results/heads/sweep_smollm2_sampled \
+    magicdec report heads-acceptance results/heads/sweep_smollm2_greedy results/heads/sweep_smollm2_sampled \
         --gamma 2 --output results/heads/acceptance_by_context
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from magicdec import files
+from magicdec import drafters, files
 
 
 def records(dirs: list[Path], gamma: int) -> dict:
@@ -24,14 +24,14 @@ def records(dirs: list[Path], gamma: int) -> dict:
             r = json.loads(f.read_text())
             if "metrics" not in r or r.get("method") in (None, "baseline"):
                 continue
-            if r["method"] in ("eagle", "hydra", "medusa") and r["gamma"] != gamma:
+            if r["method"] in drafters.owners("head") and r["gamma"] != gamma:  # the trained heads
                 continue
             out[r["decoding"], r["label"]][r["prefix_len"]] = r["metrics"] | {"gamma": r["gamma"]}
     return out
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="magicdec report heads-acceptance", description=__doc__.split("\n\n")[0])
     p.add_argument("sweeps", type=Path, nargs="+")
     p.add_argument("--gamma", type=int, default=2, help="the heads' gamma shown")
     p.add_argument("--output", type=Path, required=True, help="writes OUTPUT.md and OUTPUT.png")
@@ -78,5 +78,3 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())

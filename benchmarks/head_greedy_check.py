@@ -1,6 +1,7 @@
 """Greedy ids of every head drafter against plain decoding on the GPU, proposals eager or replayed as CUDA graphs
 (fresh heads over a random-weight llama-68m: the check is losslessness, not acceptance).
-    python3 results/heads/gpu_check/headcheck.py 1536 128 [--dtype float32] [--step_mode eager]"""
+    python3 benchmarks/head_greedy_check.py 1536 128 [--dtype float32] [--step_mode eager]
+The logs of its runs are in results/heads/gpu_check/."""
 import sys
 
 from magicdec.cli import run_record

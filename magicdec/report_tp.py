@@ -1,4 +1,4 @@
-"""Tables and a plot for the tensor-parallel runs of issues #4 and #6: decode scaling at TP = 1, 2, 4, the all-reduce
+"""Tables and a plot for the tensor-parallel runs: decode scaling at TP = 1, 2, 4, the all-reduce
 each run used, the gamma sweeps, and the paper's table measured at TP=4 and predicted at TP=8 by the cost model
 (cost_model.rescale_ranks: bytes and FLOPs divide by the ranks, the rest of each measured step is kept).
 
@@ -8,7 +8,7 @@ tests/*_benchmark.py), beside the device's measured costs in device.json. The co
 drafter names: selfspec, longspec; the draft's budget: streamingllm_budget); records made today keep them under
 "config" (standalone, draft_budget): both are read.
 
-    python benchmarks/tp_report.py results/tp --out results/tp
+    magicdec report tp-tables results/tp --out results/tp
 """
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="magicdec report tp-tables", description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -203,5 +203,3 @@ def main(argv=None) -> None:
     print("\n".join(parts))
 
 
-if __name__ == "__main__":
-    main()

@@ -1,3 +1,7 @@
+"""Greedy ids of every tree drafter (Sequoia trees, width trees, chains, Lookahead) against plain decoding on a
+device, acceptance graphed on CUDA (random-weight llama-68m: the check is losslessness, not acceptance); the
+output of a run is in results/trees/gpu_greedy_check/.
+    python3 benchmarks/tree_greedy_check.py cuda 1536 128 [--dtype float32]"""
 import sys
 from magicdec.cli import run_record
 dev = sys.argv[1]

@@ -1,5 +1,6 @@
 """The Triton kernel (compiled, on the GPU) against a float64 reference: a target's tree over a full cache, and a
-draft's tree level over a StreamingLLM ring (bf16 inputs)."""
+draft's tree level over a StreamingLLM ring (bf16 inputs); the output of a run is in results/trees/gpu_greedy_check/.
+    python3 benchmarks/tree_kernel_check.py"""
 import torch
 from magicdec.attention import make_attend
 from magicdec.kv_cache import StreamingCache

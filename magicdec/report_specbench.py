@@ -1,7 +1,7 @@
 """Spec-Bench's table from a sweep's records: one row per drafter (its label), one column per (prefix, B), each cell
 the measured speedup and the mean accepted tokens per verification (Ω), greedy / sampled; a bar plot beside it.
 
-    python benchmarks/specbench_table.py results/specbench --output results/specbench/table
+    magicdec report specbench-table results/specbench --output results/specbench/table
 
 The trained heads' rows (EAGLE, Hydra, Medusa) come from the sweep's records of those drafters run with `head` set
 (experiments/sweeps/specbench_smollm2_heads.toml) and show only for the heads named here, `--eagle_head DIR`
@@ -108,7 +108,7 @@ def plot(found: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="magicdec report specbench-table", description=__doc__.splitlines()[0])
     p.add_argument("records", type=Path, help="a sweep's output folder")
     p.add_argument("--output", type=Path, required=True, help="writes OUTPUT.md and OUTPUT.png")
     for family, name in HEADS.items():
@@ -127,5 +127,3 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
