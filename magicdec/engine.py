@@ -292,8 +292,14 @@ class Engine:
             raise MagicDecError(f"{flag}: {e}") from None
 
     def check_prompts(self, cfg: RunConfig) -> None:
-        """A --dataset that names a file or folder, then the tokenizer that cuts it, before any weight is loaded (PG-19
-        and the other named sources are resolved when the prompts are made: that may ask the network)."""
+        """Where the prompts come from, before any weight is loaded: the dataset and tokenizer where they are the
+        engine's own (dataset_prompts); a prompt source handed to the engine is checked by whoever hands it."""
+        if self.prompt_source == self.dataset_prompts:
+            self.check_dataset(cfg)
+
+    def check_dataset(self, cfg: RunConfig) -> None:
+        """A --dataset that names a file or folder, then the tokenizer that cuts it (PG-19 and the other named sources
+        are resolved when the prompts are made: that may ask the network)."""
         from magicdec import data
 
         if cfg.workload.dataset not in ("auto", "pg19", "stdlib"):
