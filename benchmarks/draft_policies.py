@@ -36,6 +36,7 @@ from magicdec.engine import Engine
 from magicdec.errors import one_line_errors
 from magicdec.generate import decode
 from magicdec.run_config import RunConfig
+from magicdec.trial import Trial
 from magicdec.sampling import probabilities
 
 MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.6, "top_p": 0.9}}
@@ -56,18 +57,17 @@ def drafter(row: dict) -> str:
     return row["policy"] if weights == "bf16" else f"{row['policy']} {weights}"
 
 
-class BookEngine(Engine):
-    """The engine, its prompts each followed by its book's own next `teacher` tokens: prompts of prefix_len +
-    teacher tokens are cut at prefix_len, and what follows is kept (`book`) for the teacher-forced measure."""
+class Books:
+    """The engine's prompt source here: its own prompts (`text`: Engine.dataset_prompts), each followed by its book's
+    own next `teacher` tokens: prompts of prefix_len + teacher tokens are cut at prefix_len, and what follows is kept
+    (`book`) for the teacher-forced measure."""
 
-    def __init__(self, cfg: RunConfig, teacher: int):
-        super().__init__(cfg)
-        self.teacher, self.book = teacher, None
+    def __init__(self, teacher: int):
+        self.teacher, self.book, self.text = teacher, None, None
 
     def prompts(self, cfg: RunConfig):
         P = cfg.workload.prefix_len
-        text, tokenizer, source = super().prompts(replace(cfg, workload=replace(cfg.workload,
-                                                                                 prefix_len=P + self.teacher)))
+        text, tokenizer, source = self.text(replace(cfg, workload=replace(cfg.workload, prefix_len=P + self.teacher)))
         self.book = text[:, P:]
         return text[:, :P], tokenizer, source
 
@@ -145,8 +145,11 @@ def changed(cfg: RunConfig, **options) -> RunConfig:
 def measure(a) -> dict:
     work = [(P, skip) for P in a.prefix_lens for skip in a.skip_tokens]
     # the engine's own config: the target, prompts and device (its drafts are the points')
-    engine = BookEngine(RunConfig.from_options(base_options(a, *work[0]) | {"drafter": "baseline"}, strict=False),
-                        a.teacher)
+    books = Books(a.teacher)
+    engine = Engine(RunConfig.from_options(base_options(a, *work[0]) | {"drafter": "baseline"}, strict=False),
+                    prompts=books.prompts)
+    books.text = engine.dataset_prompts
+    engine.check_dataset(engine.cfg)  # the books behind its prompts, before any weight loads
     points = {(P, skip): configs(a, P, skip, engine.target_config.head_dim) for P, skip in work}
     for cfg in (c for pts in points.values() for c in pts.values()):  # every draft's options, context and memory
         cfg.check()
@@ -170,17 +173,18 @@ def measure(a) -> dict:
         for P, skip in work:
             drafts = points[P, skip]
             queries = max(cfg.drafter.prefill_queries(cfg) for cfg in drafts.values())
-            batch = engine.prefill(next(iter(drafts.values())), queries)  # one target prefill for every draft
-            book, source = engine.book.to(engine.device), batch.prompt_source
+            trial = Trial(engine, next(iter(drafts.values())), queries=queries)  # one target prefill for every draft
+            batch = trial.batch
+            book, source = books.book.to(engine.device), batch.prompt_source
             for (policy, budget, fmt), cfg in drafts.items():
                 row = {"prefix_len": P, "skip_tokens": skip, "policy": policy, "budget": budget, "draft_weights": fmt}
-                draft = engine.prepare(cfg, batch, {})[0]
+                draft = trial.prepare(cfg, {})[0]
                 row |= teacher_forced(engine.target, batch.cache, draft, batch.prompts, book, batch.logits)
                 row |= alphas(cfg, draft, batch)
                 del draft
                 for n in a.refresh if cfg.draft.selected else []:
                     refreshed = changed(cfg, refresh=n)
-                    draft = engine.prepare(refreshed, batch, {})[0]
+                    draft = trial.prepare(refreshed, {})[0]
                     row[f"refresh_{n}"] = alphas(refreshed, draft, batch)
                     del draft
                 rows.append(row | {"seconds": time.time() - start})
@@ -189,7 +193,7 @@ def measure(a) -> dict:
                 if a.output:  # after every row: a device call's time limit loses only the row in progress
                     a.output.parent.mkdir(parents=True, exist_ok=True)
                     files.write_json(a.output, meta | {"rows": rows, "partial": True, "prompt_source": source})
-            del batch, book
+            del trial, batch, book
             dev.release_memory(engine.device)
     bar.close()
     return meta | {"rows": rows, "prompt_source": source, "seconds": time.time() - start}

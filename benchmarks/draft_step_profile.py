@@ -28,7 +28,7 @@ import torch
 from magicdec import cost_model as cm
 from magicdec import device as dev
 from magicdec import files
-from magicdec.engine import build
+from magicdec.trial import build
 from magicdec.errors import one_line_errors
 from magicdec.run_config import RunConfig
 

@@ -29,16 +29,16 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from magicdec import data, timing
+from magicdec import data
 from magicdec import device as dev
 from magicdec import files
-from magicdec import metrics as met
 from magicdec.checkpoint import _hf_name, load_state_dict
-from magicdec.config import appended_for, ModelArgs
+from magicdec.config import ModelArgs
 from magicdec.engine import Engine, first_tokens
 from magicdec.generate import decode
 from magicdec.model import from_state_dict
 from magicdec.run_config import RunConfig
+from magicdec.trial import Trial
 
 TIMING = {"magicdec": "decode only: timing.timed_generations after a warm-up run, prefill done before and not timed",
           "transformers": "decode only: t(generate max_new_tokens=n) - t(generate max_new_tokens=1), both timed after "
@@ -157,20 +157,16 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
-class Shared(Engine):
-    """The engine (caches, prefills, drafters, decoders) over what this script made for both libraries: `load` hands
-    out our Transformers on transformers' tensors (by layer count: the target, the truncated draft), `prompts` the
-    prompt ids transformers reads too (each B the first B rows of its prefix's)."""
+class Shared:
+    """What this script made for both libraries, handed to the engine (caches, prefills, drafters, decoders): as its
+    model loader, our Transformers on transformers' tensors (by layer count: the target, the truncated draft); as its
+    prompt source, the prompt ids transformers reads too (each B the first B rows of its prefix's)."""
 
-    def __init__(self, cfg: RunConfig):
-        super().__init__(cfg)
+    def __init__(self):
         self.models, self.given = {}, {}  # n_layers -> Transformer; prefix_len -> (prompts [max B, P], source)
 
     def load(self, config, checkpoint, shard=None, flag="--draft"):
         return self.models[config.n_layers]
-
-    def check_prompts(self, cfg: RunConfig) -> None:
-        """The prompts are given (the ids transformers reads too): no tokenizer or dataset of the engine's to check."""
 
     def prompts(self, cfg: RunConfig):
         prompts, source = self.given[cfg.workload.prefix_len]
@@ -178,14 +174,15 @@ class Shared(Engine):
 
 
 class Ours:
-    """Our side at one (B, prefix): the target's cache prefilled once by the engine, with room for the longest
-    verification of `gammas`; every method rolls it back to the prompt. `cfg` is the baseline's run config there; a
+    """Our side at one (B, prefix): the trial's target cache prefilled once by the engine, with room for the longest
+    verification of `gammas`; every method starts from its prompt. `cfg` is the baseline's run config there; a
     method's is it with the drafter's options (`config`)."""
 
-    def __init__(self, engine: Shared, cfg: RunConfig, gammas):
+    def __init__(self, engine: Engine, cfg: RunConfig, gammas):
         self.engine, self.cfg, self.gammas = engine, cfg, list(gammas)
         self.B, self.P, self.gen_len = cfg.workload.B, cfg.workload.prefix_len, cfg.workload.gen_len
-        self.batch = engine.prefill(cfg, slots=self.P + appended_for(self.gen_len, max(self.gammas)))
+        self.trial = Trial(engine, cfg, ahead=max(self.gammas))
+        self.batch = self.trial.batch
         self.prompts, self.target = self.batch.prompts, engine.target
         self.first, self.prev = first_tokens(cfg, self.batch)
 
@@ -194,20 +191,13 @@ class Ours:
 
     def drafter(self, cfg: RunConfig, models: dict | None = None):
         """The drafter `cfg` configures, prepared over this batch (its own prefill, or the prompts to look up)."""
-        return self.engine.prepare(cfg, self.batch, models or {})[0]
+        return self.trial.prepare(cfg, models or {})[0]
 
     def decode_rate(self, cfg: RunConfig | None = None, drafter=None, gamma=0, baseline=None):
-        """Tokens and metrics of one timed greedy generation (timing.timed_generations: warm-up, roll back, time)."""
+        """Tokens and metrics of one timed greedy generation (the trial's: warm-up, roll back, time)."""
         cfg = cfg or self.cfg
-        cache = self.batch.cache
-        cache.rollback(torch.full_like(cache.lengths, self.P))
-        dec = self.engine.decoder(cfg, drafter, gamma)
-        (out, counts, secs), = timing.timed_generations([dec], cache, self.first, self.prev, self.gen_len, [],
-                                                        cfg.workload.seed, cfg.runtime.graphed)
-        m = met.generation_metrics(counts, secs, self.B, dec.stats, dec.round_seconds, dec.round_rates)
-        if drafter is not None:
-            m.update(met.speculation_metrics(m, dec.stats, baseline, gamma))
-        return out, m
+        timed, = self.trial.time([self.engine.decoder(cfg, drafter, gamma)], cfg)
+        return timed.out, timed.metrics(self.B, baseline, gamma)
 
 
 def ours_timer(ours: Ours, cfg: RunConfig | None = None, drafter=None, gamma=0):
@@ -215,9 +205,7 @@ def ours_timer(ours: Ours, cfg: RunConfig | None = None, drafter=None, gamma=0):
     cfg = cfg or ours.cfg
     cache = ours.batch.cache
     dec = ours.engine.decoder(cfg, drafter, gamma)
-    cache.rollback(torch.full_like(cache.lengths, ours.P))
-    timing.timed_generations([dec], cache, ours.first, ours.prev, ours.gen_len, [], cfg.workload.seed,
-                             cfg.runtime.graphed)
+    ours.trial.time([dec], cfg)
 
     def once():
         cache.rollback(torch.full_like(cache.lengths, ours.P))
@@ -317,7 +305,9 @@ def main(argv=None):
                "gen_len": cli.gen_len, "seed": cli.seed, "device": cli.device, "ignore_eos": True,
                "step_mode": "cuda_graphs" if gpu else "eager", "fuse": not cli.no_fuse, "progress": False}
     largest = RunConfig.from_options(options | {"B": max(cli.batch_sizes), "prefix_len": max(cli.prefix_lens)})
-    engine = Shared(largest)  # the target's config and checkpoint, checked before anything loads
+    shared = Shared()
+    # the target's config and checkpoint, checked before anything loads
+    engine = Engine(largest, prompts=shared.prompts, load=shared.load)
     engine.check(largest)
     args, ckpt, dtype = engine.target_config, engine.checkpoint, engine.dtype
     cli.output_dir.mkdir(parents=True, exist_ok=True)
@@ -325,7 +315,7 @@ def main(argv=None):
     k = cli.draft_layers or max(1, args.n_layers // 4)
     want_b1 = 1 in cli.batch_sizes
     hf_draft, draft = first_layers(hf, args, k, device, dtype) if want_b1 else (None, None)
-    engine.models = {k: draft, args.n_layers: target}
+    shared.models = {k: draft, args.n_layers: target}
     engine.load_target()  # ours, with the fused kernels on a GPU unless --no_fuse
     summary = {"model": args.name, "model_config": args.to_dict(), "random_weights": cli.random_weights,
                "checkpoint": str(ckpt) if ckpt else None, "draft_layers": k, "dtype": str(dtype),
@@ -367,10 +357,10 @@ def main(argv=None):
     hf_eager = {"static": True, "compiled": None, "prefill_chunk_size": cli.hf_prefill_chunk}
     plan = [(P, B) for P in sorted(cli.prefix_lens) for B in sorted(cli.batch_sizes)]
     # Every prefix's prompts first (too little text fails now, not after minutes); each B takes the first B rows.
-    engine.given = {P: prompts_for(cli, engine, RunConfig.from_options(options | {"B": max(cli.batch_sizes),
+    shared.given = {P: prompts_for(cli, engine, RunConfig.from_options(options | {"B": max(cli.batch_sizes),
                                                                                  "prefix_len": P}))
                     for P in cli.prefix_lens}
-    summary["prompt_source"] = engine.given[plan[0][0]][1]
+    summary["prompt_source"] = shared.given[plan[0][0]][1]
     with torch.inference_mode():
         for P, B in tqdm(plan, desc="side by side", disable=cli.no_progress):
             ours = Ours(engine, RunConfig.from_options(options | {"B": B, "prefix_len": P}), cli.gammas)
@@ -406,7 +396,7 @@ def prompts_for(cli, engine: Engine, cfg: RunConfig):
         c, w = engine.target_config, cfg.workload
         return (data.random_prompts(c.vocab_size, w.B, w.prefix_len, w.seed, c.bos_id or 0),
                 "random token ids" + (" (random weights)" if cli.random_weights else ""))
-    prompts, _, source = Engine.prompts(engine, cfg)  # the engine's own choice, not the shared ones it hands out
+    prompts, _, source = engine.dataset_prompts(cfg)  # the engine's own choice, not the shared ones it hands out
     return prompts, source
 
 

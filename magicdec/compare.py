@@ -24,14 +24,14 @@ from tqdm import tqdm
 from magicdec import cost_model as cm
 from magicdec import device as dev
 from magicdec import drafters
-from magicdec import metrics as met
 from magicdec import options as opt
 from magicdec import timing
-from magicdec.config import appended_for, check_context, ModelArgs
-from magicdec.engine import Engine, first_tokens
+from magicdec.config import check_context, ModelArgs
+from magicdec.engine import Engine
 from magicdec.errors import MagicDecError
 from magicdec.run import write_record
 from magicdec.run_config import RunConfig, writable_folder
+from magicdec.trial import Timed, Trial
 
 PROFILES = cm.PROFILES
 SAMPLED = {"temperature": 0.6, "top_p": 0.9}
@@ -186,7 +186,8 @@ def side_by_side(a, base: dict, target: RunConfig, engine: Engine, profile, foun
     engine.load_target()
     queries = max((v["cfg"].drafter.prefill_queries(v["cfg"]) for v in runnable), default=0)
     ahead = max((v["cfg"].lookahead for v in runnable), default=0)
-    batch = engine.prefill(target, queries, target.workload.prefix_len + appended_for(target.workload.gen_len, ahead))
+    trial = Trial(engine, target, queries=queries, ahead=ahead)  # one prefill, shared by every drafter
+    batch = trial.batch
     modes = {"greedy": {}, "sampled": SAMPLED} if not a.greedy_only else {"greedy": {}}
     record = {"command": "magicdec compare " + " ".join(a.argv), "model_config": engine.target_config.to_dict(),
               "prompt_source": batch.prompt_source, "prefill_s": batch.seconds,
@@ -209,8 +210,8 @@ def side_by_side(a, base: dict, target: RunConfig, engine: Engine, profile, foun
             bar.update()
 
         for mode, sampling in modes.items():
-            measure(engine, batch, RunConfig.from_options(base | sampling, strict=False), runnable, mode, sampling, a,
-                    profile, bar, emit)
+            measure(trial, RunConfig.from_options(base | sampling, strict=False), runnable, mode, sampling, a, profile,
+                    bar, emit)
             dev.release_memory(engine.device)
     print(table.legend)
     write_record(a.output, record)
@@ -221,45 +222,38 @@ def variant_row(v: dict, mode: str) -> dict:
     return {"drafter": v["drafter"], "label": v["cfg"].describe(), "decoding": mode, "options": v["options"]}
 
 
-def measure(engine: Engine, batch, base_cfg: RunConfig, runnable: list[dict], mode: str, sampling: dict, a, profile,
-            bar, emit) -> None:
+def measure(trial: Trial, base_cfg: RunConfig, runnable: list[dict], mode: str, sampling: dict, a, profile, bar,
+            emit) -> None:
     """Every runnable variant prepared over the shared prefill, then timed with the plain baseline in rounds from
     the same prompt (one machine state for all; each round's speculative runs pair with its baseline run): each
     variant's row goes to `emit` as soon as its rounds and the baseline's are done."""
-    prefix, made = base_cfg.workload.prefix_len, []
+    engine, made, decoders = trial.engine, [], []
     with torch.inference_mode():
         for v in runnable:
             bar.set_postfix_str(f"preparing {v['cfg'].describe()}, {mode}")
             cfg = RunConfig.from_options(v["options"] | sampling)
-            batch.cache.rollback(torch.full_like(batch.cache.lengths, prefix))
-            drafter, draft_s, notes = engine.prepare(cfg, batch, v["models"])
-            made.append((variant_row(v, mode) | {"draft_preparation_s": draft_s, "preparation_notes": notes or None},
-                         engine.decoder(cfg, drafter, a.gamma)))
-        decoders = [engine.decoder(base_cfg)] + [d for _, d in made]
-        batch.cache.rollback(torch.full_like(batch.cache.lengths, prefix))
-        first, prev = first_tokens(base_cfg, batch)
-        done: dict[int, tuple] = {}
+            drafter, draft_s, notes = trial.prepare(cfg, v["models"])
+            made.append(variant_row(v, mode) | {"draft_preparation_s": draft_s, "preparation_notes": notes or None})
+            decoders.append(engine.decoder(cfg, drafter, a.gamma))
+        decoders = [engine.decoder(base_cfg)] + decoders
+        done: dict[int, Timed] = {}
 
-        def on_done(i: int, result) -> None:
-            done[i] = result
+        def on_done(i: int, timed: Timed) -> None:
+            done[i] = timed
             if 0 not in done:  # each row's speedup divides by the baseline's rounds
                 return
             for j in ([i] if i else sorted(done)[1:]):
-                emit(variant_result(made[j - 1], done[j], done[0], decoders[0], sampling, a, profile))
+                emit(variant_result(made[j - 1], done[j], done[0], sampling, a, profile))
 
         bar.set_postfix_str(f"timing, {mode}")
-        w = base_cfg.workload
-        timing.timed_generations(decoders, batch.cache, first, prev, w.gen_len, engine.target_config.eos_ids, w.seed,
-                                 base_cfg.runtime.graphed, a.repeats, on_done=on_done)
+        trial.time(decoders, base_cfg, repeats=a.repeats, on_done=on_done)
 
 
-def variant_result(made: tuple, result: tuple, base_result: tuple, base, sampling: dict, a, profile) -> dict:
+def variant_result(row: dict, timed: Timed, base: Timed, sampling: dict, a, profile) -> dict:
     """A variant's row: its metrics against the baseline's timed in the same rounds, and the cost model's
     prediction at the α measured."""
-    (row, decoder), (out, counts, s), (b_out, b_counts, b_s) = made, result, base_result
-    b = met.generation_metrics(b_counts, b_s, a.B, base.stats, base.round_seconds, base.round_rates)
-    m = met.generation_metrics(counts, s, a.B, decoder.stats, decoder.round_seconds, decoder.round_rates)
-    m |= met.speculation_metrics(m, decoder.stats, b, a.gamma)
+    m = timed.metrics(a.B, base.metrics(a.B), a.gamma)
+    out, b_out = timed.out, base.out
     summary = m["speculation"].get("drafter")
     return row | {"alpha": m["alpha"], "acceptance_length": m["omega"],
                   "tokens_per_verification": m["omega_effective"], "T_D_over_T_T": m.get("T_D_over_T_T"),

@@ -166,6 +166,12 @@ def appended_for(gen_len: int, ahead: int) -> int:
     return gen_len + ahead + 2
 
 
+def cache_slots(prefix_len: int, gen_len: int, ahead: int) -> int:
+    """Positions a cache holds for a prompt of `prefix_len` tokens and what generation appends to it (appended_for):
+    the target's cache, and a draft's that keeps the whole prompt."""
+    return prefix_len + appended_for(gen_len, ahead)
+
+
 def check_context(config: ModelArgs, prefix_len: int, new_tokens: int, what: str, whose: str = "the model's",
                   hint: str = "") -> None:
     """The prompt and what generation adds to it (`what`, named as the sum's terms) within a model's context."""

@@ -4,11 +4,12 @@ benchmark script alike. Nothing else builds caches or drafters.
 
 `Engine(cfg)` resolves the target and checks everything against the models' configs before anything large is
 allocated (`plan`); then it loads, prefills and prepares, keeping loaded models so that a sweep reuses them across
-points. `build(cfg)` does all of it for one run.
+points. magicdec.trial runs one trial (prefill, prepare, decoders, timed rounds) on it; its `build(cfg)` readies one
+run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -16,7 +17,7 @@ import torch
 from magicdec import device as dev
 from magicdec import draft_cache, fused, tp
 from magicdec.attention import resolve_backend
-from magicdec.config import appended_for, check_context, ModelArgs
+from magicdec.config import cache_slots, check_context, ModelArgs
 from magicdec.drafters.base import ModelRef, Part, PrepareContext
 from magicdec.errors import MagicDecError
 from magicdec.generate import Decoder, Sampling, prefill
@@ -141,8 +142,11 @@ def check_host_fits(nbytes: int, what: str) -> None:
                             f"but only {free / gib:.1f} GiB is free; lower --B or --prefix_len, or raise --on_chip")
 
 
-def target_slots(cfg: RunConfig) -> int:
-    return cfg.workload.prefix_len + appended_for(cfg.workload.gen_len, cfg.lookahead)
+def target_slots(cfg: RunConfig, ahead: int | None = None) -> int:
+    """The target cache's positions per sequence: the prompt and what generation reaches, a verification carrying
+    `ahead` tokens at most (default: the config's own lookahead; a batch several configs share: the largest)."""
+    w = cfg.workload
+    return cache_slots(w.prefix_len, w.gen_len, cfg.lookahead if ahead is None else ahead)
 
 
 @dataclass
@@ -160,11 +164,19 @@ class Prefilled:
 
 
 class Engine:
-    """The target of one config (model, runtime), loaded once; prompts, caches and drafters made from it."""
+    """The target of one config (model, runtime), loaded once; prompts, caches and drafters made from it.
 
-    def __init__(self, cfg: RunConfig):
+    `prompts(cfg) -> (prompts [B, P], tokenizer or None, where they came from)` is where a run's prompts come from
+    (default: dataset_prompts, the config's dataset cut by the target's tokenizer); `load(config, checkpoint, shard,
+    flag) -> model` makes a model (default: make_model, its checkpoint's weights or random ones). A benchmark hands
+    the engine its own (prompts followed by their books' text, models on another library's tensors) instead of
+    subclassing it; what they give is cached as the engine's own is."""
+
+    def __init__(self, cfg: RunConfig, prompts=None, load=None):
         cfg.check()
         self.cfg = cfg
+        self.prompt_source = prompts or self.dataset_prompts
+        self.model_loader = load or self.make_model
         self.device, self.dtype = cfg.runtime.torch_device, cfg.runtime.torch_dtype
         self.rank, self.world = tp.init_distributed(self.device)
         self.target_config, self.checkpoint = resolve_model(
@@ -261,24 +273,33 @@ class Engine:
         return self.target
 
     def load(self, config: ModelArgs, checkpoint: Path | None, shard=None, flag: str = "--draft"):
-        """A model's weights (random at its shapes without a checkpoint), loaded once per engine."""
-        from magicdec.model import build_model, load_model
-
-        key = (config.name, str(checkpoint), None if shard is None else (shard.index, shard.size))
+        """A model (the engine's `load`), made once per engine: its config whole in the key, as two models of one
+        name (a target and its first layers as a draft, both random) are two models."""
+        key = (repr(config), str(checkpoint), None if shard is None else (shard.index, shard.size))
         if key not in self.loaded:
-            if checkpoint is None:
-                self.loaded[key] = build_model(config, self.device, self.dtype, random_seed=self.cfg.workload.seed,
-                                               shard=shard)
-            else:
-                try:
-                    self.loaded[key] = load_model(checkpoint, self.device, self.dtype, shard)
-                except MagicDecError as e:  # a damaged file: say which flag named it
-                    raise MagicDecError(f"{flag}: {e}") from None
+            self.loaded[key] = self.model_loader(config, checkpoint, shard, flag)
         return self.loaded[key]
 
+    def make_model(self, config: ModelArgs, checkpoint: Path | None, shard=None, flag: str = "--draft"):
+        """A model's weights, random at its shapes without a checkpoint."""
+        from magicdec.model import build_model, load_model
+
+        if checkpoint is None:
+            return build_model(config, self.device, self.dtype, random_seed=self.cfg.workload.seed, shard=shard)
+        try:
+            return load_model(checkpoint, self.device, self.dtype, shard)
+        except MagicDecError as e:  # a damaged file: say which flag named it
+            raise MagicDecError(f"{flag}: {e}") from None
+
     def check_prompts(self, cfg: RunConfig) -> None:
-        """A --dataset that names a file or folder, then the tokenizer that cuts it, before any weight is loaded (PG-19
-        and the other named sources are resolved when the prompts are made: that may ask the network)."""
+        """Where the prompts come from, before any weight is loaded: the dataset and tokenizer where they are the
+        engine's own (dataset_prompts); a prompt source handed to the engine is checked by whoever hands it."""
+        if self.prompt_source == self.dataset_prompts:
+            self.check_dataset(cfg)
+
+    def check_dataset(self, cfg: RunConfig) -> None:
+        """A --dataset that names a file or folder, then the tokenizer that cuts it (PG-19 and the other named sources
+        are resolved when the prompts are made: that may ask the network)."""
         from magicdec import data
 
         if cfg.workload.dataset not in ("auto", "pg19", "stdlib"):
@@ -300,15 +321,20 @@ class Engine:
         return self.cfg.models.tokenizer or (self.checkpoint.parent if self.checkpoint else None)
 
     def prompts(self, cfg: RunConfig):
-        """(prompts [B, P], tokenizer or None, where they came from): real text, or seeded random ids for
-        random-weight runs with no tokenizer. The last batch made is kept: build makes it before the target loads
-        (a source too small for it is said first), and the prefill takes it."""
+        """(prompts [B, P], tokenizer or None, where they came from), from the engine's prompt source. The last batch
+        made is kept: build makes it before the target loads (a source too small for it is said first), and the
+        prefill takes it."""
+        w = cfg.workload
+        key = (w.B, w.prefix_len, w.dataset, w.skip_tokens, w.seed)
+        if self.last_prompts is None or self.last_prompts[0] != key:
+            self.last_prompts = (key, self.prompt_source(cfg))
+        return self.last_prompts[1]
+
+    def dataset_prompts(self, cfg: RunConfig):
+        """The default prompt source: real text, or seeded random ids for random-weight runs with no tokenizer."""
         from magicdec import data
 
         w, config = cfg.workload, self.target_config
-        key = (w.B, w.prefix_len, w.dataset, w.skip_tokens, w.seed)
-        if self.last_prompts is not None and self.last_prompts[0] == key:
-            return self.last_prompts[1]
         tokenizer = self.load_tokenizer()
         if tokenizer is None:
             made = (data.random_prompts(config.vocab_size, w.B, w.prefix_len, w.seed, config.bos_id or 0), None,
@@ -317,7 +343,6 @@ class Engine:
             source = data.resolve_source(w.dataset)
             made = (data.load_prompts(tokenizer, w.B, w.prefix_len, source, w.skip_tokens, bos_id=config.bos_id,
                                       progress=cfg.output.progress), tokenizer, str(source))
-        self.last_prompts = (key, made)
         return made
 
     def new_cache(self, cfg: RunConfig, slots: int | None = None) -> KVCache:
@@ -399,34 +424,3 @@ def first_tokens(cfg: RunConfig, batch: Prefilled) -> tuple[torch.Tensor, torch.
     torch.manual_seed(cfg.workload.seed)
     d = cfg.decoding
     return next_token(batch.logits, d.temperature, d.top_p, d.top_k), batch.prompts[:, -1]
-
-
-@dataclass
-class Built:
-    """What one run needs: the engine (its target), the prefilled batch, the drafter and its preparation."""
-    engine: Engine
-    batch: Prefilled
-    drafter: object | None
-    draft_prefill_s: float | None
-    models: dict = field(default_factory=dict)
-    notes: dict = field(default_factory=dict)
-
-
-def build(cfg: RunConfig, preflight=None) -> Built:
-    """The composition root of one run: checks first (nothing large allocated until they pass; `preflight(engine)`
-    adds the caller's), then the target, its prefilled cache and the drafter."""
-    engine = Engine(cfg)
-    models = engine.check(cfg)
-    if preflight is not None:
-        preflight(engine)
-    engine.prompts(cfg)  # before the weights: a source too small for B prompts of prefix_len is said first
-    engine.load_target()
-    queries = cfg.drafter.prefill_queries(cfg) if cfg.drafter else 0
-    features = cfg.drafter.prefill_features(cfg, engine.target_config) if cfg.drafter else None
-    batch = engine.prefill(cfg, queries, features=features)
-    drafter = seconds = None
-    notes = {}
-    if cfg.drafter:
-        drafter, seconds, notes = engine.prepare(cfg, batch, models)
-        batch.queries = batch.features = None  # the selection, or the head, has read them
-    return Built(engine, batch, drafter, seconds, models, notes)

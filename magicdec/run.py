@@ -1,5 +1,6 @@
-"""One run, as `magicdec run` and the seed's tests/*_benchmark.py launch it: the config checked, the run built by the
-engine, the baseline and each gamma timed in turns, the record written and its summary printed."""
+"""One run, as `magicdec run` and the seed's tests/*_benchmark.py launch it: the config checked (a --baseline_json
+read against it), its trial (magicdec.trial: prefill, drafter, the baseline and each gamma timed in turns), the record
+written and its summary printed."""
 from __future__ import annotations
 
 import json
@@ -13,12 +14,9 @@ import torch
 
 from magicdec import device as dev
 from magicdec import files
-from magicdec import metrics as met
-from magicdec import timing
-from magicdec.engine import build, first_tokens
 from magicdec.errors import MagicDecError
-from magicdec.planner import AutoGamma
 from magicdec.run_config import RunConfig, load_baseline
+from magicdec.trial import build
 from magicdec.verify import SYNTHETIC_DRAWS
 
 COMPARED = ("B", "prefix_len", "gen_len", "dataset", "skip_tokens", "seed", "ignore_eos", "temperature", "top_p",
@@ -65,61 +63,14 @@ def run(cfg: RunConfig) -> dict:
     w, spec = cfg.workload, cfg.speculation
     device = engine.device
     copy_bw = dev.copy_bandwidth(device)
-    target, cache = engine.target, batch.cache
-    eos = [] if w.ignore_eos else engine.target_config.eos_ids
-    first, prev = first_tokens(cfg, batch)
-
-    def timed(decoders):
-        return timing.timed_as_configured(decoders, cfg, cache, first, prev, eos)
-
-    def baseline_metrics(decoder, counts, seconds):
-        m = met.generation_metrics(counts, seconds, w.B, decoder.stats, decoder.round_seconds,
-                                   decoder.round_rates)
-        return m | met.bandwidth_metrics(target, engine.target_config, w.B, w.prefix_len, w.gen_len, engine.dtype,
-                                         seconds, copy_bw)
-
-    with torch.inference_mode():
-        base_decoder = engine.decoder(cfg) if not spec.speculative or cfg.timing.baseline else None
-        baseline = None
-        if not spec.speculative:
-            (out, counts, seconds), = timed([base_decoder])
-            baseline = baseline_metrics(base_decoder, counts, seconds)
-        sweep, traces = {}, {}  # gamma -> metrics of its timed run, and its acceptance trace (--save_trace)
-        for g in spec.gammas:
-            cache.rollback(torch.full_like(cache.lengths, w.prefix_len))
-            policy = AutoGamma(range(1, g + 1), spec.alpha_prior) if spec.auto else None
-            decoder = engine.decoder(cfg, built.drafter, g, policy)
-            profile_s = timing.profile_gammas(decoder, cache, first, prev, w.gen_len, eos) if policy else None
-            paired = None
-            if base_decoder is not None:  # timed in turns with the baseline: its speedup is against that baseline
-                (out, counts, s), (_, b_counts, b_s) = timed([decoder, base_decoder])
-                paired = baseline_metrics(base_decoder, b_counts, b_s)
-            else:
-                (out, counts, s), = timed([decoder])
-            sweep[g] = met.generation_metrics(counts, s, w.B, decoder.stats, decoder.round_seconds,
-                                              decoder.round_rates)
-            sweep[g].update(met.speculation_metrics(sweep[g], decoder.stats, baseline_given or paired, g))
-            sweep[g].update(auto_gamma_profile_s=profile_s, paired_baseline=paired)
-            if decoder.trace is not None:
-                traces[g] = {"gammas": decoder.trace_gammas, "accepted": decoder.trace}
-            del decoder  # its CUDA graphs' memory goes back before the next gamma captures its own
-            dev.release_memory(device)
-    if not spec.speculative:
-        metrics = baseline
-    else:
-        best = max(sweep, key=lambda g: sweep[g].get("measured_speedup") or sweep[g]["decode_tokens_per_s"] or 0)
-        metrics = dict(sweep[best], gamma=best)
-        if len(sweep) > 1:  # a selection, declared in the record: every candidate's figures stay in gamma_sweep
-            metrics["gamma_chosen_by"] = (f"best of {len(sweep)} gammas by the all-reach speedup, each timed in "
-                                          "its own rounds" + (" with the baseline" if base_decoder else ""))
-        paired = metrics.pop("paired_baseline")
-        baseline = baseline_given or paired  # what the reported speedup was measured against
+    result = built.run(baseline_given, copy_bw)
+    metrics, baseline, out, counts = result.metrics, result.baseline, result.out, result.counts
     metrics.update(prefill_s=batch.seconds, draft_prefill_s=built.draft_prefill_s,
                    copy_bandwidth_GBps=copy_bw / 1e9 if copy_bw else None,
                    peak_memory_GiB=(dev.peak_memory(device) or 0) / 2**30 or None)
-    record = make_record(cfg, built, metrics, baseline if spec.speculative else None, sweep)
+    record = make_record(cfg, built, metrics, baseline if spec.speculative else None, result.by_gamma)
     if spec.speculative and cfg.output.save_trace:
-        record["acceptance_trace"] = traces[metrics["gamma"]]
+        record["acceptance_trace"] = result.traces[metrics["gamma"]]
     if cfg.output.save_tokens:
         record.update(prompt_ids=batch.prompts.tolist(), generated_ids=out.tolist(), generated_counts=counts.tolist())
     if engine.world > 1:  # per-rank memory, and one writer

@@ -60,13 +60,13 @@ from magicdec import files
 from magicdec import metrics as met
 from magicdec import options as opt
 from magicdec import timing
-from magicdec.engine import activation_rows, Engine, first_tokens, memory_needed
-from magicdec.config import appended_for
+from magicdec.engine import activation_rows, Engine, memory_needed
 from magicdec.errors import interrupted_as, MagicDecError, one_line_errors
 from magicdec.planner import AutoGamma, fit_spread, option_parts, plan
 from magicdec.files import writable_folder, write_json
 from magicdec.run_config import RUN_OPTIONS, SECTIONS, SPECULATIVE_ONLY, RunConfig
 from magicdec.stats import Stats
+from magicdec.trial import Timed, Trial
 from magicdec.verify import SYNTHETIC_DRAWS
 
 MODES = {"greedy": {"temperature": 0.0, "top_p": 1.0, "top_k": 0},
@@ -312,10 +312,11 @@ def group_key(point: Point) -> tuple:
             r.step_mode, r.offload, r.on_chip, r.skip_prefill, r.prefill_chunk)
 
 
-def timing_entry(skip: int, seconds: float, decoder, counts) -> dict:
+def timing_entry(skip: int, timed: Timed) -> dict:
     """One decoder's timed generation on one batch, as a point keeps it until its last batch."""
-    return {"skip_tokens": skip, "counts": counts.tolist(), "seconds": seconds, "stats": asdict(decoder.stats),
-            "round_s": decoder.round_seconds, "round_tokens": decoder.round_tokens}
+    d = timed.decoder
+    return {"skip_tokens": skip, "counts": timed.counts.tolist(), "seconds": timed.seconds, "stats": asdict(d.stats),
+            "round_s": d.round_seconds, "round_tokens": d.round_tokens}
 
 
 def combined(timings: list[dict]):
@@ -525,15 +526,13 @@ class Sweep:
         where the sweep's KV is random, timed like a point (3 rounds, median)."""
         engine = self.engine
         models = engine.plan(cfg)[0]
-        batch = engine.prefill(cfg, cfg.drafter.prefill_queries(cfg) if cfg.drafter else 0)
+        trial = Trial(engine, cfg, queries=cfg.drafter.prefill_queries(cfg) if cfg.drafter else 0)
         with torch.inference_mode():
-            drafter = engine.prepare(cfg, batch, models)[0] if cfg.drafter else None
+            drafter = trial.prepare(cfg, models)[0] if cfg.drafter else None
             decoder = engine.decoder(cfg, drafter, cfg.speculation.largest)
-            first, prev = first_tokens(cfg, batch)
-            timing.timed_generations([decoder], batch.cache, first, prev, cfg.workload.gen_len, [], cfg.workload.seed,
-                                     cfg.runtime.graphed, repeats=3)
+            trial.time([decoder], cfg, eos=[], repeats=3, min_seconds=0.0)
             seconds = sorted(decoder.round_seconds)[1] / max(decoder.stats.iterations, 1)
-        del decoder, drafter, batch
+        del decoder, drafter, trial
         dev.release_memory(engine.device)
         return seconds
 
@@ -591,9 +590,8 @@ class Sweep:
         cfg0 = replace_options(base, skip_tokens=skip)
         queries = max((p.cfg.drafter.prefill_queries(p.cfg) for p in pts if p.cfg.drafter), default=0)
         ahead = max(room_ahead(p) for p in pts)
-        slots = cfg0.workload.prefix_len + appended_for(cfg0.workload.gen_len, ahead)
-        batch = engine.prefill(cfg0, queries, slots)
-        self.prompt_source = batch.prompt_source
+        trial = Trial(engine, cfg0, queries=queries, ahead=ahead)
+        self.prompt_source = trial.batch.prompt_source
         made, base_decoders = None, {}  # made: (key, drafter, its preparation's seconds), one drafter at a time
         pts = sorted(pts, key=lambda p: (p.method != "baseline", self.drafter_key(p.cfg)))  # one drafter alive at once
         try:
@@ -603,16 +601,13 @@ class Sweep:
                 cfg = point.cfg
                 mode = cfg.decoding.name
                 partial = self.partial(point)
-                batch.cache.rollback(torch.full_like(batch.cache.lengths, cfg.workload.prefix_len))
-                first, prev = first_tokens(cfg, batch)
                 if mode not in base_decoders:
                     base_cfg = replace_options(cfg, drafter="baseline")
                     base_decoders[mode] = engine.decoder(base_cfg)
                 with torch.inference_mode():
                     if point.method == "baseline":  # timed alone
-                        (out, counts, seconds), = timing.timed_as_configured([base_decoders[mode]], cfg, batch.cache,
-                                                                             first, prev, [])
-                        partial["batches"].append(timing_entry(skip, seconds, base_decoders[mode], counts))
+                        timed, = trial.time([base_decoders[mode]], cfg, eos=[])
+                        partial["batches"].append(timing_entry(skip, timed))
                         self.finish(point, partial, last, bar)
                         continue
                     if point.method == "auto":  # planned and profiled on the first batch, as a server does
@@ -627,30 +622,28 @@ class Sweep:
                     if made is None or made[0] != key:
                         # the previous drafter's caches (and a quantized weight copy) go before this one's are made:
                         # every name holding it lets go
-                        made = drafter = decoder = None
+                        made = drafter = None
                         dev.release_memory(engine.device)
-                        made = (key, *engine.prepare(cfg, batch, engine.plan(cfg)[0], ahead)[:2])
+                        made = (key, *trial.prepare(cfg, ahead=ahead)[:2])
                     _, drafter, draft_s = made
-                    decoder = engine.decoder(cfg, drafter, cfg.speculation.largest, policy)
-                    if policy and "profiled_costs" not in partial:
-                        partial["auto_gamma_profile_s"] = timing.profile_gammas(decoder, batch.cache, first, prev,
-                                                                                cfg.workload.gen_len, [])
+                    costs = partial.get("profiled_costs")  # an earlier batch's profile (JSON keys: strings)
+                    timed, base_timed, profile_s = trial.speculate(
+                        cfg, drafter, cfg.speculation.largest, policy, base_decoders[mode], eos=[],
+                        costs=None if costs is None or not policy else {int(g): s for g, s in costs.items()})
+                    if profile_s is not None:
+                        partial["auto_gamma_profile_s"] = profile_s
                         partial["profiled_costs"] = policy.costs
-                    elif policy:
-                        policy.costs = {int(g): s for g, s in partial["profiled_costs"].items()}  # JSON keys
-                    (out, counts, s), (_, b_counts, b_s) = timing.timed_as_configured(
-                        [decoder, base_decoders[mode]], cfg, batch.cache, first, prev, [])
-                    entry = timing_entry(skip, s, decoder, counts)
-                    entry["baseline"] = timing_entry(skip, b_s, base_decoders[mode], b_counts)
+                    entry = timing_entry(skip, timed)
+                    entry["baseline"] = timing_entry(skip, base_timed)
                     entry["draft_prefill_s"] = draft_s
                     partial["batches"].append(entry)
-                    del decoder
+                    del timed, base_timed
                     gc.collect()  # its CUDA graphs and their memory go now, not at some later capture
                 self.finish(point, partial, last, bar)
         finally:
             base_decoders.clear()
             made = None  # free the draft caches before the next batch allocates its own
-            del batch
+            del trial
         return True
 
     @staticmethod

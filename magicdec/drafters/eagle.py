@@ -26,7 +26,7 @@ from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.head_draft import (FeatureTap, HeadDraft, HeadOptions, Sampler, check_head_files, check_head_run,
                                           graphs_for, head_bytes, head_prediction, level_picks, load_head,
                                           prompt_features, sampler_of, tree_at, untrained_head)
-from magicdec.config import appended_for
+from magicdec.config import cache_slots
 from magicdec.errors import MagicDecError
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.options import option
@@ -149,7 +149,7 @@ class EagleDraft(HeadDraft):
         B, P = prompts.shape
         dtype, device = features.dtype, features.device
         max_new = max(PREPARE_CHUNK, 2 * (lookahead + 2))
-        cache = head_cache(head, B, P + appended_for(gen_len, lookahead), window, budget, sinks, max_new, dtype,
+        cache = head_cache(head, B, cache_slots(P, gen_len, lookahead), window, budget, sinks, max_new, dtype,
                            device, backend)
         taps = head.taps(target.args.n_layers)
         tap = FeatureTap(taps, B, lookahead + 1, features.shape[-1], dtype, device)
@@ -276,7 +276,7 @@ class Eagle(DrafterKind):
 
     def memory(self, cfg, target, models, rank) -> list[Part]:
         d, w = cfg.draft, cfg.workload
-        slots = d.window_slots(cfg.lookahead) if d.window else w.prefix_len + appended_for(w.gen_len, cfg.lookahead)
+        slots = d.window_slots(cfg.lookahead) if d.window else cache_slots(w.prefix_len, w.gen_len, cfg.lookahead)
         item = torch.empty((), dtype=cfg.runtime.torch_dtype).element_size()
         # the prompt's features the head is fed (over random KV, the last position's only: its KV is random too)
         n = 1 if cfg.runtime.skip_prefill else len(prompt_positions(w.prefix_len, d.window, d.head_budget, d.head_sinks))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from magicdec import draft_cache, draft_weights
-from magicdec.config import appended_for
+from magicdec.config import appended_for, cache_slots
 from magicdec.errors import MagicDecError
 from magicdec.generate import Drafter, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
@@ -83,7 +83,7 @@ class DraftCacheOptions:
     def slots(self, prefix_len: int, gen_len: int, lookahead: int) -> int:
         """KV slots per sequence of the draft's cache."""
         if self.full:
-            return prefix_len + appended_for(gen_len, lookahead)
+            return cache_slots(prefix_len, gen_len, lookahead)
         if self.selected:  # a selected cache's ring holds every position generation reaches
             return self.draft_budget + appended_for(gen_len, lookahead)
         return self.draft_budget + ring_extra_for(gen_len, lookahead)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from magicdec import cost_model as cm
 from magicdec import draft_cache, quant_kv
-from magicdec.config import appended_for
+from magicdec.config import appended_for, cache_slots
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import (
     DraftCacheOptions,
@@ -109,7 +109,7 @@ def self_draft_part(d: Config, cfg, target) -> Part:
     """The self-draft's memory: its cache's slots (or its quantized copy of the target's whole KV) and its weight
     copy."""
     w = cfg.workload
-    cache_len = w.prefix_len + appended_for(w.gen_len, cfg.lookahead)
+    cache_len = cache_slots(w.prefix_len, w.gen_len, cfg.lookahead)
     if d.quantized_kv:
         copy = cache_len * quant_kv.kv_bytes_per_token(target, d.draft_kv)  # per sequence
         return Part(target, False, 0, d.copy_bytes(target), copy)
