@@ -19,7 +19,7 @@ from magicdec.engine import build, first_tokens
 from magicdec.errors import MagicDecError
 from magicdec.planner import AutoGamma
 from magicdec.run_config import RunConfig, load_baseline
-from magicdec.verify import SYNTHETIC_DRAWS
+from magicdec.acceptance import SYNTHETIC_DRAWS
 
 COMPARED = ("B", "prefix_len", "gen_len", "dataset", "skip_tokens", "seed", "ignore_eos", "temperature", "top_p",
             "top_k", "dtype", "model", "model_name", "random_weights", "tokenizer")
