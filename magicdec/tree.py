@@ -8,7 +8,7 @@ cache slots after the committed ones in node order, and once a path is accepted 
 contiguous slots that path's positions take (KVCache.keep_path). A chain is the tree whose every node has one
 child: its verification is today's.
 
-Acceptance (greedy, sampled, synthetic) walks a tree from its root: magicdec/acceptance.py.
+Acceptance walks a tree from its root, greedy, sampled or at chosen rates: magicdec/acceptance.py.
 """
 from __future__ import annotations
 
