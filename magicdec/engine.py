@@ -16,15 +16,16 @@ import torch
 
 from magicdec import device as dev
 from magicdec import draft_cache, fused, tp
+from magicdec.acceptance import Acceptor
 from magicdec.attention import resolve_backend
 from magicdec.config import cache_slots, check_context, ModelArgs
 from magicdec.drafters.base import ModelRef, Part, PrepareContext
 from magicdec.errors import MagicDecError
-from magicdec.generate import Decoder, Sampling, prefill
+from magicdec.generate import Decoder, prefill
 from magicdec.kv_cache import KVCache
 from magicdec.offload import OffloadedCache
 from magicdec.planner import AutoGamma
-from magicdec.run_config import RunConfig, load_trace
+from magicdec.run_config import RunConfig
 from magicdec.sampling import next_token
 
 
@@ -411,12 +412,9 @@ class Engine:
             drafter.shape = cfg.speculation.drafted_tree(gamma)  # a model draft's tree (--tree_nodes), or None
             if drafter.shape is not None:  # its draft steps' candidates: the most children a node has
                 drafter.width = drafter.shape.max_children
-        return Decoder(self.target, Sampling(d.temperature, d.top_p, d.top_k), drafter=drafter, gamma=gamma,
-                       step_mode=rt.step_mode, graph_target=not rt.offload,
-                       synthetic_acceptance=cfg.speculation.synthetic_acceptance if drafter else None, policy=policy,
-                       synthetic_siblings=cfg.speculation.synthetic_siblings, trace=cfg.output.save_trace,
-                       synthetic_positions=cfg.speculation.synthetic_positions,
-                       replay=load_trace(cfg.speculation.acceptance_trace) if cfg.speculation.acceptance_trace else None)
+        acceptor = Acceptor.from_config(d, cfg.speculation if drafter is not None else None)
+        return Decoder(self.target, acceptor, drafter=drafter, gamma=gamma, step_mode=rt.step_mode,
+                       graph_target=not rt.offload, policy=policy, trace=cfg.output.save_trace)
 
 
 def first_tokens(cfg: RunConfig, batch: Prefilled) -> tuple[torch.Tensor, torch.Tensor]:

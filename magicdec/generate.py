@@ -7,33 +7,18 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
 from magicdec import tp
-from magicdec.errors import MagicDecError
+from magicdec.acceptance import Acceptor
 from magicdec.model import Transformer
 from magicdec.planner import AutoGamma
-from magicdec.sampling import probabilities
+from magicdec.sampling import Sampling, probabilities
 from magicdec.stats import Counts, PhaseTimer, Stats
-from magicdec.tree import (greedy_tree_verify, node_rates, path_tokens, rank_counts, sampling_tree_verify,
-                           synthetic_tree_verify)
-from magicdec.verify import (acceptance_landscape, greedy_verify, position_rates, speculative_sampling_verify,
-                            synthetic_verify, trace_landscape)
-
-
-@dataclass
-class Sampling:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from magicdec.tree import path_tokens, rank_counts
 
 
 def prefill(model: Transformer, cache, prompts: torch.Tensor, chunk: int, progress: bool = False,
@@ -201,7 +186,7 @@ class Batch:
         return self.base + torch.clamp(self.m, max=self.n_new + 1) - back
 
     def drafted_columns(self, gamma: int) -> torch.Tensor:
-        """[B, gamma]: the hist columns the next gamma drafted tokens take (where synthetic acceptance is read)."""
+        """[B, gamma]: the hist columns the next gamma drafted tokens take (where an acceptor's landscape is read)."""
         return torch.clamp(self.m, max=self.n_new)[:, None] + self.cols[None, :gamma]
 
     def commit(self, drafted: torch.Tensor, accepted: torch.Tensor, nxt: torch.Tensor) -> torch.Tensor:
@@ -293,24 +278,20 @@ class Decoder:
     graph per verify length, two for a model draft: its 2-token re-feed, then 1-token steps) or `compile`
     (torch.compile, reduce-overhead). With a `policy` (AutoGamma) gamma is chosen per verification, up to its largest
     candidate; each verify length gets its own graph. `graph_target` False keeps the target's steps eager (an
-    offloaded cache streams on a side stream)."""
+    offloaded cache streams on a side stream). `acceptor` (acceptance.Acceptor; default: exact greedy) decides what
+    each verification keeps and samples as its `sampling` says."""
 
-    def __init__(self, model: Transformer, sampling: Sampling, drafter: Drafter | None = None, gamma: int = 0,
-                 step_mode: str = "eager", graph_target: bool = True, synthetic_acceptance: float | None = None,
-                 policy: AutoGamma | None = None, trace: bool = False, synthetic_siblings: tuple[float, ...] = (),
-                 synthetic_positions: tuple[float, ...] = (), replay: dict | None = None):
-        self.model, self.sampling, self.drafter = model, sampling, drafter
+    def __init__(self, model: Transformer, acceptor: Acceptor | None = None, drafter: Drafter | None = None,
+                 gamma: int = 0, step_mode: str = "eager", graph_target: bool = True, policy: AutoGamma | None = None,
+                 trace: bool = False):
+        self.model, self.drafter = model, drafter
+        self.acceptor = Acceptor() if acceptor is None else acceptor
         self.width = drafter.width if drafter is not None else 1
         # per verification of the last generation: each sequence's accepted count (-1 once stopped), and the gamma
         self.trace = [] if trace else None
         self.trace_gammas: list[int] = []
-        self.synthetic_positions = tuple(synthetic_positions)  # per drafted position's conditional rate
-        self.replay = replay  # a recorded trace ({"gammas", "accepted"}) whose acceptance the synthetic draws replay
         self.policy = policy if drafter is not None else None
         self.gamma = (policy.max_gamma if self.policy else gamma) if drafter is not None else 0  # the largest gamma
-        self.synthetic = synthetic_acceptance
-        self.synthetic_siblings = tuple(synthetic_siblings)  # a tree's later candidates' rates (rank 1, 2, ...)
-        self.landscape_seed = 0  # a decoder run many times (a hierarchy's middle level) draws a new one each run
         if step_mode == "compile":
             wrap = lambda f: torch.compile(f, mode="reduce-overhead", fullgraph=True, dynamic=False)  # noqa: E731
         elif step_mode == "cuda_graphs":
@@ -350,13 +331,7 @@ class Decoder:
         counts, timer = Counts(B, self.gamma, dev), PhaseTimer(dev)
         bar = Progress(n_new, "decode (speculation)" if self.gamma else "decode (baseline)", progress)
         self.before_loop(batch)
-        if self.synthetic is not None:  # hist column i holds position base + i; stopped rows read inside it
-            if self.replay is not None:
-                self.landscape = trace_landscape(self.replay["gammas"], self.replay["accepted"], B,
-                                                 batch.hist.shape[1], self.synthetic, dev, self.landscape_seed)
-            else:
-                self.landscape = acceptance_landscape(B, batch.hist.shape[1], dev, self.landscape_seed)
-            self.tree_draws = torch.Generator(device=dev).manual_seed(self.landscape_seed)  # a tree's per-node draws
+        self.acceptor.begin(B, batch.hist.shape[1], dev)
         drafter = self.drafter if self.gamma else None
         if drafter is not None:
             drafter.begin()
@@ -424,6 +399,10 @@ class Decoder:
         return bool(finished)
 
     @property
+    def sampling(self) -> Sampling:
+        return self.acceptor.sampling
+
+    @property
     def _greedy(self) -> bool:
         return self.sampling.greedy
 
@@ -458,23 +437,11 @@ class Decoder:
         (accepted [B], next token [B], what the pass returned: argmax ids [B, g+1], or probabilities [B, g+1, V];
         the drafted chain kept from; a tree's accepted path of nodes, or None)."""
         tokens = torch.cat([batch.hist.gather(1, (batch.m - 1)[:, None]), drafted], 1)
+        draws = self.acceptor.draws(batch, tokens, tree)  # what its acceptance draws outside a graph (exact: none)
         if tree is not None:
-            return self._verify_tree(cache, tokens, q, tree)
+            return self._verify_tree(cache, tokens, q, tree, draws)
         verified = self.verify_step(tokens, cache).clone()
-        if self.synthetic is not None:
-            at = batch.drafted_columns(drafted.shape[1])
-            rate = position_rates(self.synthetic_positions, self.synthetic, drafted.shape[1], str(drafted.device)) \
-                if self.synthetic_positions else self.synthetic
-            draws = self.landscape.gather(1, at)
-            if verified.dim() == 3:  # sampled: the sampling's work as a real run does it, the coin flips' acceptance
-                accepted, nxt = speculative_sampling_verify(verified, verified[:, :0] if q is None else q, drafted,
-                                                            keep=draws < rate)
-            else:
-                accepted, nxt = synthetic_verify(verified, drafted, rate, draws)
-        elif verified.dim() == 2:
-            accepted, nxt = greedy_verify(verified, drafted)
-        else:
-            accepted, nxt = speculative_sampling_verify(verified, verified[:, :0] if q is None else q, drafted)
+        accepted, nxt, _ = self.acceptor.accept(verified, tokens, q, None, draws)
         if dist.is_initialized() and dist.get_world_size() > 1:
             # Every rank holds the same logits, but random draws may differ (a draft on some ranks uses the RNG
             # there): rank 0 decides, everyone follows, so no rank can diverge or wait on another.
@@ -482,51 +449,30 @@ class Decoder:
             dist.broadcast(nxt, src=0)
         return accepted, nxt, verified, drafted, None
 
-    def _verify_tree(self, cache, tokens: torch.Tensor, q, tree):
+    def _verify_tree(self, cache, tokens: torch.Tensor, q, tree, draws):
         """A token tree's verification: every node over the committed cache and its ancestors in one pass, the
-        longest accepted path (greedy) or the multi-candidate rule's (sampled, tree.py), its KV moved to the slots
-        its positions take. Returns what _verify does, the drafted chain being the path's tokens."""
-        if self.synthetic is not None and not self._greedy:
-            raise MagicDecError("--synthetic_acceptance with --temperature: a tree's sampled acceptance has no "
-                                "synthetic form; drop --temperature for a tree drafter")
+        acceptor's path (acceptance.py), its KV moved to the slots its positions take. Returns what _verify does,
+        the drafted chain being the path's tokens."""
         cache.tree = tree
         try:
             verified = self.verify_step(tokens, cache).clone()
         finally:
             cache.tree = None
-        draws = None
-        if self.synthetic is not None:
-            draws = torch.rand(tokens.shape, device=tokens.device, generator=self.tree_draws)
-            node_rates(tree, self.tree_rates)  # made before any capture reads it
         ranks = dist.get_world_size() if dist.is_initialized() else 1
-        if verified.dim() == 2 and ranks == 1:  # greedy or synthetic (argmax ids): the acceptance and move graphed
-            path, accepted, nxt = self.accept_tree(verified, tokens, draws, cache, tree)
+        if verified.dim() == 2 and ranks == 1:  # argmax ids: the acceptance and the move graphed
+            accepted, nxt, path = self.accept_tree(verified, tokens, draws, cache, tree)
         else:
-            if verified.dim() == 2:
-                path, accepted, nxt = self._accept(verified, tokens, draws, tree)
-            else:
-                q = None if q is None else torch.cat([q[:, :1], q], 1)  # the root's row, unread
-                path, accepted, nxt = sampling_tree_verify(verified, q, tokens, tree)
+            accepted, nxt, path = self.acceptor.accept(verified, tokens, q, tree, draws)
             for t in (path, accepted, nxt) if ranks > 1 else ():
                 dist.broadcast(t, src=0)
             cache.keep_path(path)
         return accepted, nxt, verified, path_tokens(tokens, path), path
 
-    @property
-    def tree_rates(self) -> tuple[float, ...]:
-        return (self.synthetic, *self.synthetic_siblings)
-
-    def _accept(self, verified, tokens, draws, tree):
-        """Greedy (argmax ids) or synthetic (draws given) acceptance of a tree: (path, accepted, next)."""
-        if draws is not None:
-            return synthetic_tree_verify(verified, tree, self.tree_rates, draws)
-        return greedy_tree_verify(verified, tokens, tree)
-
     def _accept_tree(self, verified, tokens, draws, cache, tree):
-        """The acceptance, then the accepted path's KV moved (one graph under cuda_graphs)."""
-        path, accepted, nxt = self._accept(verified, tokens, draws, tree)
+        """A tree's acceptance over argmax ids, then the accepted path's KV moved (one graph under cuda_graphs)."""
+        accepted, nxt, path = self.acceptor.accept(verified, tokens, None, tree, draws)
         cache.keep_path(path)
-        return path, accepted, nxt
+        return accepted, nxt, path
 
 
 def decode(decoder: Decoder, cache, first: torch.Tensor, n_new: int, eos_ids=(), progress: bool = False,

@@ -17,7 +17,7 @@ from magicdec import files
 from magicdec.errors import MagicDecError
 from magicdec.run_config import RunConfig, load_baseline
 from magicdec.trial import build
-from magicdec.verify import SYNTHETIC_DRAWS
+from magicdec.acceptance import SYNTHETIC_DRAWS
 
 COMPARED = ("B", "prefix_len", "gen_len", "dataset", "skip_tokens", "seed", "ignore_eos", "temperature", "top_p",
             "top_k", "dtype", "model", "model_name", "random_weights", "tokenizer")

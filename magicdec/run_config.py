@@ -25,6 +25,7 @@ import torch
 
 from magicdec import drafters
 from magicdec import options as opt
+from magicdec.acceptance import load_trace
 from magicdec.errors import MagicDecError
 from magicdec.files import writable_folder
 from magicdec.options import option
@@ -33,20 +34,6 @@ from magicdec.tree import MAX_NODES, shaped_tree
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 STEP_MODES = ("eager", "cuda_graphs", "compile")
 BASELINE = "baseline"  # no drafter: one target step per token
-
-
-def load_trace(path: Path) -> dict:
-    """A record's acceptance trace ({"gammas": [...], "accepted": [[per sequence] per verification]}), transposed
-    to one list per sequence; a one-line error for a file that is not a record with one."""
-    try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MagicDecError(f"--acceptance_trace {path}: cannot read it as a JSON record ({e})") from None
-    trace = record.get("acceptance_trace") if isinstance(record, dict) else None
-    if not isinstance(trace, dict) or not trace.get("accepted") or not trace.get("gammas"):
-        raise MagicDecError(f"--acceptance_trace {path}: the record has no acceptance trace: make it with a "
-                            "speculative run's --save_trace")
-    return {"gammas": list(trace["gammas"]), "accepted": [list(s) for s in zip(*trace["accepted"])]}
 
 
 def positive_int(text) -> int:

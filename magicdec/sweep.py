@@ -67,7 +67,7 @@ from magicdec.files import writable_folder, write_json
 from magicdec.run_config import RUN_OPTIONS, SECTIONS, SPECULATIVE_ONLY, RunConfig
 from magicdec.stats import Stats
 from magicdec.trial import Timed, Trial
-from magicdec.verify import SYNTHETIC_DRAWS
+from magicdec.acceptance import SYNTHETIC_DRAWS
 
 MODES = {"greedy": {"temperature": 0.0, "top_p": 1.0, "top_k": 0},
          "sampled": {"temperature": 0.6, "top_p": 0.9, "top_k": 0}}  # the sampled mode every real-model α reports

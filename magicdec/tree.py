@@ -8,12 +8,7 @@ cache slots after the committed ones in node order, and once a path is accepted 
 contiguous slots that path's positions take (KVCache.keep_path). A chain is the tree whose every node has one
 child: its verification is today's.
 
-Acceptance walks from the root: greedy keeps the child equal to the target's argmax at its parent (the longest
-matching path); sampling tries a node's children in order (SpecInfer's multi-candidate rule, in Sequoia's form for
-candidates drawn without replacement): child c, proposed from q_c, is kept with probability min(1, p(c) / q_c(c));
-after a rejection p becomes norm(max(0, p - q_c)) and the next child is tried against it; after the last rejection,
-the next token is drawn from what p has become. Every step keeps the output distributed exactly as the target's
-own sampling. A deterministic candidate (a greedy draft's top-k) has q_c = one-hot at c: rejecting it zeroes c in p.
+Acceptance walks a tree from its root, greedy, sampled or at chosen rates: magicdec/acceptance.py.
 """
 from __future__ import annotations
 
@@ -23,7 +18,6 @@ from dataclasses import dataclass
 import torch
 
 from magicdec.errors import MagicDecError
-from magicdec.sampling import sample_from
 
 MAX_NODES = 64  # a node's ancestors are one 64-bit mask in the attention kernel
 
@@ -149,6 +143,19 @@ class TreeOnDevice:
     children: torch.Tensor  # [N, W] long: each node's children in order, -1 past them
     rank: torch.Tensor  # [N] long: each node's place among its siblings (0: its parent's first child)
     n_children: torch.Tensor  # [N] long
+
+    def path_to(self, last: torch.Tensor) -> torch.Tensor:
+        """[B, D + 1]: the nodes from the root to `last` [B] by depth, padded after it with `last`."""
+        D = self.tree.depth
+        B = last.shape[0]
+        path = torch.zeros(B, D + 1, dtype=torch.long, device=last.device)
+        depth = self.depths[last]
+        node = last
+        for d in range(D, 0, -1):  # walk up: at step d the node at depth d (or `last` itself while deeper than it)
+            here = depth >= d
+            path[:, d] = torch.where(here, node, last)
+            node = torch.where(depth >= d, self.parents[node], node)
+        return path
 
 
 @dataclass(frozen=True, eq=False)
@@ -290,79 +297,6 @@ def visible(mask: TreeMask, n_slots: int, q_pos: torch.Tensor | None = None, key
     return committed | (in_tree[:, None, :] & anc)
 
 
-def greedy_tree_verify(best: torch.Tensor, tokens: torch.Tensor, tree: TreeOnDevice):
-    """best [B, N]: the target's argmax at each node; tokens [B, N]: the nodes' tokens (the root's unused). Keep the
-    deepest node whose every ancestor, itself included, equals the target's argmax at its parent. Returns (path
-    [B, D + 1] node indices from the root, padded with the last kept node; accepted [B] drafted tokens kept; next
-    [B], the target's argmax after them)."""
-    match = tokens == best.gather(1, tree.parents[None].expand_as(tokens))
-    match[:, 0] = True
-    kept = ~((~match)[:, None, :] & tree.ancestors[None]).any(-1)  # no failing node on the way from the root
-    depth = torch.where(kept, tree.depths[None], -1)
-    last = depth.argmax(1)  # the deepest kept node (the first of equal depth)
-    return _path(tree, last), depth.max(1).values, best.gather(1, last[:, None])[:, 0]
-
-
-def sampling_tree_verify(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.Tensor, tree: TreeOnDevice,
-                         correct: bool = True):
-    """p [B, N, V]: the target's probabilities at each node; q [B, N, V]: the distribution each node's token was
-    proposed from (None: every candidate deterministic, a one-hot at its token); tokens [B, N]. Walks from the
-    root, trying each node's children in order (module docstring). `correct=False` leaves p as it was after a
-    rejection: NOT lossless (the test that catches it). Returns (path, accepted, next) as greedy_tree_verify."""
-    B, N, V = p.shape
-    rows = torch.arange(B, device=p.device)
-    at = torch.zeros(B, dtype=torch.long, device=p.device)  # the node each sequence stands on
-    done = torch.zeros(B, dtype=torch.bool, device=p.device)  # no child kept at `at`: its next token is drawn
-    residual = p[:, 0].clone()
-    t = tree.tree
-    for d in range(t.depth):
-        moved = torch.zeros_like(done)
-        for r in range(t.level_widths[d]):  # the r-th child of the node each sequence stands on
-            child = tree.children[at, r]
-            trying = ~done & ~moved & (child >= 0)
-            c = child.clamp(min=0)
-            tok = tokens[rows, c]
-            q_c = torch.nn.functional.one_hot(tok, V).to(p.dtype) if q is None else q[rows, c]
-            p_tok, q_tok = residual[rows, tok], q_c[rows, tok]
-            keep = trying & (torch.rand(B, device=p.device) * q_tok < p_tok)
-            if correct:
-                left = torch.clamp(residual - q_c, min=0)
-                mass = left.sum(-1, keepdim=True)
-                left = torch.where(mass > 0, left / mass.clamp_min(1e-30), residual)
-                residual = torch.where((trying & ~keep)[:, None], left, residual)
-            at = torch.where(keep, c, at)
-            moved |= keep
-            residual = torch.where(keep[:, None], p[rows, c], residual)
-        done |= ~moved
-    return _path(tree, at), tree.depths[at], sample_from(residual)
-
-
-def synthetic_tree_verify(best: torch.Tensor, tree: TreeOnDevice, rates: tuple[float, ...], uniforms: torch.Tensor):
-    """For random-weight speed runs: from the root, each node's children are tried in order and the one of rank r
-    is kept with probability rates[r] (the last rate for every rank past it) once the ones before it were not, as
-    Sequoia's acceptance vector says; uniforms [B, N] one draw per node. Returns (path, accepted, next), next the
-    target's argmax at the last kept node."""
-    B = best.shape[0]
-    rate = node_rates(tree, tuple(rates))
-    at = torch.zeros(B, dtype=torch.long, device=best.device)
-    for d in range(tree.tree.depth):
-        moved = torch.zeros(B, dtype=torch.bool, device=best.device)
-        for r in range(tree.tree.level_widths[d]):
-            child = tree.children[at, r]
-            c = child.clamp(min=0)
-            keep = ~moved & (child >= 0) & (uniforms.gather(1, c[:, None])[:, 0] < rate[c])
-            at = torch.where(keep, c, at)
-            moved |= keep
-    return _path(tree, at), tree.depths[at], best.gather(1, at[:, None])[:, 0]
-
-
-@functools.lru_cache(maxsize=64)
-def node_rates(tree: TreeOnDevice, rates: tuple[float, ...]) -> torch.Tensor:
-    """[N]: each node's acceptance rate by its sibling rank, made once: a copy from the host at every verification
-    waits for the GPU, and the walk's launches then run on an idle GPU."""
-    return torch.tensor(rates, device=tree.rank.device)[tree.rank.clamp(max=len(rates) - 1)]
-
-
 def rank_counts(tree: TreeOnDevice, path: torch.Tensor, accepted: torch.Tensor, active: torch.Tensor):
     """Sequoia's acceptance vector's counts from one verification of the active rows: per sibling rank r, how often
     a candidate of that rank was tried (its parent kept, the ones before it not) and kept ([W] each)."""
@@ -378,20 +312,6 @@ def rank_counts(tree: TreeOnDevice, path: torch.Tensor, accepted: torch.Tensor, 
     n = tree.n_children[path.gather(1, accepted[:, None])[:, 0]]  # the last kept node's children: all rejected
     tried += ((ranks[None] < n[:, None]) & active[:, None]).sum(0)
     return tried, kept
-
-
-def _path(tree: TreeOnDevice, last: torch.Tensor) -> torch.Tensor:
-    """[B, D + 1]: the nodes from the root to `last` [B] by depth, padded after it with `last`."""
-    D = tree.tree.depth
-    B = last.shape[0]
-    path = torch.zeros(B, D + 1, dtype=torch.long, device=last.device)
-    depth = tree.depths[last]
-    node = last
-    for d in range(D, 0, -1):  # walk up: at step d the node at depth d (or `last` itself while deeper than it)
-        here = depth >= d
-        path[:, d] = torch.where(here, node, last)
-        node = torch.where(depth >= d, tree.parents[node], node)
-    return path
 
 
 def path_tokens(tokens: torch.Tensor, path: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,9 @@ import torch
 from conftest import SELFSPEC, TINY_RUN, chi_square, copies, fixed_first_token, prefill_copies, run_here
 from magicdec import draft_cache
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.generate import Decoder, Sampling, decode
+from magicdec.acceptance import Acceptor
+from magicdec.generate import Decoder, decode
+from magicdec.sampling import Sampling
 from magicdec.kv_cache import KVCache
 from test_generate_speculative import assert_ragged, plain_greedy
 
@@ -110,7 +112,7 @@ def selected_speculation(model, policy, prompts, n_new, gamma, sampling=Sampling
                        draft_cache.prefill_recording(model, cache, prompts, policy.queries, 64))
     dc = draft_cache.build(policy, cache, queries, append=n_new + gamma + 2)
     again = refresh and draft_cache.Refresh(policy, refresh, cache, dc, a.n_heads)
-    decoder = Decoder(model, sampling, drafter=ModelDraft(model, dc, refresh=again), gamma=gamma, trace=sampling.greedy)
+    decoder = Decoder(model, Acceptor(sampling), drafter=ModelDraft(model, dc, refresh=again), gamma=gamma, trace=sampling.greedy)
     first = logits.argmax(-1) if first is None else first
     out, counts = decode(decoder, cache, first, n_new, prev=prompts[:, -1])
     return out, counts, decoder
@@ -135,7 +137,9 @@ def test_sampled_speculation_with_a_selected_draft_is_lossless(tiny, policy, mon
     as the target's own (temperature 0.6, top-p 0.9) whatever the selected draft proposed: Pearson's chi-square over
     the tokens (those expected fewer than 5 times pooled) below its 1 - 3e-7 quantile (Wilson-Hilferty), and no
     token outside the top-p set; without the rejection correction the same check fails."""
-    from magicdec import generate, verify
+    import functools
+
+    from magicdec import acceptance
 
     N, sampling = 4_000, Sampling(0.6, 0.9)
     prompt, first, p = fixed_first_token(tiny, N)
@@ -144,8 +148,8 @@ def test_sampled_speculation_with_a_selected_draft_is_lossless(tiny, policy, mon
     out, _, decoder = selected_speculation(tiny, policy, prompt.expand(N, -1), 2, 1, sampling, first)
     stat, bound = chi_square(out[:, 1], p)
     assert stat < bound and 0.05 < decoder.stats.alpha < 0.95, (stat, bound, decoder.stats.alpha)
-    wrong = lambda p_, q, d: verify.speculative_sampling_verify(p_, q, d, correct=False)  # noqa: E731
-    monkeypatch.setattr(generate, "speculative_sampling_verify", wrong)
+    wrong = functools.partial(acceptance.speculative_sampling_verify, correct=False)  # the original, unpatched
+    monkeypatch.setattr(acceptance, "speculative_sampling_verify", wrong)
     out, _, _ = selected_speculation(tiny, policy, prompt.expand(N, -1), 2, 1, sampling, first)
     stat, bound = chi_square(out[:, 1], p)
     assert stat > 2 * bound, (stat, bound)
@@ -250,7 +254,7 @@ def test_refreshed_draft_equals_plain_greedy(tiny, policy):
     dc = draft_cache.build(policy, cache, queries, append=n_new + gamma + 2)
     refresh = draft_cache.Refresh(policy, 2, cache, dc, a.n_heads)
     initial = dc.k[0][:, :, :dc.kept].clone()
-    decoder = Decoder(tiny, Sampling(), drafter=ModelDraft(tiny, dc, refresh=refresh), gamma=gamma, trace=True)
+    decoder = Decoder(tiny, drafter=ModelDraft(tiny, dc, refresh=refresh), gamma=gamma, trace=True)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
     assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
     assert_ragged(decoder)

@@ -8,7 +8,7 @@ import torch
 
 from conftest import BOOKS, LLAMA2_TOKENIZER, benchmark_script, needs_llama_tokenizers
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.generate import Decoder, Sampling, prefill
+from magicdec.generate import Decoder, prefill
 from magicdec.kv_cache import KVCache
 
 draft_policies = benchmark_script("draft_policies")
@@ -27,7 +27,7 @@ def test_a_draft_that_is_the_target_agrees_everywhere(tiny):
         assert out["positions"] == 20 and out["teacher_top1"] == 20
         assert out["teacher_min_pq"] == pytest.approx(20, abs=1e-4)
         assert cache.lengths.tolist() == [60, 60]  # rolled back to the prompt
-        decoder = Decoder(tiny, Sampling(), drafter=ModelDraft(tiny, full), gamma=3)
+        decoder = Decoder(tiny, drafter=ModelDraft(tiny, full), gamma=3)
         run = draft_policies.generated_alpha(decoder, cache, prompts, logits, gen_len=12, seed=0)
         assert run["examined"] > 0 and run["kept"] == run["examined"]
 

@@ -16,7 +16,9 @@ from magicdec import draft_cache
 from magicdec import draft_weights as dw
 from magicdec.drafters.model_draft import ModelDraft
 from magicdec.errors import MagicDecError
-from magicdec.generate import Decoder, Sampling, decode, prefill
+from magicdec.acceptance import Acceptor
+from magicdec.generate import Decoder, decode, prefill
+from magicdec.sampling import Sampling
 from magicdec.kv_cache import KVCache, StreamingCache
 from test_generate_speculative import plain_greedy
 
@@ -130,7 +132,7 @@ def speculation(model, draft_model, prompts, n_new, gamma, sampling=Sampling(), 
         cache.lengths.fill_(P)
         logits, queries = logits.expand(B, -1), [q.expand(B, *q.shape[1:]) for q in queries]
         draft = draft_cache.build(policy, cache, queries, append=n_new + gamma + 2)
-    decoder = Decoder(model, sampling, drafter=ModelDraft(draft_model, draft), gamma=gamma)
+    decoder = Decoder(model, Acceptor(sampling), drafter=ModelDraft(draft_model, draft), gamma=gamma)
     first = logits.argmax(-1) if first is None else first
     return decode(decoder, cache, first, n_new, prev=prompts[:, -1])[0], decoder
 
@@ -147,7 +149,9 @@ def test_greedy_speculation_with_each_format_equals_plain_greedy(tiny, fmt):
 def test_sampled_speculation_with_each_format_keeps_the_targets_distribution(tiny, fmt, monkeypatch):
     """The first drafted token of N copies of one prompt follows the target's own distribution (T 0.6, top-p 0.9),
     chi-square below its 1 - 3e-7 quantile; drawing from p instead of the residual after a rejection fails it."""
-    from magicdec import generate, verify
+    import functools
+
+    from magicdec import acceptance
 
     N, sampling = 4_000, Sampling(0.6, 0.9)
     prompt, first, p = fixed_first_token(tiny, N)
@@ -156,8 +160,8 @@ def test_sampled_speculation_with_each_format_keeps_the_targets_distribution(tin
     out, decoder = speculation(tiny, draft, prompt.expand(N, -1), 2, 1, sampling, first, streaming=False)
     stat, bound = chi_square(out[:, 1], p)
     assert stat < bound and 0.05 < decoder.stats.alpha < 0.95, (stat, bound, decoder.stats.alpha)
-    wrong = lambda p_, q, d: verify.speculative_sampling_verify(p_, q, d, correct=False)  # noqa: E731
-    monkeypatch.setattr(generate, "speculative_sampling_verify", wrong)
+    wrong = functools.partial(acceptance.speculative_sampling_verify, correct=False)  # the original, unpatched
+    monkeypatch.setattr(acceptance, "speculative_sampling_verify", wrong)
     out, _ = speculation(tiny, draft, prompt.expand(N, -1), 2, 1, sampling, first, streaming=False)
     stat, bound = chi_square(out[:, 1], p)
     assert stat > 2 * bound, (stat, bound)

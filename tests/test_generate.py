@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from magicdec.generate import Decoder, Sampling, decode, prefill
+from magicdec.acceptance import Acceptor
+from magicdec.generate import Decoder, decode, prefill
 from magicdec.kv_cache import KVCache
 from magicdec.model import load_model
-from magicdec.sampling import next_token, probabilities, sample_from
+from magicdec.sampling import Sampling, next_token, probabilities, sample_from
 
 P, N_NEW = 16, 24
 
@@ -47,7 +48,7 @@ def run_decode(model, prompts, n_new, eos_ids=(), backend="sdpa", chunk=5, sampl
         cache = new_cache(model, prompts.shape[0], prompts.shape[1] + n_new, backend)
         logits = prefill(model, cache, prompts, chunk)
         first = next_token(logits, sampling.temperature, sampling.top_p, sampling.top_k)
-        out, count = decode(Decoder(model, sampling), cache, first, n_new, eos_ids)
+        out, count = decode(Decoder(model, Acceptor(sampling)), cache, first, n_new, eos_ids)
     return out, count, cache
 
 

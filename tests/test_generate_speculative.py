@@ -12,7 +12,9 @@ import torch
 
 from conftest import STORIES
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.generate import Decoder, Sampling, decode, prefill
+from magicdec.acceptance import Acceptor, SyntheticAcceptor
+from magicdec.generate import Decoder, decode, prefill
+from magicdec.sampling import Sampling
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.model import Transformer, load_model
 
@@ -62,9 +64,10 @@ def first_layers(model: Transformer, n: int) -> Transformer:
 
 
 def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(), backend="sdpa", synthetic=None,
-              width=1, shape=None, reindex=False, sampling=None, **decoder_options):
+              width=1, shape=None, reindex=False, sampling=None, **synthetic_modes):
     """Greedy speculative generation (`width` > 1: the draft's token trees; `shape`: a tree.Tree it drafts level by
-    level); returns (ids, counts, decoder)."""
+    level; `synthetic`: acceptance at that rate, shaped by `synthetic_modes`, SyntheticAcceptor's); returns (ids,
+    counts, decoder)."""
     a, d, (B, P) = target.args, draft_model.args, prompts.shape
     nodes = gamma * width if shape is None else shape.size - 1
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + nodes + 2, a.head_dim, torch.float32, "cpu", backend)
@@ -79,9 +82,8 @@ def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(
     drafter = ModelDraft(draft_model, draft_cache)
     drafter.width = width if shape is None else shape.max_children
     drafter.shape = shape
-    decoder = Decoder(target, sampling or Sampling(), drafter=drafter, gamma=gamma, trace=True,
-                      synthetic_acceptance=synthetic,
-                      **decoder_options)
+    acceptor = Acceptor(sampling) if synthetic is None else SyntheticAcceptor(sampling, synthetic, **synthetic_modes)
+    decoder = Decoder(target, acceptor, drafter=drafter, gamma=gamma, trace=True)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, eos, prev=prompts[:, -1])
     return out, counts, decoder
 
@@ -153,7 +155,7 @@ def test_drafted_tree_matches_the_draft_fed_each_path(tiny):
     prefill(tiny, cache, prompts, 64)
     drafter = ModelDraft(tiny, cache)
     drafter.shape, drafter.width = tree, tree.max_children
-    decoder = Decoder(tiny, Sampling(), drafter=drafter, gamma=3)
+    decoder = Decoder(tiny, drafter=drafter, gamma=3)
     hist = torch.cat([prompts[:, -1:], torch.tensor([[5], [9]])], 1)
     m, start = torch.tensor([2, 2]), torch.full((2,), 29)
     tokens, q = drafter.propose(decoder.draft_step, hist, m, start, 3)
@@ -217,10 +219,10 @@ def test_synthetic_acceptance_reads_one_landscape_for_every_gamma(tiny):
     for gamma in (1, 2, 4):
         _, counts, decoder = speculate(tiny, tiny, tiny_prompts(), n_new, gamma, budget=20, synthetic=alpha)
         assert counts.tolist() == [n_new] * 3
-        walk = landscape_walk(decoder.landscape, alpha, n_new, gamma)
+        walk = landscape_walk(decoder.acceptor.landscape, alpha, n_new, gamma)
         traced = [[row[b] for row in decoder.trace if row[b] >= 0] for b in range(3)]
         assert traced == walk
-        landscapes.append(decoder.landscape[:, :n_new])
+        landscapes.append(decoder.acceptor.landscape[:, :n_new])
     assert all(torch.equal(landscapes[0], other) for other in landscapes[1:])
     assert 0.55 < (landscapes[0] < alpha).double().mean() < 0.85  # ~180 uniform draws
 
@@ -244,10 +246,10 @@ def test_per_position_rates_read_the_landscape_at_each_positions_own_rate(tiny):
     there is below rate i (the last rate past the list): the loop's kept counts equal a hand-written walk."""
     rates, n_new, gamma = (0.9, 0.5), 60, 3
     _, counts, decoder = speculate(tiny, tiny, tiny_prompts(), n_new, gamma, budget=20, synthetic=0.3,
-                                   synthetic_positions=rates)
+                                   positions=rates)
     assert counts.tolist() == [n_new] * 3
     walk = []
-    for u in decoder.landscape.tolist():
+    for u in decoder.acceptor.landscape.tolist():
         m, kept = 2, []
         while m - 1 < n_new:
             k = 0
@@ -306,7 +308,7 @@ def check_drafter(target, drafter, prompts, n_new, gamma, nodes, expected):
     a, (B, P) = target.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + nodes + 2, a.head_dim, torch.float32, "cpu")
     logits = prefill(target, cache, prompts, 64)
-    decoder = Decoder(target, Sampling(), drafter=drafter, gamma=gamma, trace=True)
+    decoder = Decoder(target, drafter=drafter, gamma=gamma, trace=True)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
     assert counts.tolist() == [n_new] * B
     assert out.tolist() == expected.tolist()

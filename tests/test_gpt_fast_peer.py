@@ -17,7 +17,7 @@ import torch
 from conftest import REPO, benchmark_script, randomize_
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
-from magicdec.generate import Decoder, Sampling, prefill
+from magicdec.generate import Decoder, prefill
 from magicdec.kv_cache import KVCache
 from magicdec.model import build_model
 
@@ -139,7 +139,7 @@ def greedy():
     cache = KVCache(TARGET.n_layers, 1, TARGET.n_kv_heads, P + N + 2, TARGET.head_dim, torch.float32, "cpu", "sdpa")
     with torch.no_grad():
         first = prefill(target, cache, prompts, 8).argmax(-1)
-        out, counts = Decoder(target, Sampling()).generate(cache, first, N, prev=prompts[:, -1])
+        out, counts = Decoder(target).generate(cache, first, N, prev=prompts[:, -1])
     assert counts.tolist() == [N]
     return target, draft, prompts, out[0].tolist()
 

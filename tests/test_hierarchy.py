@@ -10,7 +10,9 @@ import torch
 from conftest import chi_square, copies, fixed_first_token, prefill_copies
 from magicdec import draft_cache
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.generate import Decoder, Sampling, decode, prefill
+from magicdec.acceptance import Acceptor
+from magicdec.generate import Decoder, decode, prefill
+from magicdec.sampling import Sampling
 from magicdec.drafters.hierarchy import Hierarchy, WholeContext
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.drafters.lookup import PromptLookup
@@ -39,8 +41,8 @@ def hierarchical(target, prompts, n_new, gamma, gamma_bottom, bottom_kind, botto
         bottom = ModelDraft(bottom_model, bc)
     else:
         bottom = WholeContext(PromptLookup(prompts, 3, None if sampling.greedy else a.vocab_size))
-    draft = Hierarchy(middle, bottom, gamma_bottom, sampling, cache)
-    decoder = Decoder(target, sampling, drafter=draft, gamma=gamma, trace=sampling.greedy)
+    draft = Hierarchy(middle, bottom, gamma_bottom, Acceptor(sampling), cache)
+    decoder = Decoder(target, Acceptor(sampling), drafter=draft, gamma=gamma, trace=sampling.greedy)
     first = logits.argmax(-1) if first is None else first
     out, counts = decode(decoder, cache, first, n_new, prev=prompts[:, -1])
     return out, counts, decoder, draft
@@ -74,15 +76,15 @@ def test_sampled_hierarchy_keeps_the_targets_distribution(tiny, broken, monkeypa
     from a 1-layer bottom one token at a time). It must follow the target's own distribution at T 0.6, top-p 0.9
     (chi-square below its 1 - 3e-7 quantile); drawing from p instead of the residual after a rejection at either
     level (the middle verifies 1 token at a time, the target 2: told apart by q's length) fails the same check."""
-    from magicdec import generate, verify
+    from magicdec import acceptance
 
     N, sampling = 4_000, Sampling(0.6, 0.9)
     prompt, first, p = fixed_first_token(tiny, N)
 
     if broken:
         length = {"middle": 1, "target": 2}[broken]
-        right = verify.speculative_sampling_verify
-        monkeypatch.setattr(generate, "speculative_sampling_verify", lambda p_, q, d: right(
+        right = acceptance.speculative_sampling_verify
+        monkeypatch.setattr(acceptance, "speculative_sampling_verify", lambda p_, q, d: right(
             p_, q, d, correct=q.shape[1] != length))
     torch.manual_seed(0)
     out, _, decoder, draft = hierarchical(tiny, prompt.expand(N, -1), 2, 2, 1, "model", first_layers(tiny, 1),

@@ -15,7 +15,7 @@ import torch
 from conftest import STORIES
 from magicdec.checkpoint import Llama2cTokenizer, convert_llama2c, load_state_dict
 from magicdec.errors import MagicDecError
-from magicdec.generate import Decoder, Sampling, decode, prefill
+from magicdec.generate import Decoder, decode, prefill
 from magicdec.kv_cache import KVCache
 from magicdec.model import load_model
 
@@ -162,7 +162,7 @@ def test_greedy_from_bos_tells_the_known_story(model, raw, converted):
     with torch.inference_mode():
         cache = new_cache(model, n_new + 2)
         first = prefill(model, cache, torch.tensor([[1]]), chunk=8).argmax(-1)
-        out, count = decode(Decoder(model, Sampling()), cache, first, n_new, eos_ids=[2])
+        out, count = decode(Decoder(model), cache, first, n_new, eos_ids=[2])
     ids = out[0, :count[0]].tolist()
     # the reference forward agrees token for token (re-run on the whole sequence each step)
     cfg, w = raw

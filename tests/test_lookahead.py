@@ -112,7 +112,7 @@ def test_jacobi_step_files_each_column_and_moves_the_window_down():
 def test_lookahead_speculation_equals_plain_greedy(tiny, window, n, guesses):
     """Ragged lengths of committed tokens, a pool that fills up (the tiny model repeats itself): plain greedy's ids,
     and some verifications keep more than one token."""
-    from magicdec.generate import Decoder, Sampling, decode
+    from magicdec.generate import Decoder, decode
     from magicdec.kv_cache import KVCache
     from test_generate_speculative import plain_greedy
 
@@ -127,7 +127,7 @@ def test_lookahead_speculation_equals_plain_greedy(tiny, window, n, guesses):
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + nodes + 2, a.head_dim, torch.float32, "cpu")
     logits = tiny(prompts, cache, logits="last")[:, -1]
     cache.advance(P)
-    decoder = Decoder(tiny, Sampling(), drafter=draft, gamma=gamma)
+    decoder = Decoder(tiny, drafter=draft, gamma=gamma)
     decoder.trace = []
     out, count = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
     assert (out == want).all()

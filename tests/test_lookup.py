@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from conftest import chi_square, prefill_copies
-from magicdec.generate import Decoder, Sampling, decode
+from magicdec.acceptance import Acceptor
+from magicdec.generate import Decoder, decode
 from magicdec.kv_cache import KVCache
 from magicdec.drafters.lookup import PromptLookup, propose_ngram
-from magicdec.sampling import probabilities
+from magicdec.sampling import Sampling, probabilities
 from test_generate_speculative import assert_ragged, plain_greedy
 
 
@@ -80,7 +81,7 @@ def test_lookup_branches_equal_plain_greedy(tiny, gamma):
     cache.advance(96)
     lookup = PromptLookup(prompts, 3)
     lookup.width = 3
-    decoder = Decoder(tiny, Sampling(), drafter=lookup, gamma=gamma)
+    decoder = Decoder(tiny, drafter=lookup, gamma=gamma)
     out, _ = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
     assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
     assert 0 < decoder.stats.alpha <= 1
@@ -104,7 +105,7 @@ def test_lookup_speculation_equals_plain_greedy(tiny, gamma):
     cache = KVCache(a.n_layers, B, a.n_kv_heads, 96 + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
     logits = tiny(prompts, cache, logits="last")[:, -1]
     cache.advance(96)
-    decoder = Decoder(tiny, Sampling(), drafter=PromptLookup(prompts, 3), gamma=gamma, trace=True)
+    decoder = Decoder(tiny, drafter=PromptLookup(prompts, 3), gamma=gamma, trace=True)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
     assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
     assert_ragged(decoder)
@@ -115,7 +116,7 @@ def test_sampled_lookup_keeps_the_targets_distribution(tiny, monkeypatch):
     """N copies of a prompt whose last token occurred before: the first drafted token is the one that followed it,
     a point mass; the token sampled at that position must still follow the target's own distribution (chi-square
     below its 1 - 3e-7 quantile, nothing outside top-p); a verifier that never rejects fails it."""
-    from magicdec import generate
+    from magicdec import acceptance
     from magicdec.sampling import sample_from
 
     N, prompt = 4_000, repetitive_prompts(1, 96, seed=3)
@@ -127,7 +128,7 @@ def test_sampled_lookup_keeps_the_targets_distribution(tiny, monkeypatch):
         cache = KVCache(a.n_layers, N, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
         prefill_copies(tiny, cache, prompt.expand(N, -1), 96)  # one prompt's KV copied to the N rows
         draft = PromptLookup(prompt.expand(N, -1), 3, a.vocab_size)
-        out, _ = decode(Decoder(tiny, sampling, drafter=draft, gamma=1), cache, first, 2, prev=prompt[:, -1].expand(N))
+        out, _ = decode(Decoder(tiny, Acceptor(sampling), drafter=draft, gamma=1), cache, first, 2, prev=prompt[:, -1].expand(N))
         assert bool((draft.proposed == 1).all())
         return out[:, 1]
 
@@ -140,7 +141,7 @@ def test_sampled_lookup_keeps_the_targets_distribution(tiny, monkeypatch):
     assert stat < bound, (stat, bound)
     # control: a verifier that keeps every drafted token (no rejection) hands out the point mass itself
     keep_all = lambda p_, q, d: (torch.full((d.shape[0],), d.shape[1]), sample_from(p_[:, -1]))  # noqa: E731
-    monkeypatch.setattr(generate, "speculative_sampling_verify", keep_all)
+    monkeypatch.setattr(acceptance, "speculative_sampling_verify", keep_all)
     stat, bound = chi_square(second_tokens(0), p)
     assert stat > 2 * bound, (stat, bound)
 
@@ -175,7 +176,7 @@ def test_nothing_proposed_costs_one_plain_step(tiny, monkeypatch):
     from magicdec import generate
     steps = iter(range(1, 100))
     monkeypatch.setattr(generate.tp, "vocab_argmax", lambda logits, shard: fresh(next(steps)).argmax(-1))
-    decoder = Decoder(tiny, Sampling(), drafter=PromptLookup(prompts, 3), gamma=3)
+    decoder = Decoder(tiny, drafter=PromptLookup(prompts, 3), gamma=3)
     out, _ = decode(decoder, cache, torch.full((3,), 100), n_new, prev=prompts[:, -1])
     assert out[0].tolist() == list(range(100, 100 + n_new)) and fed == [1] * (n_new - 1)
     assert decoder.stats.drafted == 0 and decoder.stats.iterations == n_new - 1

@@ -13,7 +13,9 @@ from magicdec.drafters.eagle import EagleDraft, prompt_positions
 from magicdec.drafters.head_draft import FeatureTap, Sampler
 from magicdec.drafters.hydra import HydraDraft
 from magicdec.drafters.medusa import MedusaDraft
-from magicdec.generate import Decoder, Sampling, decode, prefill_features
+from magicdec.acceptance import Acceptor
+from magicdec.generate import Decoder, decode, prefill_features
+from magicdec.sampling import Sampling
 from magicdec.kv_cache import KVCache
 from magicdec.tree import optimal_tree
 
@@ -55,7 +57,7 @@ def speculate(target, head, prompts, n_new, gamma, sampling=Sampling(), width=1,
             HydraDraft(head, tap, target.tok_embeddings.weight, sampler)
     drafter.width = width if shape is None else shape.max_children
     drafter.shape = shape
-    decoder = Decoder(target, sampling, drafter=drafter, gamma=gamma, trace=True)
+    decoder = Decoder(target, Acceptor(sampling), drafter=drafter, gamma=gamma, trace=True)
     first = logits.argmax(-1) if first is None else first
     prompt_lengths, decoder.traces, decoder.proposals = cache.lengths.clone(), [], []
     propose = drafter.propose
@@ -100,7 +102,9 @@ def check_sampled(target, head, monkeypatch, gamma=2, candidates=0, min_alpha=0.
     distribution (T 0.6, top-p 0.9); drawing from p instead of the residual after a rejection fails the check.
     `candidates` K: the head draws among its K likeliest tokens only (--head_candidates). The head must keep at least
     `min_alpha` of its drafts: a head whose q misses the target keeps none, and the wrong rule would then pass."""
-    from magicdec import generate, verify
+    import functools
+
+    from magicdec import acceptance
 
     N, sampling = 4_000, Sampling(0.6, 0.9)
     prompt, first, p = fixed_first_token(target, N)
@@ -109,8 +113,8 @@ def check_sampled(target, head, monkeypatch, gamma=2, candidates=0, min_alpha=0.
                              candidates=candidates)
     stat, bound = chi_square(out[:, 1], p)
     assert stat < bound and min_alpha <= decoder.stats.alpha < 0.98, (stat, bound, decoder.stats.alpha)
-    wrong = lambda p_, q, d: verify.speculative_sampling_verify(p_, q, d, correct=False)  # noqa: E731
-    monkeypatch.setattr(generate, "speculative_sampling_verify", wrong)
+    wrong = functools.partial(acceptance.speculative_sampling_verify, correct=False)  # the original, unpatched
+    monkeypatch.setattr(acceptance, "speculative_sampling_verify", wrong)
     torch.manual_seed(0)
     out, _ = speculate(target, head, prompt.expand(N, -1), 2, gamma, sampling, first=first, candidates=candidates)
     stat, bound = chi_square(out[:, 1], p)

@@ -11,7 +11,7 @@ import torch
 from conftest import BOOKS
 from magicdec.config import KNOWN_MODELS, ModelArgs
 from magicdec.errors import MagicDecError
-from magicdec.generate import Decoder, Sampling, decode, prefill
+from magicdec.generate import Decoder, decode, prefill
 from magicdec.kv_cache import KVCache
 from magicdec.model import Transformer, build_model, load_model
 from magicdec.sampling import next_token
@@ -139,7 +139,7 @@ def test_smollm2_greedy_matches_generate(smol_model, smol_hf, smol_tokenizer):
     with torch.inference_mode():
         cache = new_cache(smol_model, 1, ids.shape[1] + n_new, "sdpa")
         logits = prefill(smol_model, cache, ids, chunk=100)
-        out, count = decode(Decoder(smol_model, Sampling()), cache, next_token(logits, 0.0), n_new, eos_ids=())
+        out, count = decode(Decoder(smol_model), cache, next_token(logits, 0.0), n_new, eos_ids=())
     assert out.tolist() == ref.tolist()
     assert count.tolist() == [n_new]
 

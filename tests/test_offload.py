@@ -9,7 +9,7 @@ import torch
 
 from magicdec import draft_cache
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.generate import Decoder, Sampling, decode, prefill
+from magicdec.generate import Decoder, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.offload import OffloadedCache
 from test_generate_speculative import assert_ragged, plain_greedy
@@ -89,7 +89,7 @@ def test_speculation_over_an_offloaded_target_is_lossless(tiny):
     dc = StreamingCache(a.n_layers, 3, a.n_kv_heads, 20, 4, 64, a.head_dim, torch.float32, "cpu")
     logits = prefill(tiny, cache, prompts, 16)
     prefill(tiny, dc, prompts, 16)
-    decoder = Decoder(tiny, Sampling(), drafter=ModelDraft(tiny, dc), gamma=gamma, trace=True)
+    decoder = Decoder(tiny, drafter=ModelDraft(tiny, dc), gamma=gamma, trace=True)
     out, _ = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
     assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
     assert_ragged(decoder)

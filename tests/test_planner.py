@@ -9,7 +9,7 @@ import torch
 from magicdec import cost_model as cm
 from magicdec.config import ModelArgs
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.generate import Decoder, Sampling, decode, prefill
+from magicdec.generate import Decoder, decode, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.planner import AutoGamma, fit_spread, sequence_weight, spread_alphas
 from magicdec.planner import plan as plan_with
@@ -239,7 +239,7 @@ def test_auto_gamma_generation_equals_plain_greedy(tiny, costs):
         logits = prefill(tiny, cache, prompts, 64)
         prefill(tiny, draft_cache, prompts, 64)
         policy = policy_with(costs, 0.8, weight=4)
-        decoder = Decoder(tiny, Sampling(), drafter=ModelDraft(tiny, draft_cache), policy=policy, trace=True)
+        decoder = Decoder(tiny, drafter=ModelDraft(tiny, draft_cache), policy=policy, trace=True)
         out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
         assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
         # per-sequence acceptance (what the policy and the planner's spread read) against the per-iteration trace

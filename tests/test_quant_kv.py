@@ -18,8 +18,10 @@ from magicdec import quant_kv  # noqa: E402
 from magicdec import triton_quant_kv  # noqa: E402
 from magicdec.config import ModelArgs  # noqa: E402
 from magicdec.drafters.model_draft import ModelDraft  # noqa: E402
-from magicdec.generate import Decoder, Sampling, decode, prefill  # noqa: E402
+from magicdec.acceptance import Acceptor  # noqa: E402
+from magicdec.generate import Decoder, decode, prefill  # noqa: E402
 from magicdec.kv_cache import KVCache  # noqa: E402
+from magicdec.sampling import Sampling  # noqa: E402
 from test_attention import reference  # noqa: E402
 from test_generate_speculative import plain_greedy  # noqa: E402
 
@@ -96,7 +98,7 @@ def speculation(model, prompts, n_new, gamma, bits, backend, sampling=Sampling()
     logits = prefill_copies(model, cache, prompts, 64) if copies(prompts) else prefill(model, cache, prompts, 64, False)
     draft = quant_kv.QuantizedKVCache.of(cache, bits)
     draft.backend = backend
-    decoder = Decoder(model, sampling, drafter=ModelDraft(draft_model or model, draft), gamma=gamma)
+    decoder = Decoder(model, Acceptor(sampling), drafter=ModelDraft(draft_model or model, draft), gamma=gamma)
     first = logits.argmax(-1) if first is None else first
     return decode(decoder, cache, first, n_new, prev=prompts[:, -1])[0], decoder
 
@@ -114,7 +116,9 @@ def test_sampled_speculation_over_a_quantized_copy_keeps_the_targets_distributio
     """The first drafted position of N copies of one prompt follows the target's distribution (T 0.6, top-p 0.9);
     drawing from p instead of the residual after a rejection fails the same test. QuantSpec's draft: 4-bit KV and
     4-bit weights (4-bit KV alone agrees with this model too often for the wrong correction to show)."""
-    from magicdec import draft_weights, generate, verify
+    import functools
+
+    from magicdec import acceptance, draft_weights
 
     N, sampling = 10_000, Sampling(0.6, 0.9)  # a draft this close needs more draws for the wrong rule to show
     prompt, first, p = fixed_first_token(tiny, N)
@@ -123,8 +127,8 @@ def test_sampled_speculation_over_a_quantized_copy_keeps_the_targets_distributio
     out, decoder = speculation(tiny, prompt.expand(N, -1), 2, 1, 4, "sdpa", sampling, first, draft)
     stat, bound = chi_square(out[:, 1], p)
     assert stat < bound and 0.05 < decoder.stats.alpha < 0.95, (stat, bound, decoder.stats.alpha)
-    wrong = lambda p_, q, d: verify.speculative_sampling_verify(p_, q, d, correct=False)  # noqa: E731
-    monkeypatch.setattr(generate, "speculative_sampling_verify", wrong)
+    wrong = functools.partial(acceptance.speculative_sampling_verify, correct=False)  # the original, unpatched
+    monkeypatch.setattr(acceptance, "speculative_sampling_verify", wrong)
     out, _ = speculation(tiny, prompt.expand(N, -1), 2, 1, 4, "sdpa", sampling, first, draft)
     stat, bound = chi_square(out[:, 1], p)
     assert stat > 1.5 * bound, (stat, bound)

@@ -123,7 +123,7 @@ def test_rest_speculation_equals_plain_greedy(tiny, width):
     """A datastore holding the target's own greedy continuation of the first prompt (and noise): that sequence is
     proposed right, the others mostly wrong; the output is plain greedy decoding's either way."""
     from magicdec.drafters.rest import RestDraft
-    from magicdec.generate import Decoder, Sampling, decode
+    from magicdec.generate import Decoder, decode
     from magicdec.kv_cache import KVCache
     from test_generate_speculative import plain_greedy
 
@@ -139,7 +139,7 @@ def test_rest_speculation_equals_plain_greedy(tiny, width):
     cache.advance(48)
     draft = RestDraft(store, prompts, 16, None)
     draft.width = width
-    decoder = Decoder(tiny, Sampling(), drafter=draft, gamma=3)
+    decoder = Decoder(tiny, drafter=draft, gamma=3)
     out, _ = decode(decoder, cache, logits.argmax(-1), 24, prev=prompts[:, -1])
     assert out.tolist() == want.tolist()
     per_seq = decoder.stats.sequence_kept

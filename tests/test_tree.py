@@ -1,5 +1,6 @@
-"""Token trees (magicdec/tree.py): shapes and masks against hand-built ones, greedy acceptance against a hand-written
-walk, and sampled acceptance against the exact distributions it must keep (and failing without the correction)."""
+"""Token trees (magicdec/tree.py): shapes and masks against hand-built ones, a tree's verification through the model
+against transformers on each path, and tree speculation through the loop (greedy equal to plain decoding, sampled
+keeping the target's distribution). The acceptance rules themselves: test_acceptance.py."""
 from __future__ import annotations
 
 import os
@@ -13,8 +14,8 @@ from conftest import chi_square  # noqa: E402
 from magicdec.attention import make_attend  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
 from magicdec.kv_cache import KVCache  # noqa: E402
-from magicdec.tree import (Tree, TreeMask, expected_tokens, greedy_tree_verify, optimal_tree,  # noqa: E402
-                           path_tokens, rank_counts, sampling_tree_verify, synthetic_tree_verify, visible)
+from magicdec.acceptance import synthetic_tree_verify  # noqa: E402
+from magicdec.tree import Tree, TreeMask, expected_tokens, optimal_tree, rank_counts, visible  # noqa: E402
 
 # root; two children; the first with two children, the second with one; one grandchild below node 3
 BRANCHY = Tree((-1, 0, 0, 1, 1, 2, 3))
@@ -45,102 +46,6 @@ def test_visible_by_hand():
         for i in range(BRANCHY.size):
             want = [s < base or (0 <= s - base < 7 and bool(BRANCHY.ancestors[i, s - base])) for s in range(12)]
             assert v[b, i].tolist() == want
-
-
-def walk(best, tokens, tree):
-    """The greedy rule by hand: from the root, step to the child whose token is the target's argmax at its parent."""
-    path, node = [0], 0
-    while True:
-        step = [c for c in tree.children[node] if tokens[c] == best[node]]
-        if not step:
-            return path, best[node]
-        node = step[0]
-        path.append(node)
-
-
-@pytest.mark.parametrize("tree", [BRANCHY, Tree.chain(4), Tree.chain_with_siblings(3, 3)])
-def test_greedy_keeps_the_longest_matching_path(tree):
-    g = torch.Generator().manual_seed(0)
-    B, V = 200, 3
-    best = torch.randint(0, V, (B, tree.size), generator=g)
-    tokens = torch.zeros(B, tree.size, dtype=torch.long)
-    for i in range(tree.size):  # siblings distinct, as a draft's top-k are
-        for c_rank, c in enumerate(tree.children[i]):
-            tokens[:, c] = (torch.randint(0, V, (B,), generator=g) + c_rank) % V if c_rank == 0 else \
-                (tokens[:, tree.children[i][0]] + c_rank) % V
-    path, accepted, nxt = greedy_tree_verify(best, tokens, tree.on_device("cpu"))
-    for b in range(B):
-        want, want_next = walk(best[b].tolist(), tokens[b].tolist(), tree)
-        assert accepted[b] == len(want) - 1 and nxt[b] == want_next
-        assert path[b, :len(want)].tolist() == want and (path[b, len(want):] == want[-1]).all()
-        assert path_tokens(tokens, path)[b, :len(want) - 1].tolist() == tokens[b, want[1:]].tolist()
-    assert accepted.max() >= 2  # the test reached past the first level
-
-
-def tables(seed, V=6):
-    g = torch.Generator().manual_seed(seed)
-    norm = lambda x: x / x.sum(-1, keepdim=True)  # noqa: E731
-    p1, p2 = norm(torch.rand(V, generator=g) ** 3), norm(torch.rand(V, V, generator=g) ** 3)
-    q1, q2 = norm(torch.rand(V, generator=g) ** 3), norm(torch.rand(V, V, generator=g) ** 3)
-    return p1, p2, q1, q2
-
-
-def without(q, taken):
-    """q with the tokens already drawn removed, renormalized (sampling without replacement)."""
-    q = q.clone()
-    q[torch.arange(q.shape[0])[:, None], taken] = 0
-    return q / q.sum(-1, keepdim=True)
-
-
-def sampled_tree_run(seed, correct=True, deterministic=False, B=40_000):
-    """Root with three children, each with two: candidates drawn without replacement from the draft's q (or, with
-    `deterministic`, the draft's three / two likeliest, q one-hot). The target's p at the root is p1, at a child
-    with token x p2[x]; returns (first token, second token or -1 where only one was produced)."""
-    torch.manual_seed(seed)
-    tree = Tree((-1, 0, 0, 0, 1, 1, 2, 2, 3, 3))
-    p1, p2, q1, q2 = tables(seed)
-    V = p1.shape[0]
-    tokens = torch.zeros(B, tree.size, dtype=torch.long)
-    q = torch.zeros(B, tree.size, V)
-
-    def propose(parent_q, children):
-        drawn = []
-        for c in children:
-            qc = without(parent_q, torch.stack(drawn, 1)) if drawn else parent_q
-            tokens[:, c] = qc.argmax(-1) if deterministic else torch.multinomial(qc, 1)[:, 0]
-            q[:, c] = qc
-            drawn.append(tokens[:, c])
-    propose(q1.expand(B, V), tree.children[0])
-    for i in tree.children[0]:
-        propose(q2[tokens[:, i]], tree.children[i])
-    p = torch.zeros(B, tree.size, V)
-    p[:, 0] = p1
-    for i in range(1, tree.size):
-        p[:, i] = p2[tokens[:, i]] if tree.depths[i] == 1 else p1  # depth 2: the third token, not checked
-    path, accepted, nxt = sampling_tree_verify(p, None if deterministic else q, tokens, tree.on_device("cpu"),
-                                               correct)
-    kept = path_tokens(tokens, path)  # the drafted tokens kept (padded past them), then the next one
-    first = torch.where(accepted >= 1, kept[:, 0], nxt)
-    second = torch.where(accepted >= 2, kept[:, 1], torch.where(accepted == 1, nxt, -1))
-    return first, second, p1, p2
-
-
-@pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_tree_sampling_keeps_the_targets_distribution(seed, deterministic):
-    first, second, p1, p2 = sampled_tree_run(seed, deterministic=deterministic)
-    stat, bound = chi_square(first, p1)
-    assert stat < bound, (stat, bound)
-    x = int(torch.bincount(first[second >= 0]).argmax())  # the first token most often followed by a kept one
-    stat, bound = chi_square(second[(first == x) & (second >= 0)], p2[x])
-    assert stat < bound, (stat, bound)
-
-
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_tree_sampling_check_fails_without_the_correction(deterministic):
-    first, _, p1, _ = sampled_tree_run(0, correct=False, deterministic=deterministic)
-    stat, bound = chi_square(first, p1)
-    assert stat > 5 * bound, (stat, bound)
 
 
 def reference_attention(q, k, v, base, tree):
@@ -268,7 +173,8 @@ def tree_speculation(model, draft_model, prompts, n_new, gamma, width, sampling=
     """Speculation whose draft (over a StreamingLLM ring of its own prefill) proposes a tree `width` wide."""
     from conftest import copies, prefill_copies
     from magicdec.drafters.model_draft import ModelDraft
-    from magicdec.generate import Decoder, Sampling, decode, prefill
+    from magicdec.acceptance import Acceptor
+    from magicdec.generate import Decoder, decode, prefill
     from magicdec.kv_cache import StreamingCache
 
     a, (B, P) = model.args, prompts.shape
@@ -279,7 +185,7 @@ def tree_speculation(model, draft_model, prompts, n_new, gamma, width, sampling=
     prefill(draft_model, ring, prompts, 32, False)
     draft = ModelDraft(draft_model, ring)
     draft.width = width
-    decoder = Decoder(model, sampling or Sampling(), drafter=draft, gamma=gamma)
+    decoder = Decoder(model, Acceptor(sampling), drafter=draft, gamma=gamma)
     first = logits.argmax(-1) if first is None else first
     return decode(decoder, cache, first, n_new, prev=prompts[:, -1])[0], decoder
 
@@ -324,8 +230,10 @@ def test_sampled_tree_speculation_keeps_the_targets_distribution(tiny, monkeypat
     first generated token after the fixed one follows the target's own distribution (T 0.6, top-p 0.9); trying
     the next candidate against p instead of the residual fails the same check."""
     from conftest import fixed_first_token
-    from magicdec import generate, tree
-    from magicdec.generate import Sampling
+    import functools
+
+    from magicdec import acceptance
+    from magicdec.sampling import Sampling
     from test_generate_speculative import first_layers
 
     N, sampling = 4_000, Sampling(0.6, 0.9)
@@ -335,8 +243,8 @@ def test_sampled_tree_speculation_keeps_the_targets_distribution(tiny, monkeypat
     out, decoder = tree_speculation(tiny, draft, prompt.expand(N, -1), 2, 1, 3, sampling, first)
     stat, bound = chi_square(out[:, 1], p)
     assert stat < bound and 0.05 < decoder.stats.alpha < 0.99, (stat, bound, decoder.stats.alpha)
-    wrong = lambda *args: tree.sampling_tree_verify(*args, correct=False)  # noqa: E731
-    monkeypatch.setattr(generate, "sampling_tree_verify", wrong)
+    wrong = functools.partial(acceptance.sampling_tree_verify, correct=False)  # the original, unpatched
+    monkeypatch.setattr(acceptance, "sampling_tree_verify", wrong)
     torch.manual_seed(0)
     out, _ = tree_speculation(tiny, draft, prompt.expand(N, -1), 2, 1, 3, sampling, first)
     stat, bound = chi_square(out[:, 1], p)
@@ -351,19 +259,6 @@ def test_rank_counts_by_hand():
     tried, kept = rank_counts(tree, path, torch.tensor([1, 0, 3]), torch.tensor([True, True, False]))
     # row 0: depth 1 tried ranks 0, 1, kept rank 1; node 2 has no children. row 1: tried ranks 0, 1 at the root
     assert tried.tolist() == [2, 2] and kept.tolist() == [0, 1]
-
-
-def test_synthetic_tree_acceptance_follows_its_rates():
-    """Root with three candidates kept at 0.5, then 0.3, then 0.2 once the earlier ones were not: the share of rows
-    keeping one is 1 - 0.5 * 0.7 * 0.8 = 0.72, and per rank the kept over tried counts give back the rates."""
-    B = 40_000
-    tree = Tree.chain_with_siblings(1, 3).on_device("cpu")
-    u = torch.rand(B, tree.tree.size, generator=torch.Generator().manual_seed(0))
-    best = torch.zeros(B, tree.tree.size, dtype=torch.long)
-    path, accepted, _ = synthetic_tree_verify(best, tree, (0.5, 0.3, 0.2), u)
-    assert abs(accepted.float().mean().item() - 0.72) < 0.01
-    tried, kept = rank_counts(tree, path, accepted, torch.ones(B, dtype=torch.bool))
-    assert torch.allclose(kept / tried, torch.tensor([0.5, 0.3, 0.2]), atol=0.015)
 
 
 @pytest.mark.parametrize("tree", [Tree.chain(4), Tree.chain_with_siblings(3, 3), BRANCHY, Tree.branches(3, 2)],

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from magicdec import cost_model as cm
+from magicdec.acceptance import Acceptor, SyntheticAcceptor
 from magicdec import quant_kv
 from magicdec.config import appended_for, check_context
 from magicdec.drafters import lookup, selfspec
@@ -32,7 +33,7 @@ from magicdec.drafters.model_draft import (
 )
 from magicdec.drafters.standalone import check_same_vocabulary
 from magicdec.errors import MagicDecError
-from magicdec.generate import Batch, Decoder, Drafter, Sampling
+from magicdec.generate import Batch, Decoder, Drafter
 from magicdec.options import option
 
 
@@ -79,14 +80,14 @@ class WholeContext(Drafter):
 
 class Hierarchy(Drafter):
     """A middle level (`middle`: a ModelDraft of the target's weights over its small cache) that speculates with
-    `bottom` gamma_bottom tokens at a time."""
+    `bottom` gamma_bottom tokens at a time, keeping what `acceptor` (the middle's acceptance of the bottom's tokens)
+    says."""
 
-    def __init__(self, middle: ModelDraft, bottom: Drafter, gamma_bottom: int, sampling: Sampling, target_cache,
-                 step_mode: str = "eager", synthetic_acceptance: float | None = None):
+    def __init__(self, middle: ModelDraft, bottom: Drafter, gamma_bottom: int, acceptor: Acceptor, target_cache,
+                 step_mode: str = "eager"):
         self.middle, self.bottom, self.target_cache = middle, bottom, target_cache
         self.whole_run_warm_up = bottom.whole_run_warm_up  # the middle's verifications vary as its bottom's do
-        self.inner = MiddleDecoder(middle.model, sampling, drafter=bottom, gamma=gamma_bottom, step_mode=step_mode,
-                                   synthetic_acceptance=synthetic_acceptance)
+        self.inner = MiddleDecoder(middle.model, acceptor, drafter=bottom, gamma=gamma_bottom, step_mode=step_mode)
         self.begin()
 
     def begin(self) -> None:
@@ -106,7 +107,7 @@ class Hierarchy(Drafter):
         cache.advance(1)
         if isinstance(self.bottom, WholeContext):
             self.bottom.outer, self.bottom.m = hist, m
-        self.inner.landscape_seed += 1  # synthetic acceptance: fresh draws for every middle run
+        self.inner.acceptor.seed += 1  # a synthetic mode's fresh draws for every middle run
         ids, _ = self.inner.generate(cache, first[:, 0], gamma + 1, prev=prev[:, 0])
         self._count(self.inner.stats)
         # sampled: hist column 1 is `first`, columns 2.. the middle's tokens, each with the distribution it was
@@ -253,8 +254,10 @@ class TriForce(DrafterKind):
                                                        progress_desc="prefill (bottom draft)"))
             if ctx.world > 1:  # sampled proposals must be the same on every rank
                 bottom = OnRanks(bottom, [0], config.vocab_size, greedy)
-        sampling = Sampling(cfg.decoding.temperature, cfg.decoding.top_p, cfg.decoding.top_k)
-        return Hierarchy(middle, bottom, d.gamma_bottom, sampling, ctx.cache, cfg.runtime.step_mode, d.synthetic_bottom)
+        acceptor = Acceptor.from_config(cfg.decoding)
+        if d.synthetic_bottom is not None:  # the middle's rate for the bottom's tokens
+            acceptor = SyntheticAcceptor(acceptor.sampling, d.synthetic_bottom)
+        return Hierarchy(middle, bottom, d.gamma_bottom, acceptor, ctx.cache, cfg.runtime.step_mode)
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
         """TriForce's two levels: each middle verification takes gamma_bottom bottom steps and the middle's
