@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from magicdec import files
 from magicdec.errors import interrupted_as, MagicDecError
+from magicdec.forward_plan import NO_LOGITS
 from magicdec.run_config import device_value
 
 FAMILIES = ("eagle", "eagle3", "medusa", "hydra")
@@ -431,7 +432,7 @@ def target_pass(model, tokens: torch.Tensor, taps=()) -> TargetPass:
             out[i] = x + delta
         hooks.append(model.layers[i - 1].register_forward_hook(hook))
     try:
-        model(tokens, cache, logits="none")
+        model(tokens, cache, NO_LOGITS)
     finally:
         for h in hooks:
             h.remove()
@@ -472,7 +473,7 @@ class TTTCache:
         self.T, self.step, self.kv = T, 0, {}
         self.positions_ = torch.arange(T, device=device)
 
-    def positions(self, T: int) -> torch.Tensor:
+    def positions(self, T: int, plan=None) -> torch.Tensor:
         return self.positions_[None]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -490,7 +491,7 @@ class TTTCache:
         blocks = [q <= p - j] + [q == p - j + i for i in range(1, j + 1)]
         return torch.cat(blocks, 1)
 
-    def attend(self, T: int):
+    def attend(self, T: int, plan=None):
         mask = self.mask()
 
         def attend(q, k, v, layer):
