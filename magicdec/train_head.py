@@ -473,6 +473,11 @@ class TTTCache:
         self.T, self.step, self.kv = T, 0, {}
         self.positions_ = torch.arange(T, device=device)
 
+    def at_step(self, j: int) -> "TTTCache":
+        """The next forward is draft step j's: its keys replace any kept for step j and later."""
+        self.step = j
+        return self
+
     def positions(self, T: int, plan=None) -> torch.Tensor:
         return self.positions_[None]
 
@@ -616,8 +621,7 @@ class EagleTrainer(Trainer):
         next_ids = torch.cat([tp.tokens[:, 1:], tp.tokens[:, -1:]], 1)  # the token after each position (last: unused)
         cache = TTTCache(T, tp.tokens.device)
         for j in range(steps):
-            cache.step = j
-            h = head(feats, next_ids, self.model.tok_embeddings, cache=cache)
+            h = head(feats, next_ids, self.model.tok_embeddings, cache=cache.at_step(j))
             yield j, h
             feats = F.pad(h[:, :-1], (0, 0, 1, 0))  # step j + 1's input at p: step j's prediction made at p - 1
 
