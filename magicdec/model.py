@@ -228,7 +228,7 @@ class Transformer(nn.Module):
         if logits == "last":
             x, delta = x[:, -1:], delta[:, -1:]
         out = self.output(self.norm.residual(x, delta)[1])
-        # Under tensor parallelism each rank has a vocabulary slice; a plan's gather False leaves it so (tp.vocab_argmax).
+        # Under tensor parallelism each rank has a vocabulary slice; plan.gather False leaves it so (tp.vocab_argmax).
         return tp.gather_vocab(out, self.shard, self.args.vocab_size) if gather else out
 
     def weight_bytes(self) -> int:

@@ -70,15 +70,15 @@ def test_a_drafted_levels_plan_writes_its_nodes_at_root_plus_index_and_positions
 def test_a_plans_key_names_what_changes_the_work():
     tree = optimal_tree((0.7, 0.4, 0.3), 12, 3)
     request = FeatureRequest((1,), torch.zeros(1, 4, 8))
+    level = lambda depth: ForwardPlan.drafting(tree.level_on_device(depth, "cpu"))  # noqa: E731
     same = [(PLAIN, ForwardPlan()), (PLAIN.with_tree(tree.on_device("cpu")), ForwardPlan(tree=tree.on_device("cpu"))),
-            (ForwardPlan(scores=[torch.zeros(1)]), ForwardPlan(scores=[torch.ones(1)])),
-            (ForwardPlan.drafting(tree.level_on_device(1, "cpu")), ForwardPlan.drafting(tree.level_on_device(1, "cpu"))),
+            (ForwardPlan(scores=[torch.zeros(1)]), ForwardPlan(scores=[torch.ones(1)])), (level(1), level(1)),
             (ForwardPlan(features=request), ForwardPlan(features=request))]
     for a, b in same:
         assert a.key == b.key
     different = [PLAIN, LAST_LOGITS, NO_LOGITS, PLAIN.sharded(), PLAIN.with_tree(tree.on_device("cpu")),
                  PLAIN.with_tree(BRANCHY.on_device("cpu")), ForwardPlan(scores=[torch.zeros(1)]),
-                 ForwardPlan.drafting(tree.level_on_device(1, "cpu")), ForwardPlan.drafting(tree.level_on_device(2, "cpu")),
+                 level(1), level(2),
                  ForwardPlan(features=request), ForwardPlan(features=FeatureRequest((1,), torch.zeros(1, 4, 8)))]
     assert len({p.key for p in different}) == len(different)
     with pytest.raises(ValueError, match="logits"):
