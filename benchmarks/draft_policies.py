@@ -79,9 +79,9 @@ def teacher_forced(target, cache, draft, prompts, book, logits) -> dict:
     fed = torch.cat([prompts[:, -1:], book[:, :-1]], 1)  # position P-1 onwards: predicts book[:, 0..T-1]
     backends = cache.backend, draft.cache.backend
     cache.backend = draft.cache.backend = "sdpa"  # a long chunk: the decode kernel's fallback (flex) crashed the H100
-    t_logits = torch.cat([logits[:, None], target(book[:, :-1], cache, logits="all")], 1)
+    t_logits = torch.cat([logits[:, None], target(book[:, :-1], cache)], 1)
     draft.cache.rollback(torch.full_like(draft.cache.lengths, P - 1))
-    d_logits = draft.model(fed, draft.cache, logits="all")
+    d_logits = draft.model(fed, draft.cache)
     cache.rollback(torch.full_like(cache.lengths, P))
     cache.backend, draft.cache.backend = backends
     p, q = (probabilities(x.float(), SAMPLED["temperature"], SAMPLED["top_p"]) for x in (t_logits, d_logits))

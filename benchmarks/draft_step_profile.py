@@ -30,6 +30,7 @@ from magicdec import device as dev
 from magicdec import files
 from magicdec.trial import build
 from magicdec.errors import one_line_errors
+from magicdec.forward_plan import LAST_LOGITS, PLAIN
 from magicdec.run_config import RunConfig
 
 SINKS = 16  # the StreamingLLM sinks of the draft's ring (the runs' default)
@@ -70,8 +71,8 @@ def profile_steps(a, built, cfg: RunConfig, copy_bw: float, steps: int = 10) -> 
                              max(a.gammas)) if cuda else None
     token = torch.zeros(a.B, 1, dtype=torch.long, device=device)
     ring, full = drafter.cache, built.batch.cache
-    cases = {"draft": (lambda d: lambda: d.draft_step(model, token, ring), ring, ring.max_len, a.budget),
-             "target": (lambda d: lambda: d.verify_step(token, full), full, a.prefix_len, a.prefix_len)}
+    cases = {"draft": (lambda d: lambda: d.draft_step(model, token, ring, LAST_LOGITS), ring, ring.max_len, a.budget),
+             "target": (lambda d: lambda: d.verify_step(token, full, PLAIN), full, a.prefix_len, a.prefix_len)}
     out = {}
     for label, (step_of, cache, slots, visible) in cases.items():
         step = step_of(eager)

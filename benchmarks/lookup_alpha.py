@@ -39,7 +39,7 @@ def teacher_forced(target, cache, text: torch.Tensor, P: int, ngram_max: int) ->
     B, L = text.shape
     T = L - P
     cache.rollback(torch.full_like(cache.lengths, P - 1))
-    logits = target(text[:, P - 1:L - 1], cache, logits="all")  # [B, T, V]: predicts text[:, P:]
+    logits = target(text[:, P - 1:L - 1], cache)  # [B, T, V]: predicts text[:, P:]
     cache.rollback(torch.full_like(cache.lengths, P))
     p = probabilities(logits.float(), 0.6, 0.9)
     out = {"positions": B * T, "proposed": 0, "top1": 0, "min_pq": 0.0}

@@ -26,6 +26,7 @@ from magicdec import files
 from magicdec import tp
 from magicdec import triton_attention
 from magicdec.config import ModelArgs
+from magicdec.forward_plan import PLAIN
 from magicdec.generate import GraphedStep
 from magicdec.kv_cache import KVCache
 from magicdec.model import build_model
@@ -81,21 +82,18 @@ def main(argv=None) -> int:
     model = build_model(c, device, torch.bfloat16, random_seed=0)
     out = {"model": c.name, "environment": dev.environment(device), "copy_GBps": dev.copy_bandwidth(device) / 1e9,
            "rounds": a.rounds, "reps": a.reps, "points": []}
-    def verify(tokens, cache):
-        return tp.vocab_argmax(model(tokens, cache, logits="all", gather=False), None)
+    def verify(tokens, cache, plan):
+        return tp.vocab_argmax(model(tokens, cache, plan.sharded()), None)
 
     def timed(step, tokens, cache, tree) -> float:
-        cache.tree = tree
-        try:
-            step(tokens, cache)  # captured at first use
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(a.reps):
-                step(tokens, cache)
-            torch.cuda.synchronize()
-            return (time.perf_counter() - t0) / a.reps
-        finally:
-            cache.tree = None
+        plan = PLAIN.with_tree(tree)
+        step(tokens, cache, plan)  # captured at first use
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(a.reps):
+            step(tokens, cache, plan)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / a.reps
 
     start = time.time()
     for prefix in a.prefix_lens:
@@ -105,9 +103,8 @@ def main(argv=None) -> int:
             cache.fill_random(prefix, 0)
             one = torch.zeros(B, 1, dtype=torch.long, device=device)
             # graphs of their own per cache (a pool whose graphs were freed cannot take a new capture)
-            step = GraphedStep(verify, key=lambda tokens, cache: (getattr(cache.tree, "tree", None),
-                                                                  attention.TRITON_MAX_T,
-                                                                  triton_attention.launch_settings))
+            step = GraphedStep(verify, key=lambda tokens, cache, plan: (attention.TRITON_MAX_T,  # and plan.key
+                                                                        triton_attention.launch_settings))
             for max_t in a.max_t:
                 attention.TRITON_MAX_T = max_t
                 for label, n, tree in shapes(a.nodes):
@@ -165,12 +162,12 @@ def breakdown(a) -> int:
             cache.fill_random(prefix, 0)
             for n in a.nodes:
                 tokens = torch.randint(0, c.vocab_size, (B, n), device=device)
-                model(tokens, cache, logits="all")  # compiled and warm
+                model(tokens, cache)  # compiled and warm
                 torch.cuda.synchronize()
                 rounds = []
                 for _ in range(a.rounds):
                     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                        model(tokens, cache, logits="all")
+                        model(tokens, cache)
                         torch.cuda.synchronize()
                     kinds, names = {}, {}
                     for e in prof.key_averages():

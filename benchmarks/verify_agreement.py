@@ -26,6 +26,7 @@ from magicdec import fused
 from magicdec import triton_attention  # (imported: it registers the merge as a fused op)
 from magicdec.engine import Engine
 from magicdec.errors import MagicDecError, one_line_errors
+from magicdec.forward_plan import LAST_LOGITS
 from magicdec.run_config import RunConfig
 
 
@@ -38,7 +39,7 @@ def compare(engine: Engine, cfg: RunConfig, n: int, T: int, label: str) -> None:
         tok = batch.logits.argmax(-1)[:, None]
         toks, decoded = [tok], []
         for _ in range(n):
-            logits = model(tok, cache, logits="last")[:, -1].float()
+            logits = model(tok, cache, LAST_LOGITS)[:, -1].float()
             cache.advance(1)
             decoded.append(logits)
             tok = logits.argmax(-1)[:, None]

@@ -20,6 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from magicdec.forward_plan import PLAIN, ForwardPlan
 from magicdec.generate import capture, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 
@@ -173,8 +174,8 @@ class QueryRecorder:
     def __getattr__(self, name):
         return getattr(self.cache, name)
 
-    def attend(self, T: int):
-        inner = self.cache.attend(T)
+    def attend(self, T: int, plan: ForwardPlan = PLAIN):
+        inner = self.cache.attend(T, plan)
 
         def attend(q, k, v, layer=None):
             self.queries.append(q)
@@ -230,7 +231,7 @@ def select_by_own_prefill(policy, model, prompts: torch.Tensor, chunk: int, appe
 class Refresh:
     """--refresh N: every N verifications a selected draft cache is selected again, from the attention that
     verification computed over the target's full cache anyway: the attention writes its first query's logits (the
-    last committed token's) per head over every position as a side output (`KVCache.scores`), and the policy picks
+    last committed token's) per head over every position as a side output (the plan's `scores`), and the policy picks
     the prompt positions to keep from them (`reselect`); the prompt's last window and the appended tokens stay.
     Each generation starts from the selection the prefill made, so timed runs start alike."""
 
@@ -254,7 +255,12 @@ class Refresh:
     def due(self) -> list[torch.Tensor] | None:
         """Before a verification: the buffers its attention writes the logits to when it is an Nth, else None."""
         self.count += 1
-        return self.logits if self.count % self.every == 0 else None
+        return self.logits if self.wrote else None
+
+    @property
+    def wrote(self) -> bool:
+        """Whether the last verification (the last due()) wrote the logits: an Nth."""
+        return self.count > 0 and self.count % self.every == 0
 
     def apply(self) -> None:
         """After it: every layer's kept positions selected again from those logits. With CUDA graphs the ~20 small

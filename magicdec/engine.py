@@ -21,6 +21,7 @@ from magicdec.attention import resolve_backend
 from magicdec.config import cache_slots, check_context, ModelArgs
 from magicdec.drafters.base import ModelRef, Part, PrepareContext
 from magicdec.errors import MagicDecError
+from magicdec.forward_plan import LAST_LOGITS
 from magicdec.generate import Decoder, prefill
 from magicdec.kv_cache import KVCache
 from magicdec.offload import OffloadedCache
@@ -387,7 +388,7 @@ class Engine:
                     target, cache, prompts, queries, rt.prefill_chunk, progress, random_kv), self.device)
             elif random_kv is not None:
                 cache.fill_random(cfg.workload.prefix_len, random_kv)
-                logits = target(prompts[:, -1:], cache, logits="last")[:, -1]
+                logits = target(prompts[:, -1:], cache, LAST_LOGITS)[:, -1]
             else:
                 logits, seconds = dev.timed(lambda: prefill(target, cache, prompts, rt.prefill_chunk, progress),
                                             self.device)
@@ -407,11 +408,8 @@ class Engine:
 
     def decoder(self, cfg: RunConfig, drafter=None, gamma: int = 0, policy: AutoGamma | None = None) -> Decoder:
         d, rt = cfg.decoding, cfg.runtime
-        if drafter is not None:
-            drafter.width = cfg.speculation.tree_width  # a prepared drafter serves points of any width
-            drafter.shape = cfg.speculation.drafted_tree(gamma)  # a model draft's tree (--tree_nodes), or None
-            if drafter.shape is not None:  # its draft steps' candidates: the most children a node has
-                drafter.width = drafter.shape.max_children
+        if drafter is not None:  # a prepared drafter serves points of any width and tree (--tree_nodes): a copy each
+            drafter = drafter.shaped(cfg.speculation.tree_width, cfg.speculation.drafted_tree(gamma))
         acceptor = Acceptor.from_config(d, cfg.speculation if drafter is not None else None)
         return Decoder(self.target, acceptor, drafter=drafter, gamma=gamma, step_mode=rt.step_mode,
                        graph_target=not rt.offload, policy=policy, trace=cfg.output.save_trace)

@@ -5,8 +5,10 @@ tokens (`Batch`), the choice of gamma (`GammaSchedule`), the counts (`stats.Coun
 helpers beside it."""
 from __future__ import annotations
 
+import copy
 import gc
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -14,6 +16,7 @@ from tqdm import tqdm
 
 from magicdec import tp
 from magicdec.acceptance import Acceptor
+from magicdec.forward_plan import PLAIN, ForwardPlan, prefill_chunk
 from magicdec.model import Transformer
 from magicdec.planner import AutoGamma
 from magicdec.sampling import Sampling, probabilities
@@ -32,7 +35,7 @@ def prefill(model: Transformer, cache, prompts: torch.Tensor, chunk: int, progre
     logits = None
     for start in tqdm(range(0, P, chunk), desc=desc, disable=not progress, leave=False):
         piece = prompts[:, start:start + chunk]
-        logits = model(piece, cache, logits="last" if start + chunk >= P else "none")
+        logits = model(piece, cache, prefill_chunk(last=start + chunk >= P))
         cache.advance(piece.shape[1])
     return logits[:, -1]
 
@@ -50,17 +53,13 @@ def prefill_features(model: Transformer, cache, prompts: torch.Tensor, chunk: in
     dtype = model.tok_embeddings.weight.dtype
     out = torch.empty(B, keep.numel(), width, dtype=dtype, device=prompts.device)
     request = FeatureRequest(tuple(taps), torch.empty(B, min(chunk, P), width, dtype=dtype, device=prompts.device))
-    cache.features = request
     logits = None
-    try:
-        for start in tqdm(range(0, P, chunk), desc=desc, disable=not progress, leave=False):
-            piece = prompts[:, start:start + chunk]
-            logits = model(piece, cache, logits="last" if start + chunk >= P else "none")
-            cache.advance(piece.shape[1])
-            rows = ((keep >= start) & (keep < start + piece.shape[1])).nonzero()[:, 0]
-            out[:, rows] = request.out[:, keep[rows] - start]
-    finally:
-        cache.features = None
+    for start in tqdm(range(0, P, chunk), desc=desc, disable=not progress, leave=False):
+        piece = prompts[:, start:start + chunk]
+        logits = model(piece, cache, replace(prefill_chunk(last=start + chunk >= P), features=request))
+        cache.advance(piece.shape[1])
+        rows = ((keep >= start) & (keep < start + piece.shape[1])).nonzero()[:, 0]
+        out[:, rows] = request.out[:, keep[rows] - start]
     return logits[:, -1], out
 
 
@@ -71,9 +70,14 @@ class Drafter:
 
     `propose(step, hist, m, start, gamma)`: up to gamma tokens per sequence following its committed tokens
     hist[:, :m] ([B, n], n <= gamma: a drafter may propose fewer) and the distributions q [B, n, V] they were
-    sampled from (None when greedy or deterministic); `step(model, tokens, cache)` is the decoder's draft step
-    (argmax ids [B], or probabilities [B, V], at the last position, graphed or compiled as the run's step mode
-    says); `start` [B] is the target cache position of hist[:, m - 2]."""
+    sampled from (None when greedy or deterministic); `step(model, tokens, cache, plan)` is the decoder's draft step
+    (graphed or compiled as the run's step mode says): with forward_plan.LAST_LOGITS argmax ids [B] (above width 1
+    the `width` likeliest [B, width]), or probabilities [B, V], at the last position; with a plan drafting a tree
+    level (ForwardPlan.drafting) the same at every node of the level; `start` [B] is the target cache position of
+    hist[:, m - 2].
+
+    A drafter is prepared once and then serves decoders of any width and tree shape: `shaped(width, shape)` is the
+    copy a decoder runs, the prepared drafter unchanged."""
 
     # True where a run meets CUDA-graph shapes that only a whole run meets: a verification's length that varies from
     # one to the next (prompt lookup), or a graph over the history buffer, whose width is the run's length (lookup's
@@ -82,6 +86,14 @@ class Drafter:
     # candidates per drafted position (--tree_width): above 1 a drafter proposes a token tree (tree_for), and a
     # greedy draft step returns the draft's `width` likeliest ids [B, width] instead of its argmax
     width = 1
+    shape = None  # a token tree (tree.Tree, in level order) a drafter drafts level by level (--tree_nodes), or None
+
+    def shaped(self, width: int, shape=None) -> "Drafter":
+        """A shallow copy drafting `width` candidates per position, or the tree `shape` (its draft steps' candidates
+        then the most children a node has): what a decoder runs, so the prepared drafter serves every point."""
+        drafter = copy.copy(self)
+        drafter.width, drafter.shape = (width if shape is None else shape.max_children), shape
+        return drafter
 
     def tree_for(self, tokens: int):
         """The token tree (tree.Tree) a proposal of `tokens` drafted tokens fills, in node order after the root;
@@ -94,8 +106,11 @@ class Drafter:
     def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
         raise NotImplementedError
 
-    def before_verify(self, cache, gamma: int) -> None:
-        """Just before the target verifies `gamma` drafted tokens over `cache` (e.g. ask it for a side output)."""
+    def verify_plan(self, cache, gamma: int) -> ForwardPlan:
+        """Just before the target verifies `gamma` drafted tokens over `cache`: the plan of that forward
+        (forward_plan.ForwardPlan), where a drafter asks it for a side output (a head's hidden states, a refresh's
+        attention scores); the loop adds the tree it verifies."""
+        return PLAIN
 
     def after_verify(self, verified: torch.Tensor, path: torch.Tensor | None = None) -> None:
         """The target's pass over the proposal, before its tokens are committed: argmax ids [B, T] or
@@ -135,7 +150,8 @@ def capture(fn, pool=None, warm_up: bool = True):
 
 class GraphedStep:
     """Replays a CUDA graph of `fn(*args)`, captured on first use for each key: the tensor arguments' shapes, the
-    other arguments' values (ints) or identities (a cache), and `key(*args)` for what else changes the work.
+    other arguments' values (ints), keys (a forward_plan.ForwardPlan's) or identities (a cache), and `key(*args)`
+    for what else changes the work.
 
     Small models and short contexts are bound by kernel launches; a graph removes them. Capture costs one eager
     step, where torch.compile (`--compile`) also fuses kernels but compiles for minutes per new shape — too slow
@@ -149,7 +165,8 @@ class GraphedStep:
         self.fn, self.key, self.graphs, self.pool, self.warm_up = fn, key, {}, None, warm_up
 
     def __call__(self, *args):
-        k = tuple(a.shape if torch.is_tensor(a) else a if isinstance(a, int) else id(a) for a in args)
+        k = tuple(a.shape if torch.is_tensor(a) else a if isinstance(a, int) else
+                  a.key if isinstance(a, ForwardPlan) else id(a) for a in args)
         k += tuple(self.key(*args))
         if k not in self.graphs:
             static = [a.clone() if torch.is_tensor(a) else a for a in args]
@@ -295,12 +312,9 @@ class Decoder:
         if step_mode == "compile":
             wrap = lambda f: torch.compile(f, mode="reduce-overhead", fullgraph=True, dynamic=False)  # noqa: E731
         elif step_mode == "cuda_graphs":
-            # a refresh's verification also writes its attention scores, and a tree's masks another way: a graph each
-            # a head's drafter has the target's forward copy hidden states into its buffer: a graph per request
-            wrap = lambda f: GraphedStep(f, key=lambda *args: (args[-1].scores is not None,  # noqa: E731
-                                                               getattr(args[-1].tree, "tree", None),
-                                                               getattr(args[-1], "level", None),
-                                                               getattr(args[-1], "features", None)))
+            # a graph per plan key: a refresh's verification also writes its attention scores, a tree's masks another
+            # way, a head's drafter has the target's forward copy hidden states into its buffer
+            wrap = lambda f: GraphedStep(f)  # noqa: E731
         else:
             wrap = lambda f: f  # noqa: E731
         self.verify_step = wrap(self._verify_step) if graph_target else self._verify_step
@@ -346,10 +360,9 @@ class Decoder:
             tree = drafter.tree_for(gamma) if gamma else None
             tree = None if tree is None else tree.on_device(dev)  # its tensors, made once per shape
             t1 = timer.stamp()
-            if gamma:
-                drafter.before_verify(cache, gamma)
+            plan = (drafter.verify_plan(cache, gamma) if gamma else PLAIN).with_tree(tree)
             # verify them in one pass and accept: `drafted` becomes the chain it kept from (a tree's accepted path)
-            accepted, nxt, verified, drafted, path = self._verify(cache, batch, drafted, q, tree)
+            accepted, nxt, verified, drafted, path = self._verify(cache, batch, drafted, q, plan)
             gamma = drafted.shape[1]
             t2 = timer.stamp()
             if gamma:
@@ -406,24 +419,23 @@ class Decoder:
     def _greedy(self) -> bool:
         return self.sampling.greedy
 
-    def _distribution(self, model, tokens, cache, logits: str):
+    def _distribution(self, model, tokens, cache, plan: ForwardPlan):
         """Greedy: argmax ids (across vocabulary shards without gathering them); sampling: probabilities."""
         s = self.sampling
         if self._greedy:
-            return tp.vocab_argmax(model(tokens, cache, logits=logits, gather=False), model.shard)
-        return probabilities(model(tokens, cache, logits=logits), s.temperature, s.top_p, s.top_k)
+            return tp.vocab_argmax(model(tokens, cache, plan.sharded()), model.shard)
+        return probabilities(model(tokens, cache, plan), s.temperature, s.top_p, s.top_k)
 
-    def _verify_step(self, tokens, cache):
-        return self._distribution(self.model, tokens, cache, "all")
+    def _verify_step(self, tokens, cache, plan: ForwardPlan):
+        return self._distribution(self.model, tokens, cache, plan)
 
-    def _draft_step(self, model, tokens, cache):
-        """At the last position, or at every node of a tree level the draft feeds (cache.level)."""
-        rows = "last" if getattr(cache, "level", None) is None else "all"
+    def _draft_step(self, model, tokens, cache, plan: ForwardPlan):
+        """At the last position (plan.logits "last"), or at every node of a tree level the draft feeds (plan.level)."""
         if self._greedy and self.width > 1:  # a tree's candidates: the draft's likeliest ids, best first
-            out = torch.topk(model(tokens, cache, logits=rows), self.width).indices
+            out = torch.topk(model(tokens, cache, plan), self.width).indices
         else:
-            out = self._distribution(model, tokens, cache, rows)
-        return out[:, -1] if rows == "last" else out
+            out = self._distribution(model, tokens, cache, plan)
+        return out[:, -1] if plan.logits == "last" else out
 
     def _propose(self, batch: Batch, gamma: int):
         """The drafter's tokens [B, <= gamma] and distributions q (None when greedy); none for gamma 0."""
@@ -431,16 +443,16 @@ class Decoder:
             return batch.hist[:, :0], None
         return self.drafter.propose(self.draft_step, batch.hist, batch.m, batch.position(2), gamma)
 
-    def _verify(self, cache, batch: Batch, drafted: torch.Tensor, q, tree=None):
-        """The target's pass over the last committed token and the drafted ones (a chain, or the nodes of `tree`, a
-        tree.TreeOnDevice):
+    def _verify(self, cache, batch: Batch, drafted: torch.Tensor, q, plan: ForwardPlan = PLAIN):
+        """The target's pass over the last committed token and the drafted ones (a chain, or the nodes of plan.tree, a
+        tree.TreeOnDevice), as `plan` says:
         (accepted [B], next token [B], what the pass returned: argmax ids [B, g+1], or probabilities [B, g+1, V];
         the drafted chain kept from; a tree's accepted path of nodes, or None)."""
         tokens = torch.cat([batch.hist.gather(1, (batch.m - 1)[:, None]), drafted], 1)
-        draws = self.acceptor.draws(batch, tokens, tree)  # what its acceptance draws outside a graph (exact: none)
-        if tree is not None:
-            return self._verify_tree(cache, tokens, q, tree, draws)
-        verified = self.verify_step(tokens, cache).clone()
+        draws = self.acceptor.draws(batch, tokens, plan.tree)  # what its acceptance draws outside a graph (exact: none)
+        if plan.tree is not None:
+            return self._verify_tree(cache, tokens, q, plan, draws)
+        verified = self.verify_step(tokens, cache, plan).clone()
         accepted, nxt, _ = self.acceptor.accept(verified, tokens, q, None, draws)
         if dist.is_initialized() and dist.get_world_size() > 1:
             # Every rank holds the same logits, but random draws may differ (a draft on some ranks uses the RNG
@@ -449,15 +461,12 @@ class Decoder:
             dist.broadcast(nxt, src=0)
         return accepted, nxt, verified, drafted, None
 
-    def _verify_tree(self, cache, tokens: torch.Tensor, q, tree, draws):
+    def _verify_tree(self, cache, tokens: torch.Tensor, q, plan: ForwardPlan, draws):
         """A token tree's verification: every node over the committed cache and its ancestors in one pass, the
         acceptor's path (acceptance.py), its KV moved to the slots its positions take. Returns what _verify does,
         the drafted chain being the path's tokens."""
-        cache.tree = tree
-        try:
-            verified = self.verify_step(tokens, cache).clone()
-        finally:
-            cache.tree = None
+        tree = plan.tree
+        verified = self.verify_step(tokens, cache, plan).clone()
         ranks = dist.get_world_size() if dist.is_initialized() else 1
         if verified.dim() == 2 and ranks == 1:  # argmax ids: the acceptance and the move graphed
             accepted, nxt, path = self.accept_tree(verified, tokens, draws, cache, tree)

@@ -86,6 +86,7 @@ import torch.nn.functional as F
 from magicdec import files
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
+from magicdec.forward_plan import PLAIN, ForwardPlan
 
 FAMILIES = ("eagle", "eagle3", "medusa", "hydra")
 FILES = {"medusa": "medusa_lm_head.pt", "hydra": "hydra_lm_head.pt"}
@@ -104,7 +105,7 @@ def eagle3_default_taps(n_layers: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True, eq=False)
 class FeatureRequest:
-    """What a drafter asks the target's forward to copy (the cache's `features` attribute while set): the taps, in
+    """What a drafter asks the target's forward to copy (a forward plan's `features`): the taps, in
     order, concatenated along the last axis into `out` [B, S, F] at rows 0..T-1 of a T-token forward (S: the
     longest forward it covers). A static buffer: a CUDA graph captured with the request writes the same memory."""
     taps: tuple[int, ...]
@@ -309,10 +310,11 @@ class EagleHead(nn.Module):
         return self.embed_tokens(ids) if self.embed_tokens is not None else embedding_of(embed, ids)
 
     def forward(self, features: torch.Tensor, next_ids: torch.Tensor, embed=None, cache=None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, plan: ForwardPlan = PLAIN) -> torch.Tensor:
         """features [B, T, F]: the target's taps (F = len(taps) * target H for EAGLE-3), or the head's own
         predicted features [B, T, H] (EAGLE-3 applies fc only to the target's); next_ids [B, T]: the token one
-        position after each feature's. Returns the predicted features [B, T, H] one position on."""
+        position after each feature's. Returns the predicted features [B, T, H] one position on. With a cache,
+        `plan` says what the forward over it is (a drafted tree level's: ForwardPlan.drafting)."""
         B, T = next_ids.shape
         emb = self.embed(next_ids, embed).to(features.dtype)
         if self.eagle3:
@@ -323,7 +325,7 @@ class EagleHead(nn.Module):
             pos = torch.arange(T, device=h.device)[None].expand(B, T) if positions is None else positions
             attend = None
         else:
-            pos, attend = cache.positions(T), cache.attend(T)
+            pos, attend = cache.positions(T, plan), cache.attend(T, plan)
         angles = pos[..., None].float() * self.inv_freq
         cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
         for block in self.blocks:

@@ -3,7 +3,9 @@ which slots a query may see; the model is the same for every cache kind.
 
 `KVCache` is the full cache: slot s holds position s, so rollback is just setting lengths (stale slots past a
 sequence's length are masked out and overwritten later). The StreamingLLM draft cache (sinks + recent window)
-implements the same three methods: `write`, `attend`, and the `lengths` tensor.
+implements the same three methods: `write`, `attend`, and the `lengths` tensor. What one forward is (a token tree's
+positions and mask, a drafted level's, scores to write) comes with it in its plan (forward_plan.ForwardPlan): a cache
+holds KV and its own bookkeeping only.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 
 from magicdec import fused
 from magicdec.attention import make_attend
+from magicdec.forward_plan import PLAIN, ForwardPlan
 from magicdec.tree import TreeMask
 
 
@@ -23,10 +26,6 @@ def store_kv(k_cache, v_cache, rows, slots, k, v) -> None:
 
 
 class KVCache:
-    tree = None  # tree.TreeOnDevice while a forward verifies a token tree (its nodes' positions and mask)
-    level = None  # tree.TreeLevel while a draft's forward feeds one level of a token tree it drafts
-    features = None  # heads.FeatureRequest while a drafter asks the target's forward for hidden states (a head's)
-
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device, backend: str = "sdpa"):
         # One buffer per layer: a view into one big tensor makes torch.compile copy the whole cache on write.
@@ -35,9 +34,8 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # tokens held per sequence
         self.max_len, self.backend = max_len, backend
-        self.scores = None  # per layer [B, H, max_len] fp32: the next forward's first-query logits go there (--refresh)
         self._rows = torch.arange(batch_size, device=device)[:, None]
-        self._slots = None  # where the forward in progress writes (write_slots)
+        self._slots = None  # where the forward in progress writes (claimed by attend: write_slots)
         if self.lengths.is_cuda:  # CUDA graphs must not copy the cache: its address stays fixed across replays
             for t in (*self.k, *self.v, self.lengths):
                 torch._dynamo.mark_static_address(t)
@@ -46,28 +44,28 @@ class KVCache:
     def nbytes_for(n_layers, batch_size, n_kv_heads, max_len, head_dim, dtype) -> int:
         return 2 * n_layers * batch_size * n_kv_heads * max_len * head_dim * torch.empty((), dtype=dtype).element_size()
 
-    def positions(self, T: int) -> torch.Tensor:
+    def positions(self, T: int, plan: ForwardPlan = PLAIN) -> torch.Tensor:
         """[B, T] positions of the next T tokens (a token tree's: the root's plus each node's depth)."""
-        if self.tree is not None:
-            return self.lengths[:, None] + self.tree.depths[None]
-        if self.level is not None:  # the root is the last token held
-            return (self.lengths + (self.level.depth - 1))[:, None].expand(-1, T)
-        return self._next(T)
+        if plan.tree is not None:
+            return self.lengths[:, None] + plan.tree.depths[None]
+        if plan.level is not None:  # the root is the last token held
+            return (self.lengths + (plan.level.depth - 1))[:, None].expand(-1, T)
+        return self._next(T, plan)
 
-    def _next(self, T: int) -> torch.Tensor:
+    def _next(self, T: int, plan: ForwardPlan = PLAIN) -> torch.Tensor:
         """[B, T]: the next T positions after each sequence's tokens, in order (a tree's nodes: where they are
         written, whatever their positions; a drafted level's: the root's position plus their node indices)."""
-        if self.level is not None:
-            return (self.lengths - 1)[:, None] + self.level.nodes[None]
+        if plan.level is not None:
+            return (self.lengths - 1)[:, None] + plan.level.nodes[None]
         return self.lengths[:, None] + torch.arange(T, device=self.lengths.device)
 
-    def tree_mask(self):
+    def tree_mask(self, plan: ForwardPlan):
         """A token tree's mask for attention (tree.TreeMask), or None: a verified tree's root is the next token, a
         drafted level's the last token held."""
-        if self.tree is not None:
-            return TreeMask(self.tree.ancestors, self.tree.bits, self.lengths)
-        if self.level is not None:
-            return TreeMask(self.level.ancestors, self.level.bits, self.lengths - 1)
+        if plan.tree is not None:
+            return TreeMask(plan.tree.ancestors, plan.tree.bits, self.lengths)
+        if plan.level is not None:
+            return TreeMask(plan.level.ancestors, plan.level.bits, self.lengths - 1)
         return None
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -79,17 +77,25 @@ class KVCache:
         """Where positions pos are stored: at their own index (a ring maps them around)."""
         return pos
 
-    def write_slots(self, layer: int, T: int) -> torch.Tensor:
-        """[B, T] slots the forward in progress writes, computed at its first layer and kept for the others (layers
-        run in order): per layer, the index arithmetic was several small kernels, a measurable part of an 8B
-        self-draft's step (results/quant)."""
-        if layer == 0 or self._slots is None or self._slots.shape[1] != T:
-            self._slots = self.slots(self._next(T))
+    def claim(self, written: torch.Tensor) -> torch.Tensor:
+        """The [B, T] slots a forward writes its tokens' positions `written` to (_next's): computed once, as its
+        attention is made, and kept for every layer's write (write_slots): per layer, the index arithmetic was
+        several small kernels, a measurable part of an 8B self-draft's step (results/quant)."""
+        self._slots = self.slots(written)
         return self._slots
 
-    def attend(self, T: int):
-        return make_attend(self.backend, self.positions(T), None, self.max_len, scores=self.scores,
-                           tree=self.tree_mask())
+    def write_slots(self, layer: int, T: int) -> torch.Tensor:
+        """[B, T] slots the forward in progress writes: those its attend claimed (a forward makes its attention
+        before any layer writes)."""
+        if self._slots is None or self._slots.shape[1] != T:
+            raise RuntimeError(f"a write of {T} tokens with no forward of {T} claiming slots: call attend(T, plan) "
+                               "first, as a forward does")
+        return self._slots
+
+    def attend(self, T: int, plan: ForwardPlan = PLAIN):
+        self.claim(self._next(T, plan))
+        return make_attend(self.backend, self.positions(T, plan), None, self.max_len, scores=plan.scores,
+                           tree=self.tree_mask(plan))
 
     def keep_path(self, path: torch.Tensor, root: torch.Tensor | None = None) -> None:
         """After a token tree's verification: the KV of each sequence's accepted nodes path [B, D + 1] (the root
@@ -195,15 +201,15 @@ class StreamingCache(KVCache):
         torch._foreach_copy_(slots, list(apply_rope(self.sink_k, angles.cos(), angles.sin()).unbind(0)))
         self.shifted.copy_(shift > 0)
 
-    def attend(self, T: int):
+    def attend(self, T: int, plan: ForwardPlan = PLAIN):
         # Claim the new tokens' slots before any layer runs: a mask built now must already see them. A drafted
         # tree level's nodes hold the positions they are written at (root + node index), which its mask reads.
-        written = self._next(T)
-        self.key_pos[self._rows, self.slots(written)] = written
+        written = self._next(T, plan)
+        self.key_pos[self._rows, self.claim(written)] = written
         if self.rope is not None:
-            self._reindex_sinks(T if self.level is None else self.level.depth)
-        return make_attend(self.backend, self.positions(T), self.key_pos, self.max_len, self.sinks, self.window,
-                           tree=self.tree_mask())
+            self._reindex_sinks(T if plan.level is None else plan.level.depth)
+        return make_attend(self.backend, self.positions(T, plan), self.key_pos, self.max_len, self.sinks, self.window,
+                           tree=self.tree_mask(plan))
 
     def fill_random(self, length: int, seed: int) -> None:
         super().fill_random(length, seed)

@@ -17,6 +17,7 @@ from magicdec import fused, tp
 from magicdec.attention import Attend
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
+from magicdec.forward_plan import PLAIN, ForwardPlan
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
@@ -190,23 +191,25 @@ class Transformer(nn.Module):
         """KV heads held by this rank (all of them without tensor parallelism): what its caches store."""
         return self.layers[0].attention.n_kv_heads
 
-    def forward(self, tokens: torch.Tensor, cache, logits: str = "all", gather: bool = True) -> torch.Tensor | None:
-        """Run `tokens` [B, T] as the next T tokens of each sequence in `cache`.
+    def forward(self, tokens: torch.Tensor, cache, plan: ForwardPlan = PLAIN) -> torch.Tensor | None:
+        """Run `tokens` [B, T] as the next T tokens of each sequence in `cache`, as `plan` says (forward_plan.py).
 
         Sequence b's tokens take positions cache.lengths[b] + 0..T-1 and attend to that sequence's cache and
-        causally to each other, so the same call does chunked prefill, 1-token decode and k-token verification.
+        causally to each other, so the same call does chunked prefill, 1-token decode and k-token verification (a
+        token tree's nodes, or a drafted level's, take their depths' positions and see their ancestors instead).
         The cache's lengths are NOT advanced here: callers advance them (or roll back) once they know how many
-        tokens to keep. `logits`: "all" [B, T, V], "last" [B, 1, V], or "none" (prefill chunks before the last).
+        tokens to keep. Returns plan.logits' logits: "all" [B, T, V], "last" [B, 1, V], or None ("none").
         """
         B, T = tokens.shape
-        positions = cache.positions(T)
-        attend = cache.attend(T)
+        logits, gather = plan.logits, plan.gather
+        positions = cache.positions(T, plan)
+        attend = cache.attend(T, plan)
         angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
         if self.rope_scale != 1.0:  # YaRN
             cos, sin = cos * self.rope_scale, sin * self.rope_scale
         x, delta = self.tok_embeddings(tokens), None
-        want = getattr(cache, "features", None)  # a drafter's FeatureRequest (heads.py): hidden states it reads
+        want = plan.features  # a drafter's FeatureRequest (heads.py): hidden states it reads
         taps = {}
         for i, layer in enumerate(self.layers):
             if want is not None and i in want.taps:
@@ -225,7 +228,7 @@ class Transformer(nn.Module):
         if logits == "last":
             x, delta = x[:, -1:], delta[:, -1:]
         out = self.output(self.norm.residual(x, delta)[1])
-        # Under tensor parallelism each rank has a vocabulary slice; gather=False leaves it so (see tp.vocab_argmax).
+        # Under tensor parallelism each rank has a vocabulary slice; plan.gather False leaves it so (tp.vocab_argmax).
         return tp.gather_vocab(out, self.shard, self.args.vocab_size) if gather else out
 
     def weight_bytes(self) -> int:

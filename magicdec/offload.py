@@ -17,6 +17,7 @@ import contextlib
 
 import torch
 
+from magicdec.forward_plan import PLAIN, ForwardPlan
 from magicdec.kv_cache import KVCache
 
 
@@ -72,10 +73,10 @@ class OffloadedCache(KVCache):
         self.fetched[s] = layer
         self.fetch_log.append((layer, s))
 
-    def attend(self, T: int):
+    def attend(self, T: int, plan: ForwardPlan = PLAIN):
         if self.on_chip == 0:  # nothing on the chip to overlap with: the first layer's copy starts now
             self._prefetch(0)
-        return super().attend(T)
+        return super().attend(T, plan)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v [B, T, Hkv, D] at each sequence's next T positions; return the layer's [B, Hkv, S, D] K and V

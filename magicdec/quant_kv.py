@@ -19,6 +19,7 @@ import torch
 from magicdec import fused
 from magicdec.attention import TRITON_MAX_T, make_attend
 from magicdec.errors import require
+from magicdec.forward_plan import PLAIN, ForwardPlan
 from magicdec.kv_cache import KVCache
 
 FORMATS = ("bf16", "int8", "int4")
@@ -83,7 +84,7 @@ class QuantizedKVCache(KVCache):
         self.k_sz = [torch.zeros(rows, dtype=torch.float16, device=device) for _ in range(n_layers)]
         self.v_sz = [torch.zeros(rows, dtype=torch.float16, device=device) for _ in range(n_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.max_len, self.backend, self.scores = max_len, backend, None
+        self.max_len, self.backend = max_len, backend
         self._rows = torch.arange(batch_size, device=device)[:, None]
         self._slots = None
         if self.lengths.is_cuda:
@@ -122,8 +123,9 @@ class QuantizedKVCache(KVCache):
             store_quantized(self.k[layer], self.v[layer], self.k_sz[layer], self.v_sz[layer], self._rows,
                             pos[:, None], k[:, None], v[:, None], self.bits)
 
-    def attend(self, T: int):
-        pos = self.positions(T)
+    def attend(self, T: int, plan: ForwardPlan = PLAIN):
+        self.claim(self._next(T, plan))
+        pos = self.positions(T, plan)
         if self.backend in ("triton", "flash") and T <= TRITON_MAX_T:
             split_kv_attention = require("magicdec.triton_attention", "a quantized cache's attention on a GPU"
                                          ).split_kv_attention

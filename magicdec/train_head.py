@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from magicdec import files
 from magicdec.errors import interrupted_as, MagicDecError
+from magicdec.forward_plan import NO_LOGITS
 from magicdec.run_config import device_value
 
 FAMILIES = ("eagle", "eagle3", "medusa", "hydra")
@@ -431,7 +432,7 @@ def target_pass(model, tokens: torch.Tensor, taps=()) -> TargetPass:
             out[i] = x + delta
         hooks.append(model.layers[i - 1].register_forward_hook(hook))
     try:
-        model(tokens, cache, logits="none")
+        model(tokens, cache, NO_LOGITS)
     finally:
         for h in hooks:
             h.remove()
@@ -472,7 +473,12 @@ class TTTCache:
         self.T, self.step, self.kv = T, 0, {}
         self.positions_ = torch.arange(T, device=device)
 
-    def positions(self, T: int) -> torch.Tensor:
+    def at_step(self, j: int) -> "TTTCache":
+        """The next forward is draft step j's: its keys replace any kept for step j and later."""
+        self.step = j
+        return self
+
+    def positions(self, T: int, plan=None) -> torch.Tensor:
         return self.positions_[None]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -490,7 +496,7 @@ class TTTCache:
         blocks = [q <= p - j] + [q == p - j + i for i in range(1, j + 1)]
         return torch.cat(blocks, 1)
 
-    def attend(self, T: int):
+    def attend(self, T: int, plan=None):
         mask = self.mask()
 
         def attend(q, k, v, layer):
@@ -615,8 +621,7 @@ class EagleTrainer(Trainer):
         next_ids = torch.cat([tp.tokens[:, 1:], tp.tokens[:, -1:]], 1)  # the token after each position (last: unused)
         cache = TTTCache(T, tp.tokens.device)
         for j in range(steps):
-            cache.step = j
-            h = head(feats, next_ids, self.model.tok_embeddings, cache=cache)
+            h = head(feats, next_ids, self.model.tok_embeddings, cache=cache.at_step(j))
             yield j, h
             feats = F.pad(h[:, :-1], (0, 0, 1, 0))  # step j + 1's input at p: step j's prediction made at p - 1
 

@@ -277,13 +277,14 @@ def fixed_first_token(model, N: int):
     """The sampled-speculation tests' setting: a 96-token random prompt copied N times with its first generated token
     fixed to 7; returns (prompt [1, 96], first [N], the model's own distribution of the token after it at T 0.6 /
     top-p 0.9, float64), which the first drafted position's samples must follow."""
+    from magicdec.forward_plan import NO_LOGITS
     from magicdec.kv_cache import KVCache
     from magicdec.sampling import probabilities
 
     prompt, first = torch.randint(0, 256, (1, 96), generator=torch.Generator().manual_seed(5)), torch.full((N,), 7)
     a = model.args
     cache = KVCache(a.n_layers, 1, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
-    model(prompt, cache, logits="none")
+    model(prompt, cache, NO_LOGITS)
     cache.advance(96)
     return prompt, first, probabilities(model(first[:1, None], cache)[:, -1], 0.6, 0.9)[0].double()
 
@@ -360,13 +361,14 @@ def made_once(tmp_path_factory, name: str, make) -> Path:
 
 def sampled_continuations(model, prompts: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     """prompts and n tokens the model samples after each at T 0.6 / top-p 0.9 (the sampled tests' setting)."""
+    from magicdec.forward_plan import LAST_LOGITS
     from magicdec.kv_cache import KVCache
     from magicdec.sampling import probabilities
 
     a, (B, P) = model.args, prompts.shape
     gen = torch.Generator().manual_seed(seed)
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n, a.head_dim, torch.float32, "cpu")
-    logits, out = model(prompts, cache, logits="last")[:, -1], []
+    logits, out = model(prompts, cache, LAST_LOGITS)[:, -1], []
     cache.advance(P)
     for _ in range(n):
         out.append(torch.multinomial(probabilities(logits, 0.6, 0.9), 1, generator=gen)[:, 0])
@@ -404,7 +406,7 @@ def fit_eagle(model, family: str, fit: str, seed: int = 0):
         cache = KVCache(a.n_layers, B, a.n_kv_heads, T, a.head_dim, torch.float32, "cpu")
         _, feats = prefill_features(model, cache, text, 128, head.taps(a.n_layers))
         cache = KVCache(a.n_layers, B, a.n_kv_heads, T, a.head_dim, torch.float32, "cpu")
-        target_logits = model(text, cache, logits="all")[:, 1:-1, :head.draft_vocab]  # predicting tokens 2..T-1
+        target_logits = model(text, cache)[:, 1:-1, :head.draft_vocab]  # predicting tokens 2..T-1
     feats, text, target_logits = feats.clone(), text.clone(), target_logits.clone()
     steps, lr = (120, 3e-3) if fit == "greedy" else (60, 1e-2)
     with torch.inference_mode(False), torch.enable_grad():

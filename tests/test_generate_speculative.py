@@ -13,6 +13,7 @@ import torch
 from conftest import STORIES
 from magicdec.drafters.model_draft import ModelDraft
 from magicdec.acceptance import Acceptor, SyntheticAcceptor
+from magicdec.forward_plan import LAST_LOGITS
 from magicdec.generate import Decoder, decode, prefill
 from magicdec.sampling import Sampling
 from magicdec.kv_cache import KVCache, StreamingCache
@@ -44,7 +45,7 @@ def plain_greedy(model: Transformer, prompts: torch.Tensor, n_new: int) -> torch
 def _plain_greedy(model: Transformer, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new, a.head_dim, torch.float32, "cpu")
-    logits = model(prompts, cache, logits="last")[:, -1]
+    logits = model(prompts, cache, LAST_LOGITS)[:, -1]
     cache.advance(P)
     out = []
     for _ in range(n_new):
@@ -79,9 +80,7 @@ def speculate(target, draft_model, prompts, n_new, gamma, budget, sinks=4, eos=(
                               backend)
     logits = prefill(target, cache, prompts, 64)
     prefill(draft_model, draft_cache, prompts, 64)
-    drafter = ModelDraft(draft_model, draft_cache)
-    drafter.width = width if shape is None else shape.max_children
-    drafter.shape = shape
+    drafter = ModelDraft(draft_model, draft_cache).shaped(width, shape)
     acceptor = Acceptor(sampling) if synthetic is None else SyntheticAcceptor(sampling, synthetic, **synthetic_modes)
     decoder = Decoder(target, acceptor, drafter=drafter, gamma=gamma, trace=True)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, eos, prev=prompts[:, -1])
@@ -153,8 +152,7 @@ def test_drafted_tree_matches_the_draft_fed_each_path(tiny):
     a, prompts = tiny.args, tiny_prompts(2, 30)
     cache = StreamingCache(a.n_layers, 2, a.n_kv_heads, 16, 4, 64, a.head_dim, torch.float32, "cpu")
     prefill(tiny, cache, prompts, 64)
-    drafter = ModelDraft(tiny, cache)
-    drafter.shape, drafter.width = tree, tree.max_children
+    drafter = ModelDraft(tiny, cache).shaped(1, tree)
     decoder = Decoder(tiny, drafter=drafter, gamma=3)
     hist = torch.cat([prompts[:, -1:], torch.tensor([[5], [9]])], 1)
     m, start = torch.tensor([2, 2]), torch.full((2,), 29)
@@ -324,8 +322,7 @@ def check_every_tree_drafter(model, prompts, n_new, budget):
 
     expected = plain_greedy(model, prompts, n_new)
     check(model, model, prompts, n_new=n_new, gamma=3, budget=budget, width=3, expected=expected)
-    lookup = PromptLookup(prompts, ngram_max=3)
-    lookup.width = 3
+    lookup = PromptLookup(prompts, ngram_max=3).shaped(3)
     check_drafter(model, lookup, prompts, n_new, gamma=4, nodes=3 * 4, expected=expected)
     lookahead = LookaheadDraft(prompts, window=4, n=4, guesses=3, pool=64, seed=0)
     check_drafter(model, lookahead, prompts, n_new, gamma=5, nodes=lookahead.tree.size, expected=expected)

@@ -81,9 +81,9 @@ def magicdec_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     a = model.args
     cache = KVCache(a.n_layers, 1, a.n_kv_heads, tokens.shape[1] + 1, a.head_dim, torch.float32, "cpu", "sdpa")
     with torch.no_grad():
-        logits = model(tokens, cache, logits="all")
+        logits = model(tokens, cache)
         cache.advance(tokens.shape[1])
-        after = model(logits[:, -1:].argmax(-1), cache, logits="all")
+        after = model(logits[:, -1:].argmax(-1), cache)
     return torch.cat([logits, after], 1)
 
 

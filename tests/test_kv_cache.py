@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from magicdec.forward_plan import NO_LOGITS, PLAIN
 from magicdec.generate import prefill
 from magicdec.kv_cache import KVCache
 from magicdec.model import Transformer, load_model
@@ -47,9 +48,9 @@ def ragged(model: Transformer, backend: str, X: torch.Tensor, lengths: list[int]
     their own amounts, so the slots past a shorter row's length hold real (stale) keys that must stay masked."""
     lo, hi = min(lengths), max(lengths)
     cache = new_cache(model, X.shape[0], backend)
-    model(X[:, :lo], cache, logits="none")
+    model(X[:, :lo], cache, NO_LOGITS)
     cache.advance(lo)
-    model(X[:, lo:hi], cache, logits="none")
+    model(X[:, lo:hi], cache, NO_LOGITS)
     cache.advance(torch.tensor(lengths) - lo)
     assert cache.lengths.tolist() == lengths
     return cache
@@ -123,7 +124,7 @@ def test_rollback_then_redecode_equals_straight_decode(model, backend):
     cache = new_cache(model, 2, backend)
     prefill(model, cache, X, 32)
     saved = cache.lengths.clone()
-    model(garbage, cache, logits="none")  # a rejected 8-token draft...
+    model(garbage, cache, NO_LOGITS)  # a rejected 8-token draft...
     cache.advance(8)
     for j in range(3):  # ...and a few garbage single steps
         model(garbage[:, j:j + 1], cache)
@@ -238,8 +239,9 @@ SINKS, BUDGET = 4, 24
 class WindowedFullCache(KVCache):
     """Reference: every position kept at its own slot, StreamingLLM's window applied by the mask alone."""
 
-    def attend(self, T):
-        return make_attend(self.backend, self.positions(T), None, self.max_len, SINKS, BUDGET - SINKS)
+    def attend(self, T, plan=PLAIN):
+        super().attend(T, plan)  # claims the slots the forward writes
+        return make_attend(self.backend, self.positions(T, plan), None, self.max_len, SINKS, BUDGET - SINKS)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

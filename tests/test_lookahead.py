@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from magicdec.drafters.lookahead import LookaheadDraft, lookahead_tree
+from magicdec.forward_plan import LAST_LOGITS
 
 
 def lade_visible(window: int, n: int, guesses: int):
@@ -125,7 +126,7 @@ def test_lookahead_speculation_equals_plain_greedy(tiny, window, n, guesses):
     gamma = window + n - 3
     nodes = draft.tree.size
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + nodes + 2, a.head_dim, torch.float32, "cpu")
-    logits = tiny(prompts, cache, logits="last")[:, -1]
+    logits = tiny(prompts, cache, LAST_LOGITS)[:, -1]
     cache.advance(P)
     decoder = Decoder(tiny, drafter=draft, gamma=gamma)
     decoder.trace = []

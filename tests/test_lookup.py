@@ -9,6 +9,7 @@ import torch
 
 from conftest import chi_square, prefill_copies
 from magicdec.acceptance import Acceptor
+from magicdec.forward_plan import LAST_LOGITS, NO_LOGITS
 from magicdec.generate import Decoder, decode
 from magicdec.kv_cache import KVCache
 from magicdec.drafters.lookup import PromptLookup, propose_ngram
@@ -77,10 +78,9 @@ def test_lookup_branches_equal_plain_greedy(tiny, gamma):
     prompts, n_new = repetitive_prompts(), 48
     a, B = tiny.args, prompts.shape[0]
     cache = KVCache(a.n_layers, B, a.n_kv_heads, 96 + n_new + 3 * gamma + 2, a.head_dim, torch.float32, "cpu")
-    logits = tiny(prompts, cache, logits="last")[:, -1]
+    logits = tiny(prompts, cache, LAST_LOGITS)[:, -1]
     cache.advance(96)
-    lookup = PromptLookup(prompts, 3)
-    lookup.width = 3
+    lookup = PromptLookup(prompts, 3).shaped(3)
     decoder = Decoder(tiny, drafter=lookup, gamma=gamma)
     out, _ = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
     assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
@@ -103,7 +103,7 @@ def test_lookup_speculation_equals_plain_greedy(tiny, gamma):
     prompts, n_new = repetitive_prompts(), 48
     a, B = tiny.args, prompts.shape[0]
     cache = KVCache(a.n_layers, B, a.n_kv_heads, 96 + n_new + gamma + 2, a.head_dim, torch.float32, "cpu")
-    logits = tiny(prompts, cache, logits="last")[:, -1]
+    logits = tiny(prompts, cache, LAST_LOGITS)[:, -1]
     cache.advance(96)
     decoder = Decoder(tiny, drafter=PromptLookup(prompts, 3), gamma=gamma, trace=True)
     out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
@@ -133,7 +133,7 @@ def test_sampled_lookup_keeps_the_targets_distribution(tiny, monkeypatch):
         return out[:, 1]
 
     cache = KVCache(a.n_layers, 1, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
-    tiny(prompt, cache, logits="none")
+    tiny(prompt, cache, NO_LOGITS)
     cache.advance(96)
     p = probabilities(tiny(first[:1, None], cache)[:, -1], 0.6, 0.9)[0].double()
 
@@ -170,7 +170,7 @@ def test_nothing_proposed_costs_one_plain_step(tiny, monkeypatch):
 
     monkeypatch.setattr(type(tiny), "forward", counting)
     cache = KVCache(a.n_layers, 3, a.n_kv_heads, 32 + n_new + 5, a.head_dim, torch.float32, "cpu")
-    tiny(prompts, cache, logits="none")
+    tiny(prompts, cache, NO_LOGITS)
     cache.advance(32)
     fed.clear()
     from magicdec import generate
@@ -203,7 +203,7 @@ def test_lookup_teacher_forced_counts(tiny):
     text = torch.cat([prompts, book], 1)
     a = tiny.args
     cache = KVCache(a.n_layers, 2, a.n_kv_heads, 76, a.head_dim, torch.float32, "cpu")
-    tiny(text, cache, logits="none")  # the script's prefill: the prompt with the book, which it rolls back
+    tiny(text, cache, NO_LOGITS)  # the script's prefill: the prompt with the book, which it rolls back
     cache.advance(76)
     got = lookup_alpha.teacher_forced(tiny, cache, text, 64, 3)
     assert cache.lengths.tolist() == [64, 64]  # left at the prompt's end

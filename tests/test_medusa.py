@@ -55,8 +55,7 @@ def speculate(target, head, prompts, n_new, gamma, sampling=Sampling(), width=1,
         tap.start(feats[:, -1], torch.full((B,), P - 1))
         drafter = MedusaDraft(head, tap, sampler) if isinstance(head, heads.MedusaHead) else \
             HydraDraft(head, tap, target.tok_embeddings.weight, sampler)
-    drafter.width = width if shape is None else shape.max_children
-    drafter.shape = shape
+    drafter = drafter.shaped(width, shape)
     decoder = Decoder(target, Acceptor(sampling), drafter=drafter, gamma=gamma, trace=True)
     first = logits.argmax(-1) if first is None else first
     prompt_lengths, decoder.traces, decoder.proposals = cache.lengths.clone(), [], []

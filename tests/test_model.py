@@ -11,6 +11,7 @@ import torch
 from conftest import BOOKS
 from magicdec.config import KNOWN_MODELS, ModelArgs
 from magicdec.errors import MagicDecError
+from magicdec.forward_plan import LAST_LOGITS, NO_LOGITS
 from magicdec.generate import Decoder, decode, prefill
 from magicdec.kv_cache import KVCache
 from magicdec.model import Transformer, build_model, load_model
@@ -91,8 +92,8 @@ def test_last_and_none_logits(tiny_hf):
     with torch.no_grad():
         ref = hf(ids).logits
     with torch.inference_mode():
-        last = model(ids, new_cache(model, 3, 50, "sdpa"), logits="last")
-        none = model(ids, new_cache(model, 3, 50, "sdpa"), logits="none")
+        last = model(ids, new_cache(model, 3, 50, "sdpa"), LAST_LOGITS)
+        none = model(ids, new_cache(model, 3, 50, "sdpa"), NO_LOGITS)
     assert last.shape == (3, 1, 256) and none is None
     assert (last[:, 0] - ref[:, -1]).abs().max().item() <= 1e-4
 

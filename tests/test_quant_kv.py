@@ -61,6 +61,7 @@ def test_quantized_copy_is_the_targets_kv_quantized_and_writes_and_takes_quantiz
     assert torch.equal(copy.lengths, target.lengths) and copy.max_len == 40
     torch.testing.assert_close(k[:, :, :30], quant_kv.dequantize(*quant_kv.quantize(target.k[1][:, :, :30], 4), 4))
     new_k, new_v = torch.randn(2, 2, 3, 16, generator=g), torch.randn(2, 2, 3, 16, generator=g)
+    copy.attend(2)  # a forward of two tokens claims its slots first
     copy.write(0, new_k, new_v)  # at each sequence's own next two positions (30, 31 and 25, 26)
     k, v = copy.layer_kv(0)
     for b, start in enumerate((30, 25)):

@@ -15,6 +15,7 @@ import torch
 from conftest import one_line_error
 from magicdec.datastore import SEPARATOR, Datastore, fingerprint, suffix_array
 from magicdec.errors import MagicDecError
+from magicdec.forward_plan import LAST_LOGITS
 
 
 class Chars:
@@ -135,10 +136,9 @@ def test_rest_speculation_equals_plain_greedy(tiny, width):
     store.sa = suffix_array(store.tokens)
     a = tiny.args
     cache = KVCache(a.n_layers, 3, a.n_kv_heads, 48 + 24 + 3 * width + 2, a.head_dim, torch.float32, "cpu")
-    logits = tiny(prompts, cache, logits="last")[:, -1]
+    logits = tiny(prompts, cache, LAST_LOGITS)[:, -1]
     cache.advance(48)
-    draft = RestDraft(store, prompts, 16, None)
-    draft.width = width
+    draft = RestDraft(store, prompts, 16, None).shaped(width)
     decoder = Decoder(tiny, drafter=draft, gamma=3)
     out, _ = decode(decoder, cache, logits.argmax(-1), 24, prev=prompts[:, -1])
     assert out.tolist() == want.tolist()

@@ -13,6 +13,7 @@ import torch  # noqa: E402
 from conftest import chi_square  # noqa: E402
 from magicdec.attention import make_attend  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
+from magicdec.forward_plan import NO_LOGITS, PLAIN, ForwardPlan  # noqa: E402
 from magicdec.kv_cache import KVCache  # noqa: E402
 from magicdec.acceptance import synthetic_tree_verify  # noqa: E402
 from magicdec.tree import Tree, TreeMask, expected_tokens, optimal_tree, rank_counts, visible  # noqa: E402
@@ -108,10 +109,8 @@ def test_every_backend_masks_a_drafted_level_in_a_ring_as_the_float64_reference(
     cache.lengths.copy_(roots + 1)
     level = tree.level_on_device(2, "cpu")
     T = level.nodes.numel()
-    cache.level = level
     q = torch.randn(B, H, T, D, generator=g)
-    out = cache.attend(T)(q, cache.k[0], cache.v[0])
-    cache.level = None
+    out = cache.attend(T, ForwardPlan.drafting(level))(q, cache.k[0], cache.v[0])
     G = H // Hkv
     for b, r in enumerate(roots.tolist()):
         for t, i in enumerate(level.nodes.tolist()):
@@ -144,11 +143,9 @@ def test_tree_verification_through_the_model_equals_transformers_on_each_path(ti
     nodes = torch.randint(0, a.vocab_size, (B, tree.size), generator=g)
     nodes[:, 0] = prompts[:, -1]  # the root: the last committed token, fed first
     cache = KVCache(a.n_layers, B, model.n_kv_heads, 64, a.head_dim, torch.float32, "cpu", backend)
-    model(prompts[:, :-1], cache, logits="none")
+    model(prompts[:, :-1], cache, NO_LOGITS)
     cache.advance(P - 1)
-    cache.tree = tree.on_device("cpu")
-    logits = model(nodes, cache)
-    cache.tree = None
+    logits = model(nodes, cache, PLAIN.with_tree(tree.on_device("cpu")))
     for b in range(B):
         for i in range(tree.size):
             up, chain = i, []
@@ -183,8 +180,7 @@ def tree_speculation(model, draft_model, prompts, n_new, gamma, width, sampling=
     d = draft_model.args
     ring = StreamingCache(d.n_layers, B, d.n_kv_heads, 24, 4, 64 + n_new, d.head_dim, torch.float32, "cpu", "sdpa")
     prefill(draft_model, ring, prompts, 32, False)
-    draft = ModelDraft(draft_model, ring)
-    draft.width = width
+    draft = ModelDraft(draft_model, ring).shaped(width)
     decoder = Decoder(model, Acceptor(sampling), drafter=draft, gamma=gamma)
     first = logits.argmax(-1) if first is None else first
     return decode(decoder, cache, first, n_new, prev=prompts[:, -1])[0], decoder
@@ -215,10 +211,9 @@ def test_a_chain_verified_as_a_tree_is_the_chain_bitwise(tiny, backend):
     logits = []
     for tree in (None, Tree.chain(3).on_device("cpu")):
         cache = KVCache(a.n_layers, 2, a.n_kv_heads, 64, a.head_dim, torch.float32, "cpu", backend)
-        tiny(prompts, cache, logits="none")
+        tiny(prompts, cache, NO_LOGITS)
         cache.advance(40)
-        cache.tree = tree
-        logits.append(tiny(tokens, cache))
+        logits.append(tiny(tokens, cache, PLAIN.with_tree(tree)))
     assert torch.equal(logits[0], logits[1])
     chain = speculate(tiny, tiny, prompts, 40, 3, budget=20)
     as_tree = speculate(tiny, tiny, prompts, 40, 3, budget=20, shape=Tree.chain(3))

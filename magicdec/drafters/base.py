@@ -166,9 +166,8 @@ class OnRanks(Drafter):
             dist.broadcast(q, src=self.ranks[0])
         return tokens, q
 
-    def before_verify(self, cache, gamma):
-        if self.here:
-            self.inner.before_verify(cache, gamma)
+    def verify_plan(self, cache, gamma):
+        return self.inner.verify_plan(cache, gamma) if self.here else super().verify_plan(cache, gamma)
 
     def after_commit(self, cache):
         if self.here:

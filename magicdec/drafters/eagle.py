@@ -28,6 +28,7 @@ from magicdec.drafters.head_draft import (FeatureTap, HeadDraft, HeadOptions, Sa
                                           prompt_features, sampler_of, tree_at, untrained_head)
 from magicdec.config import cache_slots
 from magicdec.errors import MagicDecError
+from magicdec.forward_plan import ForwardPlan
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.options import option
 
@@ -217,11 +218,8 @@ class EagleDraft(HeadDraft):
             tokens.append(picks)
             qs.append(q)
             if depth < tree.depth:
-                self.cache.level = level
-                try:
-                    hidden = self.head(hidden[:, level.parent_at], picks, self.embed, self.cache)
-                finally:
-                    self.cache.level = None
+                hidden = self.head(hidden[:, level.parent_at], picks, self.embed, self.cache,
+                                   plan=ForwardPlan.drafting(level))
         return torch.cat(tokens, 1), (None if qs[0] is None else torch.cat(qs, 1))
 
 

@@ -15,6 +15,7 @@ from magicdec import heads
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import tree_of, without_replacement
 from magicdec.errors import MagicDecError
+from magicdec.forward_plan import ForwardPlan
 from magicdec.generate import Drafter, GraphedStep, prefill_features
 from magicdec.kv_cache import KVCache
 from magicdec.options import option
@@ -128,7 +129,7 @@ def level_picks(logits: torch.Tensor, level, sampler: Sampler):
 
 
 class FeatureTap:
-    """The target's hidden states a head reads, asked of each verification (`before_verify`: the cache's features
+    """The target's hidden states a head reads, asked of each verification (`verify_plan`: the plan's features
     request, a static buffer) and kept along the accepted path (`after_verify`, `after_commit`): `rows` [B, R, F]
     holds them at positions root .. root + R - 1, where root is the target's cache length at the verification.
     `rows` and `root` live in fixed buffers (a CUDA graph of the proposal reads them where it was captured); `begin`
@@ -154,15 +155,14 @@ class FeatureTap:
         self.rows = self.kept[:, :rows.shape[1]]
         self.rows.copy_(rows)
 
-    def before_verify(self, cache) -> None:
+    def verify_plan(self, cache) -> ForwardPlan:
         self.root.copy_(cache.lengths)
-        cache.features = self.request
+        return ForwardPlan(features=self.request)
 
     def after_verify(self, path) -> None:
         self.path = path
 
-    def after_commit(self, cache, T: int) -> None:
-        cache.features = None
+    def after_commit(self, T: int) -> None:
         out = self.request.out[:, :T]
         if self.path is not None:  # a tree's accepted path, in depth order
             out = out.gather(1, self.path[..., None].expand(-1, -1, out.shape[-1]))
@@ -301,13 +301,17 @@ class HeadDraft(Drafter):
     per shape (the kept rows, the width, the tree): eager, a head's small kernels cost as much as the target's
     graphed step."""
 
-    shape = None
     graph = None
     whole_run_warm_up = True  # the graphed proposal reads the history buffer, as wide as the run is long
 
     def use_graphs(self, on: bool) -> None:
         shape = lambda *args: (self.tap.rows.shape[1], self.width, id(self.shape))  # noqa: E731
         self.graph = GraphedStep(self.draft_tokens, key=shape) if on else None
+
+    def shaped(self, width: int, shape=None) -> "HeadDraft":
+        drafter = super().shaped(width, shape)
+        drafter.use_graphs(self.graph is not None)  # graphs of its own proposal: the copy's width and tree
+        return drafter
 
     def draft_tokens(self, hist, m, start, gamma: int):
         raise NotImplementedError
@@ -324,15 +328,15 @@ class HeadDraft(Drafter):
     def begin(self) -> None:
         self.tap.begin()
 
-    def before_verify(self, cache, gamma: int) -> None:
-        self.tap.before_verify(cache)
+    def verify_plan(self, cache, gamma: int) -> ForwardPlan:
         self.T = gamma + 1
+        return self.tap.verify_plan(cache)
 
     def after_verify(self, verified, path=None) -> None:
         self.tap.after_verify(path)
 
     def after_commit(self, cache) -> None:
-        self.tap.after_commit(cache, self.T)
+        self.tap.after_commit(self.T)
 
 
 class KHeads(DrafterKind):

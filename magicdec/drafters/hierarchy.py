@@ -114,8 +114,8 @@ class Hierarchy(Drafter):
         # verified under (the marginal the middle's speculative sampling draws from)
         return ids[:, 1:], None if self.inner.probs is None else self.inner.probs[:, 2:gamma + 2]
 
-    def before_verify(self, cache, gamma: int) -> None:
-        self.middle.before_verify(cache, gamma)  # --refresh re-selects the middle's cache, as without a hierarchy
+    def verify_plan(self, cache, gamma: int):
+        return self.middle.verify_plan(cache, gamma)  # --refresh re-selects the middle's cache, as without a hierarchy
 
     def after_commit(self, cache) -> None:
         self.middle.after_commit(cache)

@@ -67,13 +67,13 @@ class PromptLookup(Drafter):
         self.prompts, self.ngram_max, self.vocab_size = prompts, ngram_max, vocab_size
         self._graphed = None
         if cuda_graphs and prompts.is_cuda:  # the loop's history buffer keeps one shape per run: one capture
-            self._graphed = GraphedStep(self._propose, key=lambda *args: (self.width,))  # a point of another width
+            self._graphed = GraphedStep(self._propose)  # and one per width: a shaped copy passes its own
         self.proposed = None  # per sequence, how many real tokens the last proposal held
 
-    def _propose(self, hist: torch.Tensor, m: torch.Tensor, gamma: int):
+    def _propose(self, hist: torch.Tensor, m: torch.Tensor, gamma: int, width: int):
         P = self.prompts.shape[1]
         ctx = torch.cat([self.prompts[:, :P - 1], hist], 1)
-        return propose_ngram(ctx, P - 1 + m, gamma, self.ngram_max, self.width)
+        return propose_ngram(ctx, P - 1 + m, gamma, self.ngram_max, width)
 
     def tree_for(self, tokens: int):
         """Above width 1: a branch per earlier occurrence, each as long as the proposal."""
@@ -84,7 +84,7 @@ class PromptLookup(Drafter):
         token): [B, n] with n the longest real proposal (0: nothing matched anywhere), and their one-hot
         distributions when sampling (deterministic candidates: verification needs no q). Above width 1, [B, width
         * n]: a branch of n per occurrence, in node order."""
-        tokens, self.proposed = (self._graphed or self._propose)(hist, m, gamma)
+        tokens, self.proposed = (self._graphed or self._propose)(hist, m, gamma, self.width)
         n = int(self.proposed.max())  # the loop's host read: its verification's length
         if self.width > 1:
             return tokens[:, :, :n].reshape(tokens.shape[0], -1).clone(), None

@@ -1,6 +1,6 @@
 """Medusa: K heads over the target's last hidden state, head k proposing the token k + 2 positions after it
 (magicdec/heads.py). After each verification the drafter keeps the target's hidden state at the position whose
-logits gave the bonus token (a side output of the verification, `KVCache.features`); head k proposes the token k + 1
+logits gave the bonus token (a side output of the verification, its plan's `features`); head k proposes the token k + 1
 positions after the bonus token: a chain of gamma <= K tokens, or a token tree whose level d holds head d's
 likeliest candidates (greedy) or draws without replacement from it (sampled), under every node of level d - 1
 (Medusa's trees are Cartesian: a head does not see the path). `--tree_width` / `--tree_nodes` shape the tree."""

@@ -10,6 +10,7 @@ import torch
 from magicdec import draft_cache, draft_weights
 from magicdec.config import appended_for, cache_slots
 from magicdec.errors import MagicDecError
+from magicdec.forward_plan import LAST_LOGITS, PLAIN, ForwardPlan
 from magicdec.generate import Drafter, prefill
 from magicdec.kv_cache import KVCache, StreamingCache
 from magicdec.options import option
@@ -166,8 +167,6 @@ class ModelDraft(Drafter):
     preparation) and asks for gamma tokens per verification; which keys and values the cache keeps is the cache's
     business. `refresh` (draft_cache.Refresh) re-selects a selected cache from verifications' attention."""
 
-    shape = None  # a token tree (tree.Tree, in level order) drafted level by level (--tree_nodes), or None
-
     def __init__(self, model, cache, refresh: draft_cache.Refresh | None = None):
         self.model, self.cache, self.refresh = model, cache, refresh
         self.root = None  # a drafted tree's root position per sequence, until its accepted path is kept
@@ -195,7 +194,7 @@ class ModelDraft(Drafter):
         inp = hist.gather(1, torch.stack([m - 2, m - 1], dim=1))
         tokens, qs = [], []
         for _ in range(gamma):
-            out = step(self.model, inp, self.cache)
+            out = step(self.model, inp, self.cache, LAST_LOGITS)
             self.cache.advance(inp.shape[1])
             if out.is_floating_point():  # probabilities: sample, keep q for verification
                 picks, q = without_replacement(out, self.width)
@@ -214,7 +213,7 @@ class ModelDraft(Drafter):
         in the draft's cache until the verification says which path to keep (after_verify)."""
         tree, dev = self.shape, hist.device
         self.cache.rollback(start)
-        out = step(self.model, hist.gather(1, torch.stack([m - 2, m - 1], dim=1)), self.cache)
+        out = step(self.model, hist.gather(1, torch.stack([m - 2, m - 1], dim=1)), self.cache, LAST_LOGITS)
         self.cache.advance(2)
         self.root = self.cache.lengths - 1
         at = out[:, None]  # per node of the level above: the draft's likeliest ids [B, n, K], or probabilities
@@ -231,25 +230,21 @@ class ModelDraft(Drafter):
                 picks = at[:, level.parent_at, level.rank]
             tokens.append(picks)
             if depth < tree.depth:
-                self.cache.level = level
-                try:
-                    at = step(self.model, picks, self.cache)
-                finally:
-                    self.cache.level = None
+                at = step(self.model, picks, self.cache, ForwardPlan.drafting(level))
         return torch.cat(tokens, 1), (torch.cat(qs, 1) if qs else None)
 
     def after_verify(self, verified: torch.Tensor, path: torch.Tensor | None = None) -> None:
         if self.shape is not None and path is not None:  # the accepted nodes' KV to the slots of their positions
             self.cache.keep_path(path, self.root)
 
-    def before_verify(self, cache, gamma: int) -> None:
-        if self.refresh is not None:  # every Nth verification also writes its attention, to select from
-            cache.scores = self.refresh.due()
+    def verify_plan(self, cache, gamma: int) -> ForwardPlan:
+        if self.refresh is None:
+            return PLAIN
+        return ForwardPlan(scores=self.refresh.due())  # every Nth verification also writes its attention
 
     def after_commit(self, cache) -> None:
-        if cache.scores is not None:
+        if self.refresh is not None and self.refresh.wrote:
             self.refresh.apply()  # the draft's cache selected again from that attention
-            cache.scores = None
 
     def summary(self) -> dict | None:
         return None if self.refresh is None else {"refreshes": self.refresh.count // self.refresh.every}
