@@ -5,6 +5,7 @@ import torch
 from magicdec.attention import make_attend
 from magicdec.kv_cache import StreamingCache
 from magicdec.tree import Tree, TreeMask, optimal_tree
+from magicdec.forward_plan import ForwardPlan
 
 dev, B, H, Hkv, D, dt = "cuda", 2, 8, 2, 128, torch.bfloat16
 g = torch.Generator(device=dev).manual_seed(0)
@@ -51,10 +52,8 @@ cache.v[0].normal_(generator=g)
 cache.lengths.copy_(torch.tensor(roots, device=dev) + 1)
 for depth in (1, 2, 3):
     level = tree.level_on_device(depth, dev)
-    cache.level = level
     q = torch.randn(B, H, level.nodes.numel(), D, generator=g, device=dev, dtype=dt)
-    out = cache.attend(level.nodes.numel())(q, cache.k[0], cache.v[0])
-    cache.level = None
+    out = cache.attend(level.nodes.numel(), ForwardPlan.drafting(level))(q, cache.k[0], cache.v[0])
     nodes = level.nodes.tolist()
     print("ring level", depth, len(nodes), "nodes: max error", max_error(out, q, cache.k[0], cache.v[0], lambda b, t: cache.slots(torch.tensor(
         list(range(sinks)) + list(range(roots[b] + depth + 1 - window, roots[b] + 1))

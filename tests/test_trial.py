@@ -10,6 +10,7 @@ import torch
 
 from magicdec.config import KNOWN_MODELS, ModelArgs
 from magicdec.engine import Engine
+from magicdec.forward_plan import LAST_LOGITS
 from magicdec.kv_cache import KVCache
 from magicdec.run_config import RunConfig
 from magicdec.trial import build, Trial
@@ -31,7 +32,7 @@ def plain_greedy(model, prompts: torch.Tensor, n: int) -> torch.Tensor:
     a, seq, out = model.args, prompts, []
     for _ in range(n):
         cache = KVCache(a.n_layers, seq.shape[0], model.n_kv_heads, seq.shape[1], a.head_dim, torch.float32, "cpu")
-        token = model(seq, cache, logits="last")[:, -1].argmax(-1)
+        token = model(seq, cache, LAST_LOGITS)[:, -1].argmax(-1)
         out.append(token)
         seq = torch.cat([seq, token[:, None]], 1)
     return torch.stack(out, 1)
