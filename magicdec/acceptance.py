@@ -36,6 +36,32 @@ from magicdec.tree import TreeOnDevice
 SYNTHETIC_DRAWS = "one uniform per (sequence, position), the same for every gamma (acceptance.acceptance_landscape)"
 
 
+def record_fields(speculation) -> dict:
+    """What a run's record says of a synthetic acceptance (None where the target's own comparison decided)."""
+    rate = speculation.synthetic_acceptance
+    return {"synthetic_acceptance": rate, "synthetic_draws": SYNTHETIC_DRAWS if rate is not None else None}
+
+
+def source_label(config: dict) -> str | None:
+    """Where a run's acceptance came from, read from its record's config: a replayed trace, or synthetic rates (iid,
+    per tree sibling, per position, the hierarchy's two levels); None: the target compared the drafted tokens."""
+    rate = config.get("synthetic_acceptance")
+    if config.get("acceptance_trace"):
+        return f"replayed trace ({config['acceptance_trace']})"
+    if rate is None:
+        return None
+    if config.get("synthetic_siblings"):
+        later = " / ".join(f"{x:g}" for x in config["synthetic_siblings"])
+        label = f"synthetic per tree level: α {rate:g} for a level's first candidate, {later} for later ones"
+    elif config.get("synthetic_positions"):
+        label = "synthetic per position: α " + " / ".join(f"{x:g}" for x in config["synthetic_positions"])
+    else:
+        label = f"synthetic, iid α {rate:g}"
+    if config.get("synthetic_bottom") is not None:
+        label += f" (middle → target), {config['synthetic_bottom']:g} (bottom → middle)"
+    return label
+
+
 class Acceptor:
     """Exact acceptance (module docstring), greedy or sampled as `sampling` says. The loop calls `begin` once per
     generation and, per verification, `draws` (what acceptance draws outside a CUDA graph) and `accept`, a function

@@ -32,6 +32,7 @@ import statistics
 import tomllib
 from pathlib import Path
 
+from magicdec.acceptance import source_label
 from magicdec.errors import MagicDecError
 from magicdec.files import write_text
 from magicdec.run_config import RunConfig, writable_folder
@@ -269,26 +270,13 @@ def weights(record: dict) -> str:
 
 
 def acceptance(exp: dict, record: dict) -> str:
-    """Where α came from, from the run's config: a replayed trace, synthetic rates (iid, per tree sibling, per
-    position, the hierarchy's two levels) or measured on the prompts; the experiment's `acceptance` adds where a
-    synthetic rate was taken from."""
+    """Where α came from: the record's acceptance source (acceptance.source_label), or measured on the prompts;
+    the experiment's `acceptance` adds where a rate was taken from."""
     cfg, m = record.get("config") or {}, record.get("metrics") or {}
-    rate = cfg.get("synthetic_acceptance")
-    if cfg.get("acceptance_trace"):
-        label = f"replayed trace ({cfg['acceptance_trace']})"
-    elif rate is not None:
-        if cfg.get("synthetic_siblings"):
-            later = " / ".join(f"{x:g}" for x in cfg["synthetic_siblings"])
-            label = f"synthetic per tree level: α {rate:g} for a level's first candidate, {later} for later ones"
-        elif cfg.get("synthetic_positions"):
-            label = "synthetic per position: α " + " / ".join(f"{x:g}" for x in cfg["synthetic_positions"])
-        else:
-            label = f"synthetic, iid α {rate:g}"
-        if cfg.get("synthetic_bottom") is not None:
-            label += f" (middle → target), {cfg['synthetic_bottom']:g} (bottom → middle)"
-    elif isinstance(m.get("alpha"), (int, float)):
+    label = source_label(cfg)
+    if label is None and isinstance(m.get("alpha"), (int, float)):
         label = f"measured: α {m['alpha']:.2f} on {record.get('prompt_source') or 'prompts not recorded'}"
-    else:
+    elif label is None:
         label = "not recorded"
     return label + (f"; {exp['acceptance']}" if exp.get("acceptance") else "")
 

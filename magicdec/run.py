@@ -17,7 +17,7 @@ from magicdec import files
 from magicdec.errors import MagicDecError
 from magicdec.run_config import RunConfig, load_baseline
 from magicdec.trial import build
-from magicdec.acceptance import SYNTHETIC_DRAWS
+from magicdec.acceptance import record_fields
 
 COMPARED = ("B", "prefix_len", "gen_len", "dataset", "skip_tokens", "seed", "ignore_eos", "temperature", "top_p",
             "top_k", "dtype", "model", "model_name", "random_weights", "tokenizer")
@@ -117,8 +117,7 @@ def make_record(cfg: RunConfig, built, metrics: dict, baseline: dict | None, swe
         "draft_cache": cfg.drafter.describe(cfg) if cfg.drafter else None,
         "drafter_notes": built.notes or None,  # what the drafter's preparation reported (its weights' kernels)
         "offload": offload,
-        "synthetic_acceptance": spec.synthetic_acceptance,
-        "synthetic_draws": SYNTHETIC_DRAWS if spec.synthetic_acceptance is not None else None,
+        **record_fields(spec),
         "decoding": cfg.decoding.describe(), "prompt_source": built.batch.prompt_source,
         "attn_backend": engine.backend, "environment": dev.environment(engine.device),
         "metrics": metrics, "baseline_metrics": baseline,

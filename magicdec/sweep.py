@@ -67,7 +67,7 @@ from magicdec.files import writable_folder, write_json
 from magicdec.run_config import RUN_OPTIONS, SECTIONS, SPECULATIVE_ONLY, RunConfig
 from magicdec.stats import Stats
 from magicdec.trial import Timed, Trial
-from magicdec.acceptance import SYNTHETIC_DRAWS
+from magicdec.acceptance import record_fields
 
 MODES = {"greedy": {"temperature": 0.0, "top_p": 1.0, "top_k": 0},
          "sampled": {"temperature": 0.6, "top_p": 0.9, "top_k": 0}}  # the sampled mode every real-model α reports
@@ -682,8 +682,7 @@ class Sweep:
                 "budget": getattr(draft, "draft_budget", None), "draft_policy": getattr(draft, "draft_policy", None),
                 "config": c.options(), "config_hash": c.hash(), "model": self.engine.target_config.name,
                 "model_config": self.engine.target_config.to_dict(), "random_weights": c.models.random_weights,
-                "synthetic_acceptance": c.speculation.synthetic_acceptance,
-                "synthetic_draws": SYNTHETIC_DRAWS if c.speculation.synthetic_acceptance is not None else None,
+                **record_fields(c.speculation),
                 "sampling": {c.decoding.name: MODES[c.decoding.name]}, "skip_tokens": batch_skips(self.cfg),
                 "repeats": c.timing.repeats, "min_seconds": c.timing.min_seconds,
                 "sinks": getattr(draft, "sinks", None), "skip_prefill": c.runtime.skip_prefill,
