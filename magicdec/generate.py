@@ -9,6 +9,7 @@ import copy
 import gc
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -18,10 +19,12 @@ from magicdec import tp
 from magicdec.acceptance import Acceptor
 from magicdec.forward_plan import PLAIN, ForwardPlan, prefill_chunk
 from magicdec.model import Transformer
-from magicdec.planner import AutoGamma
 from magicdec.sampling import Sampling, probabilities
 from magicdec.stats import Counts, PhaseTimer, Stats
 from magicdec.tree import path_tokens, rank_counts
+
+if TYPE_CHECKING:  # the loop asks a policy for gamma; the planner that makes one sits above the loop
+    from magicdec.planner import AutoGamma
 
 
 def prefill(model: Transformer, cache, prompts: torch.Tensor, chunk: int, progress: bool = False,
