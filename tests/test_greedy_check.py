@@ -1,0 +1,28 @@
+"""benchmarks/greedy_check.py's list of configurations: every registered drafter is checked or said not run with its
+reason, trees where a drafter drafts them, and no configuration twice."""
+from __future__ import annotations
+
+from conftest import benchmark_script
+from magicdec import drafters
+
+gc = benchmark_script("greedy_check")
+
+
+def test_every_drafter_is_checked_or_said_not_run():
+    todo, skipped = gc.cases(None)
+    checked = {name for name, _ in todo}
+    assert checked | set(skipped) == set(drafters.names())
+    assert not checked & set(skipped)
+    assert skipped == {"rest": "needs --datastore FILE"}
+    assert "rest" in {name for name, _ in gc.cases("books.npz")[0]}
+
+
+def test_trees_where_a_drafter_drafts_them_and_no_configuration_twice():
+    todo, _ = gc.cases(None)
+    for name, kind in drafters.registry().items():
+        runs = [" ".join(f) for n, f in todo if n == name]
+        assert any("--tree_width 2" in r for r in runs) == (kind.supports_trees and name != "rest"), name
+        assert any("--tree_nodes" in r for r in runs) == kind.drafts_shaped_trees, name
+    assert len({(n, tuple(f)) for n, f in todo}) == len(todo)
+    hierarchy = [f for n, f in todo if n == "hierarchy"]
+    assert all(("--draft" in f) != ("--draft_name" in f) for f in hierarchy)  # one bottom draft each
