@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from magicdec.checkpoint import convert_gguf, convert_hf_checkpoint, convert_llama2c
+from magicdec.model.checkpoint import convert_gguf, convert_hf_checkpoint, convert_llama2c
 from magicdec.errors import MagicDecError, one_line_errors
 
 DTYPES = {"keep": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

@@ -28,7 +28,7 @@ def main() -> None:
     if present:
         sys.exit(f"runtime_only: {', '.join(present)} installed; this check needs the runtime requirements alone")
     from magicdec import cli, drafters, options
-    from magicdec.checkpoint import smollm2_checkpoint
+    from magicdec.model.checkpoint import smollm2_checkpoint
 
     for command in cli.COMMANDS:
         magicdec(command, "--help")

@@ -10,9 +10,9 @@ import torch
 import triton
 
 from magicdec import files
-from magicdec.attention import make_attend
+from magicdec.model.attention import make_attend
 from magicdec.device import copy_bandwidth, environment
-from magicdec.triton_attention import split_kv_attention
+from magicdec.model.triton_attention import split_kv_attention
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--output", type=Path, default=None)
@@ -31,7 +31,7 @@ rows, H, Hkv, D = [], 32, 8, 128
 
 
 def tree_tiles():
-    from magicdec.tree import Tree, TreeMask
+    from magicdec.model.tree import Tree, TreeMask
     settings = [(rb, nw, ns, bn) for rb in (64, 128) for nw in (4, 8) for ns in (2, 3) for bn in (64, 128)]
     for B, S in [(1, 32768), (4, 100000)]:
         k = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16)

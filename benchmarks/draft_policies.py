@@ -9,7 +9,7 @@ prompts (B book chunks, each followed by the book's own next tokens), the target
   `--refresh N ...` also the same generations with snapkv / retrieval selecting again every N verifications from the
   verification's attention (row key `refresh_N`).
 
-The target, its prefill and every draft are the engine's (magicdec/engine.py): each (policy, budget) is a
+The target, its prefill and every draft are the engine's (magicdec/harness/engine.py): each (policy, budget) is a
 self-speculation run config (--drafter selfspec --draft_policy P --draft_budget N) prepared over the shared prefill.
 The books: Project Gutenberg text (PG-19 is Project Gutenberg books before 1919), in this workspace the 21 books of
 ../shared/data/gutenberg; --dataset takes any folder of .txt books (or pg19, stdlib, a .txt or .jsonl file).
@@ -30,14 +30,15 @@ import torch
 from tqdm import tqdm
 
 from magicdec import device as dev
-from magicdec import draft_cache, draft_weights, quant_kv
+from magicdec.drafters import draft_cache
+from magicdec.model import draft_weights, quant_kv
 from magicdec import files
-from magicdec.engine import Engine
+from magicdec.harness.engine import Engine
 from magicdec.errors import one_line_errors
-from magicdec.generate import decode
-from magicdec.run_config import RunConfig
-from magicdec.trial import Trial
-from magicdec.sampling import probabilities
+from magicdec.decoding.generate import decode
+from magicdec.harness.run_config import RunConfig
+from magicdec.harness.trial import Trial
+from magicdec.decoding.sampling import probabilities
 
 MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.6, "top_p": 0.9}}
 SAMPLED = MODES["sampled"]
@@ -299,11 +300,11 @@ def main(argv=None) -> int:
     p.add_argument("--sinks", type=int, default=16)
     p.add_argument("--chunk_size", type=int, default=8)
     p.add_argument("--draft_weights", nargs="+", choices=draft_weights.FORMATS, default=["bf16"],
-                   help="the draft's weight formats (magicdec/draft_weights.py): each is a row of its own")
+                   help="the draft's weight formats (magicdec/model/draft_weights.py): each is a row of its own")
     p.add_argument("--draft_group", type=int, default=128, help="--draft_weights int4: columns per scale and zero")
     p.add_argument("--draft_kv", nargs="+", choices=quant_kv.FORMATS, default=["bf16"],
                    help="also draft over the target's whole KV through each quantized copy (QuantSpec: "
-                        "magicdec/quant_kv.py): a row each, policy 'kv int8' / 'kv int4'")
+                        "magicdec/model/quant_kv.py): a row each, policy 'kv int8' / 'kv int4'")
     p.add_argument("--equal_bytes", action="store_true",
                    help="also the budgets whose bf16 draft cache reads as many bytes as each --draft_kv copy")
     p.add_argument("--refresh", type=int, nargs="*", default=[],

@@ -3,7 +3,7 @@
 Self-speculation's draft is the target's own layers (bf16) over a StreamingLLM ring of --budget slots (plus the
 spare slots a run's ring holds for what generation writes ahead: --gen_len and the largest of --gammas), the
 target the same layers over its full --prefix_len cache. The self-draft is built as a run builds it, by the engine
-(magicdec/engine.py: --drafter selfspec, random weights, --skip_prefill: random KV in both caches), and one step of
+(magicdec/harness/engine.py: --drafter selfspec, random weights, --skip_prefill: random KV in both caches), and one step of
 each, the decoder's own draft step over the draft's ring and its target step over the full cache, at B x prefix_len,
 runs under torch.profiler: every GPU kernel's time per step, by kernel and by group (matmuls, attention, the fused
 RMSNorm/RoPE/SwiGLU kernels, the rest), beside the step's weight and KV bytes over the copy bandwidth measured here
@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 
-from magicdec import cost_model as cm
+from magicdec.analysis import cost_model as cm
 from magicdec import device as dev
 from magicdec import files
-from magicdec.trial import build
+from magicdec.harness.trial import build
 from magicdec.errors import one_line_errors
-from magicdec.forward_plan import LAST_LOGITS, PLAIN
-from magicdec.run_config import RunConfig
+from magicdec.model.forward_plan import LAST_LOGITS, PLAIN
+from magicdec.harness.run_config import RunConfig
 
 SINKS = 16  # the StreamingLLM sinks of the draft's ring (the runs' default)
 
@@ -124,7 +124,7 @@ def attention_sweep(a, built, copy_bw: float) -> list[dict]:
     bandwidth, for the default split (choose_splits) and a grid of block sizes and split counts."""
     import triton
 
-    from magicdec.triton_attention import split_kv_attention
+    from magicdec.model.triton_attention import split_kv_attention
 
     c, rows, device = built.engine.target_config, [], built.engine.device
     ring = built.drafter.cache

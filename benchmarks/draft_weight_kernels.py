@@ -1,4 +1,4 @@
-"""The low-bit kernels behind --draft_weights (magicdec/draft_weights.py), one linear layer at a time: each kernel's
+"""The low-bit kernels behind --draft_weights (magicdec/model/draft_weights.py), one linear layer at a time: each kernel's
 time against bf16 `F.linear` at a model's linear shapes and row counts M, replayed in a CUDA graph as a draft step
 runs it, and its output against the reference (dequantize, then multiply in fp32). A layer's sum (qkv, o, gate, up,
 down) per (format, kernel, M) is what the draft step's matmuls cost relative to bf16; KERNELS in draft_weights.py
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from magicdec import device as dev
-from magicdec import draft_weights as dw
+from magicdec.model import draft_weights as dw
 from magicdec import files
 from magicdec.config import ModelArgs
 

@@ -8,7 +8,7 @@ other tensor shared), and its generate.py's own functions run it: `prefill`, the
 `speculative_decode`, with `model_forward` compiled too, in the loop its `generate` runs it in, for speculative
 decoding with a draft model. gpt-fast's speculative_decode fails at batch 1 since its batched generation (its issue
 #209), so --gpt_fast_speculative DIR2 names a checkout of an earlier commit whose generate.py drives that phase, over
-DIR's model.py. magicdec runs as `magicdec run` does: the engine (magicdec/engine.py) prefills, prepares a standalone
+DIR's model.py. magicdec runs as `magicdec run` does: the engine (magicdec/harness/engine.py) prefills, prepares a standalone
 draft over its full KV cache, and its Decoder runs on CUDA graphs.
 
 Each phase (a prefix length, plain or speculative) warms both engines up (gpt-fast: compilation and its CUDA graphs;
@@ -39,12 +39,12 @@ from tqdm import tqdm
 
 from magicdec import device as dev
 from magicdec import files
-from magicdec import metrics as met
+from magicdec.harness import metrics as met
 from magicdec.config import ModelArgs
-from magicdec.engine import Engine, first_tokens
+from magicdec.harness.engine import Engine, first_tokens
 from magicdec.errors import MagicDecError
-from magicdec.generate import decode
-from magicdec.run_config import RunConfig
+from magicdec.decoding.generate import decode
+from magicdec.harness.run_config import RunConfig
 
 MIN_ROUNDS = 3
 GPT_FAST = "https://github.com/pytorch-labs/gpt-fast"
@@ -190,7 +190,7 @@ def check_gpt_fast_fits(engine: Engine, largest: RunConfig, phases: list[tuple[i
                         chunk: int) -> int:
     """magicdec's run at its largest (the engine's estimate) and gpt-fast's largest phase ((prefix, models, slots)
     each) together within the GPU's free memory, checked before anything is allocated; returns gpt-fast's bytes."""
-    from magicdec.engine import activation_rows, memory_needed
+    from magicdec.harness.engine import activation_rows, memory_needed
 
     item = torch.empty((), dtype=engine.dtype).element_size()
     ours = memory_needed(1, activation_rows(largest), engine.dtype, engine.plan(largest)[1])["total"]
@@ -697,7 +697,7 @@ def main(argv=None) -> dict:
         "model": target_args.name, "model_config": target_args.to_dict(),
         "draft": draft_args.name if speculative else None,
         "draft_config": draft_args.to_dict() if speculative else None,
-        "weights": f"random: magicdec.model.random_state_dict(seed {cli.seed}), made once; gpt-fast's Transformer "
+        "weights": f"random: magicdec.model.transformer.random_state_dict(seed {cli.seed}), made once; gpt-fast's Transformer "
                    "holds the same tensors (wqkv's q and k rows reordered to its interleaved RoPE, a copy)"
                    + ("; the draft is the target's own weights" if draft_is_target else ""),
         "prompt": "seeded random token ids (data.random_prompts), the same ids for both engines",

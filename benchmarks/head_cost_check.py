@@ -28,11 +28,12 @@ from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
-from magicdec import compare
-from magicdec import cost_model as cm
-from magicdec import drafters, files, sweep
+from magicdec.harness import compare
+from magicdec.analysis import cost_model as cm
+from magicdec import drafters, files
+from magicdec.harness import sweep
 from magicdec.config import ModelArgs
-from magicdec.run_config import RunConfig
+from magicdec.harness.run_config import RunConfig
 
 HEADS = tuple(drafters.owners("head"))  # the drafters that draft with a trained head
 PICK_GROUPS = ("sort / scan (top-p)", "softmax / draw", "reduce")  # head_proposal_profile's groups of the pick

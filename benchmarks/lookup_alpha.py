@@ -6,7 +6,7 @@ rejected, and the share of positions with a proposal is reported beside.
 
 The books: Project Gutenberg text (PG-19 is Project Gutenberg books before 1919), in this workspace the 21 books of
 ../shared/data/gutenberg; --dataset takes any folder of .txt books (or pg19, stdlib, a .txt or .jsonl file: see
-`magicdec run --help`). The engine (magicdec/engine.py) loads the target and prefills each batch of prompts, each
+`magicdec run --help`). The engine (magicdec/harness/engine.py) loads the target and prefills each batch of prompts, each
 prompt followed by its book's own next --teacher tokens.
 
     python benchmarks/lookup_alpha.py --dataset ../shared/data/gutenberg --prefix_len 4096 --output results/lookup/teacher_gutenberg.json
@@ -22,10 +22,10 @@ import torch
 from magicdec import device as dev
 from magicdec import files
 from magicdec.drafters.lookup import propose_ngram
-from magicdec.engine import Engine
+from magicdec.harness.engine import Engine
 from magicdec.errors import one_line_errors
-from magicdec.run_config import RunConfig
-from magicdec.sampling import probabilities
+from magicdec.harness.run_config import RunConfig
+from magicdec.decoding.sampling import probabilities
 
 BOOKS = ("where the books come from: a folder of .txt books, e.g. ../shared/data/gutenberg (Project Gutenberg "
          "books, the kind of text PG-19 holds), or pg19, stdlib, one .txt file, a .jsonl file with a 'text' field")

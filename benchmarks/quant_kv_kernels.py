@@ -1,4 +1,4 @@
-"""The split-KV kernel over a bf16 cache and over its 8- and 4-bit copies (magicdec/quant_kv.py), one layer at
+"""The split-KV kernel over a bf16 cache and over its 8- and 4-bit copies (magicdec/model/quant_kv.py), one layer at
 Llama-3.1-8B's head shapes: milliseconds per call (each replayed in a CUDA graph, in turns, 3 rounds), bytes read,
 the fraction of a device-to-device copy's bandwidth that is, and the output's error against bf16 attention over the
 unquantized K and V; also one token's quantized store into a layer (what each draft step adds per layer). GPU only.
@@ -14,10 +14,10 @@ import torch
 import triton
 
 from magicdec import files
-from magicdec import fused, quant_kv
+from magicdec.model import fused, quant_kv
 from magicdec.device import copy_bandwidth, environment
-from magicdec.kv_cache import store_kv
-from magicdec.triton_attention import split_kv_attention
+from magicdec.model.kv_cache import store_kv
+from magicdec.model.triton_attention import split_kv_attention
 
 SHAPES = [(1, 32768), (1, 100000), (13, 32768), (4, 100000)]
 

@@ -7,7 +7,7 @@ same truncated draft, and prompt-lookup decoding beside ours (tests/lookup_bench
 `generate` (static cache, compiled where it works; equal-length prompts, no padding). Decode tokens/s only (prefill
 excluded on both sides) and each method's token agreement with our baseline. Both libraries run the very same
 tensors: transformers' state dict, renamed by checkpoint._hf_name, is our model's. Our side is built as every run
-is, by the engine (magicdec/engine.py): its target cache and prefill, each drafter (selfspec, standalone, lookup, by
+is, by the engine (magicdec/harness/engine.py): its target cache and prefill, each drafter (selfspec, standalone, lookup, by
 their run configs) and the decoders; the engine is handed our model on transformers' tensors (and the truncated
 draft) and the prompts both libraries read. Writes summary.json under --output_dir (rewritten after every
 measurement) and prints a markdown table. The books (--dataset): Project Gutenberg text (PG-19 is Project Gutenberg
@@ -32,13 +32,13 @@ from tqdm import tqdm
 from magicdec import data
 from magicdec import device as dev
 from magicdec import files
-from magicdec.checkpoint import _hf_name, load_state_dict
+from magicdec.model.checkpoint import _hf_name, load_state_dict
 from magicdec.config import ModelArgs
-from magicdec.engine import Engine, first_tokens
-from magicdec.generate import decode
-from magicdec.model import from_state_dict
-from magicdec.run_config import RunConfig
-from magicdec.trial import Trial
+from magicdec.harness.engine import Engine, first_tokens
+from magicdec.decoding.generate import decode
+from magicdec.model.transformer import from_state_dict
+from magicdec.harness.run_config import RunConfig
+from magicdec.harness.trial import Trial
 
 TIMING = {"magicdec": "decode only: timing.timed_generations after a warm-up run, prefill done before and not timed",
           "transformers": "decode only: t(generate max_new_tokens=n) - t(generate max_new_tokens=1), both timed after "

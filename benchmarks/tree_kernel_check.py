@@ -2,10 +2,10 @@
 draft's tree level over a StreamingLLM ring (bf16 inputs); the output of a run is in results/trees/gpu_greedy_check/.
     python3 benchmarks/tree_kernel_check.py"""
 import torch
-from magicdec.attention import make_attend
-from magicdec.kv_cache import StreamingCache
-from magicdec.tree import Tree, TreeMask, optimal_tree
-from magicdec.forward_plan import ForwardPlan
+from magicdec.model.attention import make_attend
+from magicdec.model.kv_cache import StreamingCache
+from magicdec.model.tree import Tree, TreeMask, optimal_tree
+from magicdec.model.forward_plan import ForwardPlan
 
 dev, B, H, Hkv, D, dt = "cuda", 2, 8, 2, 128, torch.bfloat16
 g = torch.Generator(device=dev).manual_seed(0)

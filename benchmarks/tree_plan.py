@@ -14,12 +14,12 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from magicdec import cost_model as cm
+from magicdec.analysis import cost_model as cm
 from magicdec import files
-from magicdec.compare import PROFILES, load_profile
+from magicdec.harness.compare import PROFILES, load_profile
 from magicdec.config import ModelArgs
-from magicdec.planner import best_tree
-from magicdec.tree import Tree
+from magicdec.analysis.planner import best_tree
+from magicdec.model.tree import Tree
 
 
 def main(argv=None) -> int:

@@ -20,17 +20,17 @@ from pathlib import Path
 
 import torch
 
-from magicdec import attention
+from magicdec.model import attention
 from magicdec import device as dev
 from magicdec import files
-from magicdec import tp
-from magicdec import triton_attention
+from magicdec.model import tp
+from magicdec.model import triton_attention
 from magicdec.config import ModelArgs
-from magicdec.forward_plan import PLAIN
-from magicdec.generate import GraphedStep
-from magicdec.kv_cache import KVCache
-from magicdec.model import build_model
-from magicdec.tree import Tree
+from magicdec.model.forward_plan import PLAIN
+from magicdec.decoding.generate import GraphedStep
+from magicdec.model.kv_cache import KVCache
+from magicdec.model.transformer import build_model
+from magicdec.model.tree import Tree
 
 
 def shapes(nodes: list[int]) -> list[tuple[str, int, Tree | None]]:

@@ -8,7 +8,7 @@ ops do, bitwise; a torch.compile'd reduction (RMSNorm's mean, the split merge's 
 sum in another order for T = 1 than for T > 1, so at a bf16 near-tie greedy outputs parted; fused.py now runs those
 two as Triton kernels with one program per row (results/quant/README.md).
 
-The target and its prefilled cache are the engine's (magicdec/engine.py), prefilled again under each mix of fused
+The target and its prefilled cache are the engine's (magicdec/harness/engine.py), prefilled again under each mix of fused
 ops; the decode steps and verification forwards are the model's own, op by op. The books: Project Gutenberg text
 (PG-19 is Project Gutenberg books before 1919), in this workspace the 21 books of ../shared/data/gutenberg; --dataset
 takes any folder of .txt books (or pg19, stdlib, a .txt or .jsonl file).
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from magicdec import fused
-from magicdec import triton_attention  # (imported: it registers the merge as a fused op)
-from magicdec.engine import Engine
+from magicdec.model import fused
+from magicdec.model import triton_attention  # (imported: it registers the merge as a fused op)
+from magicdec.harness.engine import Engine
 from magicdec.errors import MagicDecError, one_line_errors
-from magicdec.forward_plan import LAST_LOGITS
-from magicdec.run_config import RunConfig
+from magicdec.model.forward_plan import LAST_LOGITS
+from magicdec.harness.run_config import RunConfig
 
 
 def compare(engine: Engine, cfg: RunConfig, n: int, T: int, label: str) -> None:

@@ -1,16 +1,17 @@
 """The `magicdec` command: `run` (one run), `compare` (every drafter side by side on one prefill: the default job),
 `sweep` (a grid from a TOML file), `report` (records to tables and plots), `reproduce` (a headline claim, PASS or
 FAIL), `datastore` (REST's), `train-head` (an EAGLE, Medusa or Hydra draft head for a target). The run flags are
-the run config's options (magicdec/run_config.py and each drafter's own)."""
+the run config's options (magicdec/harness/run_config.py and each drafter's own)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from magicdec import drafters
 from magicdec import options as opt
 from magicdec.errors import MagicDecError, one_line_errors
-from magicdec.run_config import SECTIONS, RunConfig
+from magicdec.harness.run_config import SECTIONS, RunConfig
 
 SECTION_TITLES = {"models": "the target model", "workload": "workload", "decoding": "decoding",
                   "speculation": "speculation", "runtime": "runtime", "timing": "timing", "output": "output"}
@@ -78,15 +79,13 @@ RUN_DESCRIPTION = "One timed run: a drafter (or the baseline) on the target."
 def run_main(argv=None, description: str = RUN_DESCRIPTION, defaults: dict | None = None, prog: str | None = None,
              rename: dict | None = None) -> None:
     """A run from the command line: bad input as one line (exit 2)."""
-    from magicdec import run
-
+    from magicdec.harness import run
     run.main(lambda: config_from_argv(argv, description, defaults, prog), rename)
 
 
 def run_record(argv=None, description: str = RUN_DESCRIPTION, defaults: dict | None = None) -> dict:
     """A run in this process (tests): its record; bad input raises MagicDecError."""
-    from magicdec import run
-
+    from magicdec.harness import run
     return run.run(config_from_argv(argv, description, defaults))
 
 
@@ -99,6 +98,10 @@ COMMANDS = {
     "datastore": "REST's datastore: books tokenized with the target's tokenizer, and a suffix array over them",
     "train-head": "train a draft head (eagle, eagle3, medusa, hydra) for a target on a text corpus, resumable",
 }
+# the module whose main() each command runs (run has its own parser here)
+MODULES = {"compare": "magicdec.harness.compare", "sweep": "magicdec.harness.sweep",
+           "report": "magicdec.harness.report", "reproduce": "magicdec.harness.reproduce",
+           "datastore": "magicdec.drafters.datastore", "train-head": "magicdec.harness.train_head"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "run":
         run_main(rest, prog="magicdec run")
         return 0
-    module = __import__(f"magicdec.{command.replace('-', '_')}", fromlist=["main"])
+    module = importlib.import_module(MODULES[command])
     with one_line_errors():
         return module.main(rest) or 0
 

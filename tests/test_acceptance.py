@@ -1,4 +1,4 @@
-"""magicdec/acceptance.py: every acceptance rule against an independent reference. Speculative sampling, of a chain
+"""magicdec/decoding/acceptance.py: every acceptance rule against an independent reference. Speculative sampling, of a chain
 and of a tree, must be lossless: whatever the draft, the tokens it produces are distributed as the target's (checked
 on small distributions with many samples; the same check fails when the rejection correction, sampling from
 norm(max(0, p - q)), is removed). Greedy acceptance against hand-written selections and walks. Each synthetic mode
@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from conftest import chi_square
-from magicdec.acceptance import (Acceptor, SyntheticAcceptor, greedy_tree_verify, greedy_verify, leading_true,
+from magicdec.decoding.acceptance import (Acceptor, SyntheticAcceptor, greedy_tree_verify, greedy_verify, leading_true,
                                  sampling_tree_verify, speculative_sampling_verify, synthetic_tree_verify,
                                  synthetic_verify)
-from magicdec.generate import Batch
-from magicdec.sampling import Sampling
-from magicdec.tree import Tree, path_tokens, rank_counts
+from magicdec.decoding.generate import Batch
+from magicdec.decoding.sampling import Sampling
+from magicdec.model.tree import Tree, path_tokens, rank_counts
 
 # root; two children; the first with two children, the second with one; one grandchild below node 3
 BRANCHY = Tree((-1, 0, 0, 1, 1, 2, 3))
@@ -315,7 +315,7 @@ def test_the_config_picks_the_mode(tmp_path):
     speculation section lands in the synthetic acceptor's mode (a trace read from its record)."""
     import json
 
-    from magicdec.run_config import Decoding, Speculation
+    from magicdec.harness.run_config import Decoding, Speculation
 
     sampled = Decoding(temperature=0.6, top_p=0.9, top_k=5)
     exact = Acceptor.from_config(sampled, Speculation(drafter="selfspec"))

@@ -9,7 +9,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from magicdec.attention import make_attend, resolve_backend  # noqa: E402
+from magicdec.model.attention import make_attend, resolve_backend  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
 
 EMPTY = 2**40  # key position of an empty slot
@@ -77,7 +77,7 @@ def test_backend_matches_reference(backend, shape):
 @pytest.mark.parametrize("splits", [1, 2, 5])
 def test_triton_splits_agree(splits):
     """Merging per-split partial softmaxes gives the same answer however the keys are split."""
-    from magicdec.triton_attention import split_kv_attention
+    from magicdec.model.triton_attention import split_kv_attention
 
     q, k, v, q_pos, _ = case(2, 8, 2, 4, 640, 32, False, seed=splits)
     out = split_kv_attention(q, k, v, q_pos, None, n_splits=splits, block_n=32)
@@ -87,7 +87,7 @@ def test_triton_splits_agree(splits):
 def test_triton_reads_q_through_its_strides():
     """The model hands attention q as a transposed slice of its rotated q and k heads ([B, T, H + Hkv, D]), not a
     contiguous tensor: the kernel must read it through its strides, at every token of a verification."""
-    from magicdec.triton_attention import split_kv_attention
+    from magicdec.model.triton_attention import split_kv_attention
 
     q, k, v, q_pos, _ = case(2, 8, 2, 3, 200, 16, False, seed=3)
     B, H, T, D = q.shape
@@ -103,7 +103,7 @@ def test_triton_reads_q_through_its_strides():
 def test_merge_kernel_matches_merge_splits(T):
     """The merge as one Triton kernel (the GPU's) against the plain merge, laid out tokens-first, an empty split
     (max -1e30, sum 0) included."""
-    from magicdec.triton_attention import NEG, merge_kernel, merge_splits
+    from magicdec.model.triton_attention import NEG, merge_kernel, merge_splits
 
     g = torch.Generator().manual_seed(T)
     B, Hkv, splits, rows, D = 2, 2, 3, 4 * T, 16
@@ -120,7 +120,7 @@ def test_merge_kernel_matches_merge_splits(T):
 
 def test_triton_ignores_stale_slots():
     """Slots past a sequence's length (left by a rollback) must not leak into the result."""
-    from magicdec.triton_attention import split_kv_attention
+    from magicdec.model.triton_attention import split_kv_attention
 
     q, k, v, q_pos, _ = case(2, 4, 2, 1, 256, 16, False, seed=7)
     clean = split_kv_attention(q, k, v, q_pos, None, n_splits=2, block_n=32)

@@ -97,7 +97,7 @@ def test_random_weights_end_to_end(tmp_path):
     import transformers
 
     from magicdec.config import ModelArgs
-    from magicdec.model import build_model
+    from magicdec.model.transformer import build_model
 
     out = tmp_path / "r.json"
     B, prefix, gen = 2, 48, 8
@@ -211,7 +211,7 @@ def test_batch_that_cannot_fit_fails_before_allocating(monkeypatch):
     (8 GiB of 24, set here: what this machine has free must not decide the test): refused from the estimate
     (naming --B), before any weight or cache."""
     from magicdec import device
-    from magicdec.engine import Engine
+    from magicdec.harness.engine import Engine
 
     monkeypatch.setattr(device, "memory", lambda d: (8 << 30, 24 << 30))
     monkeypatch.setattr(Engine, "load", lambda *a, **k: pytest.fail("weights loaded before the memory check"))
@@ -224,7 +224,8 @@ def test_batch_that_cannot_fit_fails_before_allocating(monkeypatch):
 
 def test_weights_that_cannot_fit_are_not_blamed_on_the_batch(monkeypatch):
     """Weights larger than the free memory: no batch size helps, so the message says so instead of naming --B."""
-    from magicdec import device, engine
+    from magicdec import device
+    from magicdec.harness import engine
     from magicdec.errors import MagicDecError
 
     gib = 1 << 30
@@ -238,7 +239,8 @@ def test_weights_that_cannot_fit_are_not_blamed_on_the_batch(monkeypatch):
 def test_headroom_is_kept_free(monkeypatch):
     """An estimate that fits in free memory but not with the headroom (graph pools, NCCL, allocator slack) is
     refused: a 4 x H200 run that the bare estimate let through ran out of memory."""
-    from magicdec import device, engine
+    from magicdec import device
+    from magicdec.harness import engine
     from magicdec.errors import MagicDecError
 
     gib = 1 << 30

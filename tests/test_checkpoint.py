@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 from conftest import STORIES
 from conftest import one_line_error as cli_error
 from conftest import run_here as bench_cli
-from magicdec import checkpoint
-from magicdec.checkpoint import (convert_gguf, convert_hf_checkpoint, convert_llama2c, dequantize_tensor,
+from magicdec.model import checkpoint
+from magicdec.model.checkpoint import (convert_gguf, convert_hf_checkpoint, convert_llama2c, dequantize_tensor,
                                  load_state_dict, smollm2_checkpoint, unpermute_qk)
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
@@ -462,7 +462,7 @@ def test_sigterm_mid_conversion_is_one_line_and_leaves_the_folder_as_it_was(tmp_
     out = tmp_path / "stories"
     convert_llama2c(STORIES_BIN, out, STORIES_TOK)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    pause = "import magicdec.checkpoint as c\nc.torch.save = lambda *a, **kw: reached()\n"
+    pause = "import magicdec.model.checkpoint as c\nc.torch.save = lambda *a, **kw: reached()\n"
     p = terminated_at(pause + as_script(REPO / "convert_hf_checkpoint.py"),
                       ["--llama2c", STORIES_BIN, "--llama2c_tokenizer", STORIES_TOK, "--checkpoint_dir", out,
                        "--dtype", "bfloat16"])

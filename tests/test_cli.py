@@ -12,12 +12,12 @@ import pytest
 
 from conftest import BOOKS, FIXTURES, LLAMA2_TOKENIZER, needs_llama_tokenizers, needs_smollm2, one_line_error, run_cli
 from magicdec import drafters, options
-from magicdec.checkpoint import SMOLLM2_NAME
+from magicdec.model.checkpoint import SMOLLM2_NAME
 from magicdec.cli import run_parser, run_record
 from magicdec.config import ModelArgs
-from magicdec.engine import ModelRef, resolve_model
-from magicdec.run import print_summary
-from magicdec.run_config import RunConfig
+from magicdec.harness.engine import ModelRef, resolve_model
+from magicdec.harness.run import print_summary
+from magicdec.harness.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = {m: REPO / "tests" / f"{m}_benchmark.py" for m in ("baseline", "selfspec", "longspec")}
@@ -96,8 +96,7 @@ def test_triforce_errors_name_triforce_flags():
 
 def test_interrupt_is_one_line(monkeypatch, capsys):
     """Ctrl-C during a run: one line saying nothing was written, exit status 130, no traceback."""
-    from magicdec import run
-
+    from magicdec.harness import run
     def interrupted(cfg):
         raise KeyboardInterrupt
 
@@ -148,7 +147,7 @@ def test_runtime_requirements_alone_run_every_command_and_drafter(smol_dir, tmp_
     import json
     import subprocess
 
-    from magicdec.datastore import main as datastore
+    from magicdec.drafters.datastore import main as datastore
 
     store = tmp_path / "books.npz"
     datastore(["--books", str(FIXTURES / "gutenberg" / "pg2701.txt"), "--tokenizer", str(smol_dir), "--output",

@@ -1,4 +1,4 @@
-"""The default job (magicdec/compare.py): every registered drafter over one shared prefill of a book, on SmolLM2's
+"""The default job (magicdec/harness/compare.py): every registered drafter over one shared prefill of a book, on SmolLM2's
 real weights: a row per drafter variant, greedy output equal to plain decoding's for each, the cost model's
 prediction at the profiled device labelled as one, a drafter that cannot run here saying why, a head drafter with
 no trained head saying it has nothing to measure, and bad options refused before any model loads."""
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import BOOKS, needs_smollm2
-from magicdec import compare, drafters
+from magicdec.harness import compare
+from magicdec import drafters
 from magicdec.errors import MagicDecError
 
 HEADS = set(drafters.owners("head"))  # the registered drafters that draft with a trained head (their --head)
@@ -21,8 +22,7 @@ HEADS = set(drafters.owners("head"))  # the registered drafters that draft with 
 def smol_trained_heads(smol_heads, tmp_path_factory) -> Path:
     """A folder of SmolLM2 heads, one per family (the suite's fitted heads, 3 heads or steps each), saved as
     train-head --out saves them."""
-    from magicdec import heads
-
+    from magicdec.model import heads
     folder = tmp_path_factory.mktemp("smol_heads")
     for family in sorted(HEADS):
         heads.save(smol_heads(family), folder / family)

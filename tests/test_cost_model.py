@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from magicdec import cost_model as cm
-from magicdec import draft_weights as dw
+from magicdec.analysis import cost_model as cm
+from magicdec.model import draft_weights as dw
 from magicdec.config import ModelArgs
 
 RESULTS = Path(__file__).resolve().parent / "fixtures" / "records"
@@ -146,8 +146,7 @@ def test_measure_sampling_is_the_samplers_seconds_per_logit(monkeypatch):
     from types import SimpleNamespace
 
     from magicdec import device as dev
-    from magicdec import sampling
-
+    from magicdec.decoding import sampling
     calls, real = [], sampling.next_token
 
     def recording(logits, *args):
@@ -225,7 +224,7 @@ def test_attention_dots_overlap_the_reads_once_their_rate_is_measured():
 
 def test_the_h100_profile_predicts_its_measured_verifications_within_15_percent():
     """The committed profile against the committed measurements it was fitted to (chains of 1-64 tokens)."""
-    from magicdec.compare import load_profile
+    from magicdec.harness.compare import load_profile
 
     d = load_profile(cm.PROFILES / "h100.json")[0]
     rows = [r for f in sorted((RESULTS.parents[2] / "results" / "trees").glob("verify_cost_h100*.json"))

@@ -13,7 +13,7 @@ from magicdec.data import PromptSource, _encode_head, load_prompts, random_promp
 from magicdec.errors import MagicDecError
 
 class SPTokenizer:
-    """Stand-in with the magicdec tokenizer interface, so these tests do not depend on magicdec.tokenizer."""
+    """Stand-in with the magicdec tokenizer interface, so these tests do not depend on magicdec.model.tokenizer."""
 
     def __init__(self, path=LLAMA2_TOKENIZER):
         self.sp = spm.SentencePieceProcessor(model_file=str(path))

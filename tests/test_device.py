@@ -13,7 +13,6 @@ import pytest
 
 from conftest import REPO
 from magicdec import device as dev
-
 GIB = 1 << 30
 
 

@@ -1,4 +1,4 @@
-"""magicdec/draft_cache.py: each selection policy keeps, per KV head, the positions a hand-written loop over the
+"""magicdec/drafters/draft_cache.py: each selection policy keeps, per KV head, the positions a hand-written loop over the
 scores picks; greedy self-speculation with a selected draft cache equals the plain autoregressive loop token for
 token (B = 3 with ragged acceptance, generation past the budget); bad flags are one line each."""
 from __future__ import annotations
@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from conftest import SELFSPEC, TINY_RUN, chi_square, copies, fixed_first_token, prefill_copies, run_here
-from magicdec import draft_cache
+from magicdec.drafters import draft_cache
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.acceptance import Acceptor
-from magicdec.generate import Decoder, decode
-from magicdec.sampling import Sampling
-from magicdec.kv_cache import KVCache
+from magicdec.decoding.acceptance import Acceptor
+from magicdec.decoding.generate import Decoder, decode
+from magicdec.decoding.sampling import Sampling
+from magicdec.model.kv_cache import KVCache
 from test_generate_speculative import assert_ragged, plain_greedy
 
 
@@ -139,8 +139,7 @@ def test_sampled_speculation_with_a_selected_draft_is_lossless(tiny, policy, mon
     token outside the top-p set; without the rejection correction the same check fails."""
     import functools
 
-    from magicdec import acceptance
-
+    from magicdec.decoding import acceptance
     N, sampling = 4_000, Sampling(0.6, 0.9)
     prompt, first, p = fixed_first_token(tiny, N)
 

@@ -8,8 +8,8 @@ import torch
 
 from conftest import BOOKS, LLAMA2_TOKENIZER, benchmark_script, needs_llama_tokenizers
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.generate import Decoder, prefill
-from magicdec.kv_cache import KVCache
+from magicdec.decoding.generate import Decoder, prefill
+from magicdec.model.kv_cache import KVCache
 
 draft_policies = benchmark_script("draft_policies")
 

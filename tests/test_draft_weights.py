@@ -1,4 +1,4 @@
-"""magicdec/draft_weights.py: each format's quantization against a hand-written one, the quantized copy against the
+"""magicdec/model/draft_weights.py: each format's quantization against a hand-written one, the quantized copy against the
 model it copies (shared tensors, the original untouched, logits close), and every format drafting losslessly on the
 CPU reference path: greedy speculation equals plain greedy decoding, and sampled speculation keeps the target's
 distribution (and fails to without the rejection correction). Bad input: one line each."""
@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from conftest import REPO, SELFSPEC, TINY_RUN, chi_square, fixed_first_token, run_here
-from magicdec import draft_cache
-from magicdec import draft_weights as dw
+from magicdec.drafters import draft_cache
+from magicdec.model import draft_weights as dw
 from magicdec.drafters.model_draft import ModelDraft
 from magicdec.errors import MagicDecError
-from magicdec.acceptance import Acceptor
-from magicdec.generate import Decoder, decode, prefill
-from magicdec.sampling import Sampling
-from magicdec.kv_cache import KVCache, StreamingCache
+from magicdec.decoding.acceptance import Acceptor
+from magicdec.decoding.generate import Decoder, decode, prefill
+from magicdec.decoding.sampling import Sampling
+from magicdec.model.kv_cache import KVCache, StreamingCache
 from test_generate_speculative import plain_greedy
 
 FORMATS = [f for f in dw.FORMATS if f != "bf16"]
@@ -151,8 +151,7 @@ def test_sampled_speculation_with_each_format_keeps_the_targets_distribution(tin
     chi-square below its 1 - 3e-7 quantile; drawing from p instead of the residual after a rejection fails it."""
     import functools
 
-    from magicdec import acceptance
-
+    from magicdec.decoding import acceptance
     N, sampling = 4_000, Sampling(0.6, 0.9)
     prompt, first, p = fixed_first_token(tiny, N)
     draft = dw.draft_copy(tiny, fmt, GROUP)

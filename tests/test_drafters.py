@@ -16,7 +16,7 @@ from magicdec.errors import MagicDecError
 IMPORTED = """
 import json, sys
 from magicdec import drafters
-from magicdec.run_config import RunConfig
+from magicdec.harness.run_config import RunConfig
 
 def imported():
     return sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("magicdec.drafters."))

@@ -16,13 +16,13 @@ from test_generate_speculative import plain_greedy, tiny_prompts
 from test_head_draft import DEVICE, L31, predicted, run_config
 from test_medusa import check_greedy, check_sampled, shaped
 
-from magicdec import cost_model as cm
-from magicdec import heads
+from magicdec.analysis import cost_model as cm
+from magicdec.model import heads
 from magicdec.config import ModelArgs
 from magicdec.drafters.eagle import Config, HeadShape, head_shape
-from magicdec.kv_cache import KVCache
-from magicdec.run_config import RunConfig
-from magicdec.tree import Tree, expected_tokens
+from magicdec.model.kv_cache import KVCache
+from magicdec.harness.run_config import RunConfig
+from magicdec.model.tree import Tree, expected_tokens
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,6 @@ def test_memory_counts_the_prompt_features_the_head_is_fed(kv, skip, rows):
     only, its KV being random too: 32K x 13 at Llama-3.1-8B's shape was refused for 3.5 GB of features it never
     read."""
     from magicdec import drafters
-
     target = L31
     extra = {"head_budget": 256} if kv == "window" else {}
     cfg = RunConfig.from_options({"random_weights": True, "model_name": "meta-llama/Meta-Llama-3.1-8B", "B": 13,
@@ -198,7 +197,7 @@ def test_eagle_draft_step_is_a_small_part_of_a_target_step_at_llama31_8b_32k(B, 
     """Llama-3.1-8B's shapes at 32K on the committed H100 profile (its fitted head costs included): a draft step
     (one layer, the LM head, fc, its fixed cost) costs about a tenth of a target step of 32 layers at B = 1 (0.12
     measured, results/heads) and less as the batch's KV grows, at every batch size a small part."""
-    from magicdec.compare import load_profile
+    from magicdec.harness.compare import load_profile
 
     device = load_profile(Path(__file__).resolve().parents[1] / "magicdec" / "profiles" / "h100.json")[0]
     p = predicted(run_config("eagle", B=B, prefix_len=32768, head_kv=head_kv), device)

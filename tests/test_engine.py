@@ -1,4 +1,4 @@
-"""The engine (magicdec/engine.py): what it checks against the models' configs before anything large is read or
+"""The engine (magicdec/harness/engine.py): what it checks against the models' configs before anything large is read or
 allocated — a repo id that contradicts the checkpoint, a checkpoint whose tensors are not its config's, the memory of
 the target and of each drafter — and that it is where caches and drafters come from."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from magicdec import drafters
-from magicdec.engine import Engine, ModelRef, resolve_model
+from magicdec.harness.engine import Engine, ModelRef, resolve_model
 from magicdec.errors import MagicDecError
-from magicdec.run_config import RunConfig
+from magicdec.harness.run_config import RunConfig
 
 
 def copy_checkpoint(tiny_hf, d):
@@ -47,7 +47,6 @@ def test_every_drafter_declares_its_memory(name, tmp_path):
     head's weights only, an EAGLE head's weights and its own KV; the cache holds the prompt and what a verification
     reaches past gen_len."""
     from magicdec import options as opt
-
     store = tmp_path / "store.npz"
     store.write_bytes(b"")  # REST's check wants the file; planning does not read it
     options = {"drafter": name, "random_weights": True, "model_name": "JackFram/llama-68m", "prefix_len": 512,

@@ -79,9 +79,9 @@ def test_a_signal_ends_with_the_line_of_what_was_kept(sig, status):
     assert ended_with(p, status) == "interrupted: 3 of 10 points done; run the same command again"
 
 
-COMMAND_MAINS = {"compare": "magicdec.compare", "sweep": "magicdec.sweep", "report": "magicdec.report",
-                 "reproduce": "magicdec.reproduce", "datastore": "magicdec.datastore",
-                 "train-head": "magicdec.train_head"}
+COMMAND_MAINS = {"compare": "magicdec.harness.compare", "sweep": "magicdec.harness.sweep", "report": "magicdec.harness.report",
+                 "reproduce": "magicdec.harness.reproduce", "datastore": "magicdec.drafters.datastore",
+                 "train-head": "magicdec.harness.train_head"}
 
 
 @pytest.mark.parametrize("command", ["run", *COMMAND_MAINS])
@@ -92,9 +92,9 @@ def test_every_command_handles_sigterm_while_it_works_and_restores_the_handler(c
 
     seen = []
     if command == "run":
-        import magicdec.run
+        import magicdec.harness.run
 
-        monkeypatch.setattr(magicdec.run, "run", lambda cfg: seen.append(signal.getsignal(signal.SIGTERM)))
+        monkeypatch.setattr(magicdec.harness.run, "run", lambda cfg: seen.append(signal.getsignal(signal.SIGTERM)))
         argv = ["run", "--random_weights", "--model_name", "JackFram/llama-68m", "--device", "cpu"]
     else:
         module = importlib.import_module(COMMAND_MAINS[command])
@@ -108,7 +108,7 @@ def test_every_command_handles_sigterm_while_it_works_and_restores_the_handler(c
 def test_conversion_handles_sigterm():
     """convert_hf_checkpoint.py is its own entry point: the same handler while it converts."""
     p = subprocess.run([sys.executable, "-c", "import runpy, signal, sys\n"
-                        "import magicdec.checkpoint as c\n"
+                        "import magicdec.model.checkpoint as c\n"
                         "from magicdec.errors import _terminate\n"
                         "c.convert_hf_checkpoint = lambda d, dtype=None: print(signal.getsignal(signal.SIGTERM) is "
                         "_terminate) or 'x'\n"
@@ -173,12 +173,12 @@ def test_every_module_and_every_help_work_without_the_optional_kernel_libraries(
 def test_a_missing_kernel_library_is_one_line_naming_its_install(monkeypatch):
     import torch
 
-    from magicdec import attention, fused
-    from magicdec.model import add_rms_norm
+    from magicdec.model import attention, fused
+    from magicdec.model.transformer import add_rms_norm
 
 
     monkeypatch.setitem(sys.modules, "triton", None)
-    for kernels in ("magicdec.triton_attention", "magicdec.triton_norm", "magicdec.triton_quant_kv"):
+    for kernels in ("magicdec.model.triton_attention", "magicdec.model.triton_norm", "magicdec.model.triton_quant_kv"):
         monkeypatch.delitem(sys.modules, kernels, raising=False)
     monkeypatch.setitem(sys.modules, "gemlite", None)
     with pytest.raises(errors.MagicDecError, match=r"^--attn_backend triton needs triton, which is not installed: "

@@ -1,4 +1,4 @@
-"""The forward plan (magicdec/forward_plan.py): a cache given a tree plan attends and writes scores as a float64
+"""The forward plan (magicdec/model/forward_plan.py): a cache given a tree plan attends and writes scores as a float64
 reference says, a drafted level's plan writes and positions its nodes where they belong, a CUDA graph is captured
 once per distinct plan key, no code outside the cache classes sets an attribute on a cache, and a decoder runs a
 shaped copy of its drafter, never the prepared one."""
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from magicdec import generate
-from magicdec.forward_plan import LAST_LOGITS, NO_LOGITS, PLAIN, ForwardPlan
-from magicdec.heads import FeatureRequest
-from magicdec.kv_cache import KVCache
-from magicdec.tree import Tree, optimal_tree
+from magicdec.decoding import generate
+from magicdec.model.forward_plan import LAST_LOGITS, NO_LOGITS, PLAIN, ForwardPlan
+from magicdec.model.heads import FeatureRequest
+from magicdec.model.kv_cache import KVCache
+from magicdec.model.tree import Tree, optimal_tree
 from test_tree import BRANCHY, reference_attention
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,8 +154,8 @@ def test_a_decoder_runs_a_shaped_copy_and_leaves_the_prepared_drafter_as_it_was(
     prepared drafter keeps width 1 and no shape (a sweep's next point starts from it), and the copy shares its
     state (the draft's cache)."""
     from magicdec.drafters.model_draft import ModelDraft
-    from magicdec.engine import Engine
-    from magicdec.run_config import RunConfig
+    from magicdec.harness.engine import Engine
+    from magicdec.harness.run_config import RunConfig
 
     base = {"random_weights": True, "model_name": "JackFram/llama-68m", "device": "cpu", "prefix_len": 512,
             "gen_len": 16, "gamma": [3], "drafter": "selfspec"}

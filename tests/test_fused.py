@@ -11,9 +11,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the split-KV kernel on the CPU
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from magicdec import fused  # noqa: E402
-from magicdec.kv_cache import KVCache, StreamingCache  # noqa: E402
-from magicdec.model import load_model  # noqa: E402
+from magicdec.model import fused  # noqa: E402
+from magicdec.model.kv_cache import KVCache, StreamingCache  # noqa: E402
+from magicdec.model.transformer import load_model  # noqa: E402
 
 
 def run(model, cache, ids):

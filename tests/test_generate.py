@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from magicdec.acceptance import Acceptor
-from magicdec.generate import Decoder, decode, prefill
-from magicdec.kv_cache import KVCache
-from magicdec.model import load_model
-from magicdec.sampling import Sampling, next_token, probabilities, sample_from
+from magicdec.decoding.acceptance import Acceptor
+from magicdec.decoding.generate import Decoder, decode, prefill
+from magicdec.model.kv_cache import KVCache
+from magicdec.model.transformer import load_model
+from magicdec.decoding.sampling import Sampling, next_token, probabilities, sample_from
 
 P, N_NEW = 16, 24
 

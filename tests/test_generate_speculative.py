@@ -12,12 +12,12 @@ import torch
 
 from conftest import STORIES
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.acceptance import Acceptor, SyntheticAcceptor
-from magicdec.forward_plan import LAST_LOGITS
-from magicdec.generate import Decoder, decode, prefill
-from magicdec.sampling import Sampling
-from magicdec.kv_cache import KVCache, StreamingCache
-from magicdec.model import Transformer, load_model
+from magicdec.decoding.acceptance import Acceptor, SyntheticAcceptor
+from magicdec.model.forward_plan import LAST_LOGITS
+from magicdec.decoding.generate import Decoder, decode, prefill
+from magicdec.decoding.sampling import Sampling
+from magicdec.model.kv_cache import KVCache, StreamingCache
+from magicdec.model.transformer import Transformer, load_model
 
 GAMMAS = [1, 3, 6]
 
@@ -122,7 +122,7 @@ def test_tiny_standalone_equals_plain_greedy(tiny, gamma):
 
 def shaped():
     """Sequoia's tree for a draft that often agrees: a wide first level, a main branch 5 deep (in level order)."""
-    from magicdec.tree import optimal_tree
+    from magicdec.model.tree import optimal_tree
 
     return optimal_tree((0.7, 0.4, 0.3), 20, 5)
 
@@ -146,7 +146,7 @@ def test_tiny_drafted_tree_equals_plain_greedy(tiny, backend):
 def test_drafted_tree_matches_the_draft_fed_each_path(tiny):
     """Each drafted node is the draft's likeliest children at its parent, as a draft fed that node's path one
     token at a time (no tree) says: the level-by-level forwards see exactly their ancestors."""
-    from magicdec.tree import optimal_tree
+    from magicdec.model.tree import optimal_tree
 
     tree = optimal_tree((0.7, 0.4, 0.3), 12, 3)
     a, prompts = tiny.args, tiny_prompts(2, 30)
@@ -346,7 +346,7 @@ def test_smollm2_tree_drafters_equal_plain_greedy(smol_model, smol_prompts):
 # --- stories260K (real weights, llama2.c) --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def stories(tmp_path_factory):
-    from magicdec.checkpoint import convert_llama2c
+    from magicdec.model.checkpoint import convert_llama2c
 
 
     path = convert_llama2c(STORIES / "stories260K.bin", tmp_path_factory.mktemp("stories"))

@@ -17,9 +17,9 @@ import torch
 from conftest import REPO, benchmark_script, randomize_
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
-from magicdec.generate import Decoder, prefill
-from magicdec.kv_cache import KVCache
-from magicdec.model import build_model
+from magicdec.decoding.generate import Decoder, prefill
+from magicdec.model.kv_cache import KVCache
+from magicdec.model.transformer import build_model
 
 peer = benchmark_script("gpt_fast_peer")
 MIRROR = REPO.parent / ".mirror" / "pytorch-labs+gpt-fast" / "repo"  # this workspace's bare mirror of gpt-fast

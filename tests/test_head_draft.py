@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from magicdec import cost_model as cm
-from magicdec import heads
+from magicdec.analysis import cost_model as cm
+from magicdec.model import heads
 from magicdec.config import ModelArgs
-from magicdec.run_config import RunConfig
-from magicdec.tree import Tree
+from magicdec.harness.run_config import RunConfig
+from magicdec.model.tree import Tree
 
 L31 = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")
 DEVICE = cm.Device(bandwidth=2e12, matmul_flops=4e14, layer_overhead_s=3e-5, sampling_s_per_logit=1e-11)
@@ -114,7 +114,7 @@ def test_trees_medusa_shares_its_features_hydra_runs_every_path():
 def test_head_draft_step_is_a_small_part_of_a_target_step_at_llama31_8b_32k(drafter, B):
     """Llama-3.1-8B's shapes at 32K on the committed H100 profile: a head's step (a ResBlock and a 128256-word LM
     head) costs well under a tenth of a target step, at every batch size."""
-    from magicdec.compare import load_profile
+    from magicdec.harness.compare import load_profile
 
     device = load_profile(Path(__file__).resolve().parents[1] / "magicdec" / "profiles" / "h100.json")[0]
     p = predicted(run_config(drafter, B=B, prefix_len=32768), device)

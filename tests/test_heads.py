@@ -1,4 +1,4 @@
-"""The head modules and their published formats (magicdec/heads.py): files written by hand under the original
+"""The head modules and their published formats (magicdec/model/heads.py): files written by hand under the original
 repositories' key names and config keys load and compute what a hand-written computation from the same tensors
 does (EAGLE's decoder layer against transformers' LlamaDecoderLayer); the target exposes the hidden states a head
 reads as transformers' output_hidden_states does; bad heads are refused in one line."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from magicdec import heads
+from magicdec.model import heads
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
 
@@ -163,9 +163,9 @@ def test_eagle3_file_computes_its_midlayer_by_hand(tmp_path):
 
 def test_the_targets_taps_are_transformers_hidden_states(tiny_hf):
     """Tap i is transformers' output_hidden_states[i] (the input of layer i; the last, the final norm's output)."""
-    from magicdec.generate import prefill_features
-    from magicdec.kv_cache import KVCache
-    from magicdec.model import load_model
+    from magicdec.decoding.generate import prefill_features
+    from magicdec.model.kv_cache import KVCache
+    from magicdec.model.transformer import load_model
 
     hf, path = tiny_hf("llama", seed=3, num_hidden_layers=4, max_position_embeddings=1024)
     model = load_model(path, "cpu", torch.float32)
@@ -225,7 +225,7 @@ def test_bad_heads_are_refused_in_one_line(tmp_path):
 ])
 def test_bad_head_runs_are_one_line(tmp_path, flags, needle):
     from magicdec.cli import config_from_argv
-    from magicdec.engine import Engine
+    from magicdec.harness.engine import Engine
 
     heads.save(heads.new_head("medusa", ModelArgs.from_name("JackFram/llama-68m"), num_heads=2), tmp_path / "m")
     flags = [str(tmp_path / "m") if f == "HEAD" else f for f in flags]

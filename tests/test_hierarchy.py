@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from conftest import chi_square, copies, fixed_first_token, prefill_copies
-from magicdec import draft_cache
+from magicdec.drafters import draft_cache
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.acceptance import Acceptor
-from magicdec.generate import Decoder, decode, prefill
-from magicdec.sampling import Sampling
+from magicdec.decoding.acceptance import Acceptor
+from magicdec.decoding.generate import Decoder, decode, prefill
+from magicdec.decoding.sampling import Sampling
 from magicdec.drafters.hierarchy import Hierarchy, WholeContext
-from magicdec.kv_cache import KVCache, StreamingCache
+from magicdec.model.kv_cache import KVCache, StreamingCache
 from magicdec.drafters.lookup import PromptLookup
 from test_generate_speculative import assert_ragged, first_layers, plain_greedy
 from test_lookup import repetitive_prompts
@@ -76,8 +76,7 @@ def test_sampled_hierarchy_keeps_the_targets_distribution(tiny, broken, monkeypa
     from a 1-layer bottom one token at a time). It must follow the target's own distribution at T 0.6, top-p 0.9
     (chi-square below its 1 - 3e-7 quantile); drawing from p instead of the residual after a rejection at either
     level (the middle verifies 1 token at a time, the target 2: told apart by q's length) fails the same check."""
-    from magicdec import acceptance
-
+    from magicdec.decoding import acceptance
     N, sampling = 4_000, Sampling(0.6, 0.9)
     prompt, first, p = fixed_first_token(tiny, N)
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from test_generate_speculative import plain_greedy, tiny_prompts
 from test_medusa import check_greedy, check_sampled, shaped
 
-from magicdec import heads
+from magicdec.model import heads
 from magicdec.drafters.head_draft import FeatureTap, Sampler
 from magicdec.drafters.hydra import HydraDraft
 

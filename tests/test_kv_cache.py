@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from magicdec.forward_plan import NO_LOGITS, PLAIN
-from magicdec.generate import prefill
-from magicdec.kv_cache import KVCache
-from magicdec.model import Transformer, load_model
+from magicdec.model.forward_plan import NO_LOGITS, PLAIN
+from magicdec.decoding.generate import prefill
+from magicdec.model.kv_cache import KVCache
+from magicdec.model.transformer import Transformer, load_model
 
 BACKENDS = ["sdpa", "flex"]
 MAX_LEN = 300
@@ -207,7 +207,7 @@ def flex_block_mask(q_pos: torch.Tensor, n_slots: int):
     whatever the mask says, so the block bounds can only be checked on the mask itself."""
     import inspect
 
-    from magicdec.attention import make_attend
+    from magicdec.model.attention import make_attend
 
     return inspect.getclosurevars(make_attend("flex", q_pos, None, n_slots)).nonlocals["block_mask"]
 
@@ -230,8 +230,8 @@ def test_flex_block_mask_covers_every_visible_slot(lengths, T):
 
 
 # --- StreamingLLM cache --------------------------------------------------------------------------------------------
-from magicdec.kv_cache import StreamingCache  # noqa: E402
-from magicdec.attention import make_attend  # noqa: E402
+from magicdec.model.kv_cache import StreamingCache  # noqa: E402
+from magicdec.model.attention import make_attend  # noqa: E402
 
 SINKS, BUDGET = 4, 24
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from conftest import STORIES
-from magicdec.checkpoint import Llama2cTokenizer, convert_llama2c, load_state_dict
+from magicdec.model.checkpoint import Llama2cTokenizer, convert_llama2c, load_state_dict
 from magicdec.errors import MagicDecError
-from magicdec.generate import Decoder, decode, prefill
-from magicdec.kv_cache import KVCache
-from magicdec.model import load_model
+from magicdec.decoding.generate import Decoder, decode, prefill
+from magicdec.model.kv_cache import KVCache
+from magicdec.model.transformer import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 BIN, TOK = STORIES / "stories260K.bin", STORIES / "tok512.bin"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from magicdec.drafters.lookahead import LookaheadDraft, lookahead_tree
-from magicdec.forward_plan import LAST_LOGITS
+from magicdec.model.forward_plan import LAST_LOGITS
 
 
 def lade_visible(window: int, n: int, guesses: int):
@@ -113,8 +113,8 @@ def test_jacobi_step_files_each_column_and_moves_the_window_down():
 def test_lookahead_speculation_equals_plain_greedy(tiny, window, n, guesses):
     """Ragged lengths of committed tokens, a pool that fills up (the tiny model repeats itself): plain greedy's ids,
     and some verifications keep more than one token."""
-    from magicdec.generate import Decoder, decode
-    from magicdec.kv_cache import KVCache
+    from magicdec.decoding.generate import Decoder, decode
+    from magicdec.model.kv_cache import KVCache
     from test_generate_speculative import plain_greedy
 
     torch.manual_seed(0)

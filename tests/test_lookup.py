@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from conftest import chi_square, prefill_copies
-from magicdec.acceptance import Acceptor
-from magicdec.forward_plan import LAST_LOGITS, NO_LOGITS
-from magicdec.generate import Decoder, decode
-from magicdec.kv_cache import KVCache
+from magicdec.decoding.acceptance import Acceptor
+from magicdec.model.forward_plan import LAST_LOGITS, NO_LOGITS
+from magicdec.decoding.generate import Decoder, decode
+from magicdec.model.kv_cache import KVCache
 from magicdec.drafters.lookup import PromptLookup, propose_ngram
-from magicdec.sampling import Sampling, probabilities
+from magicdec.decoding.sampling import Sampling, probabilities
 from test_generate_speculative import assert_ragged, plain_greedy
 
 
@@ -116,8 +116,8 @@ def test_sampled_lookup_keeps_the_targets_distribution(tiny, monkeypatch):
     """N copies of a prompt whose last token occurred before: the first drafted token is the one that followed it,
     a point mass; the token sampled at that position must still follow the target's own distribution (chi-square
     below its 1 - 3e-7 quantile, nothing outside top-p); a verifier that never rejects fails it."""
-    from magicdec import acceptance
-    from magicdec.sampling import sample_from
+    from magicdec.decoding import acceptance
+    from magicdec.decoding.sampling import sample_from
 
     N, prompt = 4_000, repetitive_prompts(1, 96, seed=3)
     sampling, first = Sampling(0.6, 0.9), prompt[:, -1].expand(N)  # the first token: a repeat, so it matches
@@ -173,7 +173,7 @@ def test_nothing_proposed_costs_one_plain_step(tiny, monkeypatch):
     tiny(prompts, cache, NO_LOGITS)
     cache.advance(32)
     fed.clear()
-    from magicdec import generate
+    from magicdec.decoding import generate
     steps = iter(range(1, 100))
     monkeypatch.setattr(generate.tp, "vocab_argmax", lambda logits, shard: fresh(next(steps)).argmax(-1))
     decoder = Decoder(tiny, drafter=PromptLookup(prompts, 3), gamma=3)

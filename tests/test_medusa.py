@@ -8,16 +8,16 @@ import torch
 from conftest import chi_square, copies, fixed_first_token
 from test_generate_speculative import assert_ragged, plain_greedy, tiny_prompts
 
-from magicdec import heads
+from magicdec.model import heads
 from magicdec.drafters.eagle import EagleDraft, prompt_positions
 from magicdec.drafters.head_draft import FeatureTap, Sampler
 from magicdec.drafters.hydra import HydraDraft
 from magicdec.drafters.medusa import MedusaDraft
-from magicdec.acceptance import Acceptor
-from magicdec.generate import Decoder, decode, prefill_features
-from magicdec.sampling import Sampling
-from magicdec.kv_cache import KVCache
-from magicdec.tree import optimal_tree
+from magicdec.decoding.acceptance import Acceptor
+from magicdec.decoding.generate import Decoder, decode, prefill_features
+from magicdec.decoding.sampling import Sampling
+from magicdec.model.kv_cache import KVCache
+from magicdec.model.tree import optimal_tree
 
 
 pytestmark = pytest.mark.usefixtures("inference_mode")  # conftest: no autograd in these tests
@@ -103,8 +103,7 @@ def check_sampled(target, head, monkeypatch, gamma=2, candidates=0, min_alpha=0.
     `min_alpha` of its drafts: a head whose q misses the target keeps none, and the wrong rule would then pass."""
     import functools
 
-    from magicdec import acceptance
-
+    from magicdec.decoding import acceptance
     N, sampling = 4_000, Sampling(0.6, 0.9)
     prompt, first, p = fixed_first_token(target, N)
     torch.manual_seed(0)
@@ -150,7 +149,7 @@ def test_medusa_sampled_keeps_the_targets_distribution(tiny, monkeypatch, candid
 def test_medusa_heads_draft_what_each_head_says(tiny):
     """A proposal is head k's argmax at the bonus token's parent, as the heads computed by hand from the target's
     final hidden state there."""
-    from magicdec.generate import prefill
+    from magicdec.decoding.generate import prefill
 
     head, prompts = medusa_head(tiny, num_heads=3), tiny_prompts(2, 30)
     _, drafter_dec = speculate(tiny, head, prompts, 4, 3)
@@ -192,8 +191,7 @@ def test_graphed_heads_warm_up_over_a_whole_run(tiny):
     run captures a graph the timed runs never replay, and each timed run's first proposal captures anew."""
     from types import SimpleNamespace
 
-    from magicdec import timing
-
+    from magicdec.harness import timing
     tap = FeatureTap((tiny.args.n_layers,), 2, 4, tiny.args.dim, torch.float32, "cpu")
     decoder = SimpleNamespace(gamma=3, drafter=MedusaDraft(medusa_head(tiny), tap, Sampler(True)))
     assert timing.warm_up_length(decoder, 128, graphed=True) == 128

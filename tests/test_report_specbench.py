@@ -1,7 +1,7 @@
-"""magicdec/report_specbench.py (`magicdec report specbench-table`): Spec-Bench's table from a sweep's records, with the trained heads' rows (EAGLE,
+"""magicdec/harness/report_specbench.py (`magicdec report specbench-table`): Spec-Bench's table from a sweep's records, with the trained heads' rows (EAGLE,
 Hydra, Medusa) only for the heads named by --eagle_head / --hydra_head / --medusa_head; a fresh (untrained) head's
 records are left out and the output says which head families have no rows and why. The sweep runs on the CPU over
-stories260K (a real tiny model with its tokenizer) with heads saved by magicdec.heads at its shapes."""
+stories260K (a real tiny model with its tokenizer) with heads saved by magicdec.model.heads at its shapes."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import BOOKS, STORIES
 
-from magicdec import heads, sweep
-from magicdec import report_specbench as specbench_table
+from magicdec.model import heads
+
+from magicdec.harness import sweep
+from magicdec.harness import report_specbench as specbench_table
 from magicdec.config import ModelArgs
 
 pytestmark = pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(), reason=f"no stories260K in {STORIES}")
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(), rea
 def head_sweep(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     """(the records folder, the head directories): baseline, EAGLE (full and window), Hydra and Medusa with their
     saved heads, and Medusa with a fresh head too, at 64 × 2 on stories260K, greedy."""
-    from magicdec.checkpoint import convert_llama2c
+    from magicdec.model.checkpoint import convert_llama2c
 
     root = tmp_path_factory.mktemp("specbench_heads")
     model = convert_llama2c(STORIES / "stories260K.bin", root / "stories", STORIES / "tok512.bin")

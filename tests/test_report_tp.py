@@ -1,4 +1,4 @@
-"""magicdec/report_tp.py (`magicdec report tp-tables`) on the committed 4 x H200 records: tables and plot are written, a TP=4 record moved to
+"""magicdec/harness/report_tp.py (`magicdec report tp-tables`) on the committed 4 x H200 records: tables and plot are written, a TP=4 record moved to
 TP=4 reproduces its own cost-model prediction, and moving it to 8 ranks shrinks every step (bytes divide)."""
 import json
 import shutil
@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from magicdec import report_tp as tp_report
-
+from magicdec.harness import report_tp as tp_report
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "tp"
 
 

@@ -1,4 +1,4 @@
-"""Claims as experiments (magicdec/reproduce.py): every committed experiment file is a valid run config citing a
+"""Claims as experiments (magicdec/harness/reproduce.py): every committed experiment file is a valid run config citing a
 record that holds its metric within its tolerance; PASS and FAIL by hand; the README's headline table written from the
 files between its markers; a run refused on another device class."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from conftest import STORIES
-from magicdec import reproduce
+from magicdec.harness import reproduce
 from magicdec.errors import MagicDecError
-from magicdec.run_config import RunConfig
+from magicdec.harness.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.toml"))
@@ -222,7 +222,7 @@ needs_cpu_only = pytest.mark.skipif(reproduce.device_name() != "CPU", reason="a 
 def test_anywhere_runs_a_graphed_experiment_on_a_cpu_as_a_look(tmp_path, capsys):
     """Every experiment captures CUDA graphs, which a CPU has not: refused with a hint that works (--anywhere), which
     runs it on the CPU with eager steps and records the value as not comparable, with no PASS or FAIL."""
-    from magicdec.checkpoint import convert_llama2c
+    from magicdec.model.checkpoint import convert_llama2c
 
     model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
     exp = reproduce.load(tiny_experiment(tmp_path, f'model = "{model}"\ndataset = "stdlib"\nskip_tokens = 0\n'
@@ -245,7 +245,6 @@ def test_anywhere_runs_a_graphed_experiment_on_a_cpu_as_a_look(tmp_path, capsys)
 @needs_cpu_only
 def test_an_experiment_too_big_for_this_machine_says_where_it_runs(monkeypatch):
     from magicdec import device as dev
-
     monkeypatch.setattr(dev, "memory", lambda device: (1 << 30, 1 << 30))
     exp = reproduce.load(REPO / "experiments" / "selfspec_llama31_8b_32k_b13.toml")
     with pytest.raises(MagicDecError) as e:

@@ -1,4 +1,4 @@
-"""REST (magicdec/datastore.py, magicdec/drafters/rest.py): the suffix array and the continuation lookup against
+"""REST (magicdec/drafters/datastore.py, magicdec/drafters/rest.py): the suffix array and the continuation lookup against
 brute force over the token sequence, the datastore file and its tokenizer check, the build command, and REST
 speculation (chain and branches) equal to plain greedy decoding."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from conftest import one_line_error
-from magicdec.datastore import SEPARATOR, Datastore, fingerprint, suffix_array
+from magicdec.drafters.datastore import SEPARATOR, Datastore, fingerprint, suffix_array
 from magicdec.errors import MagicDecError
-from magicdec.forward_plan import LAST_LOGITS
+from magicdec.model.forward_plan import LAST_LOGITS
 
 
 class Chars:
@@ -99,7 +99,7 @@ def magicdec(*argv):
 
 
 def test_datastore_command_leaves_the_prompt_books_out(tmp_path):
-    from magicdec.tokenizer import load_tokenizer
+    from magicdec.model.tokenizer import load_tokenizer
     from test_runs import PIECES, write_tokenizer
 
     write_tokenizer(tmp_path, PIECES)
@@ -124,8 +124,8 @@ def test_rest_speculation_equals_plain_greedy(tiny, width):
     """A datastore holding the target's own greedy continuation of the first prompt (and noise): that sequence is
     proposed right, the others mostly wrong; the output is plain greedy decoding's either way."""
     from magicdec.drafters.rest import RestDraft
-    from magicdec.generate import Decoder, decode
-    from magicdec.kv_cache import KVCache
+    from magicdec.decoding.generate import Decoder, decode
+    from magicdec.model.kv_cache import KVCache
     from test_generate_speculative import plain_greedy
 
     prompts = torch.randint(0, 256, (3, 48), generator=torch.Generator().manual_seed(2))
@@ -175,9 +175,9 @@ def datastore_line(capsys, *argv) -> str:
 
 @pytest.fixture
 def no_tokenizer(monkeypatch):
-    import magicdec.tokenizer
+    import magicdec.model.tokenizer
 
-    monkeypatch.setattr(magicdec.tokenizer, "load_tokenizer", lambda *a: pytest.fail("the tokenizer was loaded"))
+    monkeypatch.setattr(magicdec.model.tokenizer, "load_tokenizer", lambda *a: pytest.fail("the tokenizer was loaded"))
 
 
 def test_the_datastore_is_at_exactly_the_path_printed(books, capsys):

@@ -1,4 +1,4 @@
-"""The results pages' figures come from their records (magicdec/pages.py): every committed page, the README's own
+"""The results pages' figures come from their records (magicdec/harness/pages.py): every committed page, the README's own
 figures beside its generated table, each headline row's details page stating that row's figure; and the checker
 itself on hand-made records, whose medians and ranges are worked out here by hand."""
 from __future__ import annotations
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from magicdec import pages, reproduce
-
+from magicdec.harness import pages, reproduce
 REPO = Path(__file__).resolve().parents[1]
 PAGES = sorted((REPO / "results").glob("*/README.md"))
 

@@ -1,4 +1,4 @@
-"""The run config (magicdec/run_config.py, options.py): built from option values over a script's defaults over the
+"""The run config (magicdec/harness/run_config.py, options.py): built from option values over a script's defaults over the
 dataclasses', frozen, every check that needs no file done on it, a hash of what changes a result, and a record's
 config rebuilding the same run."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from magicdec import drafters
 from magicdec.errors import MagicDecError
-from magicdec.run_config import RunConfig
+from magicdec.harness.run_config import RunConfig
 
 
 def test_options_over_defaults_over_the_dataclasses():

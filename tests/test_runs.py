@@ -214,8 +214,8 @@ def test_selfspec_tiny_end_to_end(tiny, jsonl, tiny_baseline, tmp_path):
 def datastore(tiny, tiny_baseline, tmp_path_factory) -> Path:
     """A REST datastore in the tiny tokenizer: the baseline's own output for the first prompt (so that sequence's
     lookups are right, the others' mostly not) and noise."""
-    from magicdec.datastore import Datastore
-    from magicdec.tokenizer import load_tokenizer
+    from magicdec.drafters.datastore import Datastore
+    from magicdec.model.tokenizer import load_tokenizer
 
     first = tiny_baseline["prompt_ids"][0][-8:] + tiny_baseline["generated_ids"][0]
     noise = torch.randint(3, 256, (400,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -244,8 +244,8 @@ def tiny_heads(tiny, tiny_baseline, tmp_path_factory):
     tokenizer is one token per character), the third held out. The runs below then keep many drafts on two
     sequences and few on the third (a ragged batch). A fresh head drafts the target's own last prediction again
     (how its training starts), which this target never keeps: the lossless check would be the trivial one."""
-    from magicdec import train_head
-    from magicdec.tokenizer import load_tokenizer
+    from magicdec.harness import train_head
+    from magicdec.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tiny["target"].parent)
     corpus = tmp_path_factory.mktemp("head_corpus")
@@ -509,7 +509,7 @@ def test_offload_beyond_the_hosts_memory_is_one_line(monkeypatch):
     else the machine runs; with less free the device's share is what is refused) the device's share fits and the
     host's does not: refused in one line before the model is built."""
     from magicdec import device as dev
-    from magicdec.engine import Engine
+    from magicdec.harness.engine import Engine
 
     monkeypatch.setattr(dev, "memory", lambda device: (20 << 30, 24 << 30))
     monkeypatch.setattr(Engine, "load", lambda *a, **k: pytest.fail("the model was built before the memory check"))
@@ -787,7 +787,7 @@ def test_baseline_json_with_other_batch(tmp_path):
 
 
 def test_baseline_json_checked_before_loading(tmp_path, monkeypatch):
-    from magicdec.engine import Engine
+    from magicdec.harness.engine import Engine
     from magicdec.errors import MagicDecError
 
     base = tmp_path / "base.json"
@@ -849,9 +849,9 @@ def test_synthetic_acceptance_with_temperature_is_a_sampled_run():
 def test_selfspec_llama2c_tokenizer_bin(jsonl, tmp_path):
     """convert_llama2c writes tokenizer.bin beside model.pth; load_tokenizer reads it (the dir or the file), so the
     benchmark scripts cut real-text prompts with it, and self-speculation reproduces the baseline's ids."""
-    from magicdec.checkpoint import Llama2cTokenizer, convert_llama2c
+    from magicdec.model.checkpoint import Llama2cTokenizer, convert_llama2c
     from magicdec.errors import MagicDecError
-    from magicdec.tokenizer import load_tokenizer
+    from magicdec.model.tokenizer import load_tokenizer
 
     model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
     ref = Llama2cTokenizer(STORIES / "tok512.bin")
@@ -897,7 +897,7 @@ def test_a_full_disk_at_the_end_of_a_run_loses_no_measurement(tmp_path, monkeypa
     import errno
     import tempfile
 
-    from magicdec import run
+    from magicdec.harness import run
     from magicdec.cli import run_main
     from test_files import faulty_disk, temporaries
 
@@ -927,8 +927,8 @@ def test_replay_reruns_what_a_record_ran(tmp_path, monkeypatch):
     same prompts, the same generated ids (greedy). A baseline's record failed ("--acceptance_trace applies to a
     speculative run"). Each run with --no_progress makes no bar that could show (the prompts' bar did)."""
     import magicdec.data
-    import magicdec.generate
-    from magicdec.checkpoint import convert_llama2c
+    import magicdec.decoding.generate
+    from magicdec.model.checkpoint import convert_llama2c
 
     bars = []
 
@@ -938,7 +938,7 @@ def test_replay_reruns_what_a_record_ran(tmp_path, monkeypatch):
 
     real_tqdm = magicdec.data.tqdm
     monkeypatch.setattr(magicdec.data, "tqdm", tqdm)
-    monkeypatch.setattr(magicdec.generate, "tqdm", tqdm)
+    monkeypatch.setattr(magicdec.decoding.generate, "tqdm", tqdm)
     model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
     common = ["--model", str(model), "--dataset", "stdlib", "--skip_tokens", "0", "--B", "2", "--prefix_len", "48",
               "--gen_len", "12", "--device", "cpu", "--no_progress", "--save_tokens"]
@@ -956,8 +956,8 @@ def test_replay_reruns_what_a_record_ran(tmp_path, monkeypatch):
 def test_a_source_too_small_for_the_batch_is_said_before_the_target_loads(tmp_path, monkeypatch):
     """The prompts are cut before the weights load: a dataset with fewer than B prompts of prefix_len is one line
     (it came after the target's weights had loaded: minutes for an 8B model)."""
-    from magicdec.checkpoint import convert_llama2c
-    from magicdec.engine import Engine
+    from magicdec.model.checkpoint import convert_llama2c
+    from magicdec.harness.engine import Engine
     from magicdec.errors import MagicDecError
 
     model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")

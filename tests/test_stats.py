@@ -1,7 +1,7 @@
-"""magicdec/stats.py: a generation's counts and their totals, against hand-written counts."""
+"""magicdec/decoding/stats.py: a generation's counts and their totals, against hand-written counts."""
 import torch
 
-from magicdec.stats import Counts, PhaseTimer, Stats
+from magicdec.decoding.stats import Counts, PhaseTimer, Stats
 
 
 def test_counts_of_ragged_verifications_by_hand():

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from conftest import BOOKS, LLAMA2_TOKENIZER, REPO, STORIES, TINY_SWEEP, needs_llama_tokenizers, one_line_error, run_here
-from magicdec import cost_model as cm
+from magicdec.analysis import cost_model as cm
 from magicdec import device as dev
-from magicdec import drafters, files, sweep
-
+from magicdec import drafters, files
+from magicdec.harness import sweep
 CONFIG = """
 model_name = "JackFram/llama-68m"
 random_weights = true
@@ -486,7 +486,7 @@ def test_every_registered_drafter_runs_in_a_sweep(tmp_path):
     the reason there is none), on one target and one prefill."""
     import numpy as np
 
-    from magicdec.datastore import Datastore, suffix_array
+    from magicdec.drafters.datastore import Datastore, suffix_array
 
     names = drafters.names()
     tokens = np.random.default_rng(0).integers(0, 32000, 2000).astype(np.int32)  # llama-68m's vocabulary
@@ -607,7 +607,7 @@ def test_a_planned_tree_runs(tmp_path, monkeypatch, kind):
 
 TWO_POINTS = TINY_SWEEP + 'gamma = [2]\nmethods = ["baseline", "selfspec"]\n'
 PAUSED_AFTER_LOCK = """
-from magicdec import sweep
+from magicdec.harness import sweep
 sweep.Sweep.check = lambda self, todo: reached()  # the folder locked, nothing loaded yet
 """
 
@@ -705,7 +705,7 @@ def test_a_time_limit_shorter_than_the_set_up_still_makes_progress(tmp_path, mon
     """The limit counts the set-up (loading, probing), but a run past it still records a point before it stops: a
     budget shorter than the set-up still records a point, so running the command again resumes further (it
     recorded nothing, and so never progressed)."""
-    from magicdec.checkpoint import convert_llama2c
+    from magicdec.model.checkpoint import convert_llama2c
 
     model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
     text = (f'model = "{model}"\ndataset = "stdlib"\nskip_tokens = 0\nprefix_len = 48\nB = 2\ngen_len = 8\n'
@@ -756,7 +756,7 @@ def test_a_source_too_small_for_a_point_is_said_before_anything_loads(tmp_path, 
     """Every batch of prompts the grid takes is cut when the points are checked: a point whose B prompts of
     prefix_len the dataset does not hold fails the sweep in seconds (it came after the target had loaded, the device
     been probed and the groups before it run)."""
-    from magicdec.checkpoint import convert_llama2c
+    from magicdec.model.checkpoint import convert_llama2c
 
     model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
     (tmp_path / "book.txt").write_text("Once upon a time there was a little girl. " * 20)

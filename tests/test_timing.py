@@ -1,4 +1,4 @@
-"""Timing (magicdec/timing.py): interleaved rounds until repeats and min_seconds are met, the median kept, every
+"""Timing (magicdec/harness/timing.py): interleaved rounds until repeats and min_seconds are met, the median kept, every
 round listed, the order alternating; warm-ups long enough for every shape a timed run meets; --gamma auto's profile
 keeping each run length's fastest try. The runs are fakes with set durations, so no outcome depends on the machine."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from magicdec import timing
-from magicdec.planner import AutoGamma
+from magicdec.harness import timing
+from magicdec.analysis.planner import AutoGamma
 
 
 def fake_cache():

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import BOOKS, LLAMA2_TOKENIZER, LLAMA3_TOKENIZER, needs_llama_tokenizers
-from magicdec.checkpoint import convert_gguf_tokenizer, smollm2_gguf
+from magicdec.model.checkpoint import convert_gguf_tokenizer, smollm2_gguf
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
-from magicdec.tokenizer import LLAMA3_SPECIALS, check_tokenizer, load_tokenizer
+from magicdec.model.tokenizer import LLAMA3_SPECIALS, check_tokenizer, load_tokenizer
 
 LLAMA2, LLAMA3 = LLAMA2_TOKENIZER, LLAMA3_TOKENIZER
 

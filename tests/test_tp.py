@@ -1,4 +1,4 @@
-"""Tensor parallelism (magicdec/tp.py): shards cover every weight exactly once, and `torchrun --nproc_per_node=2`
+"""Tensor parallelism (magicdec/model/tp.py): shards cover every weight exactly once, and `torchrun --nproc_per_node=2`
 on the CPU (gloo) produces the same greedy tokens as one process — baseline, self-speculation on a model whose 3 KV
 heads split 2 + 1, and a standalone draft running on 1 of the 2 ranks."""
 import json
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import BOOKS, REPO, needs_smollm2, one_line_error, run_cli
-from magicdec import tp
-from magicdec.checkpoint import expected_shapes
+from magicdec.model import tp
+from magicdec.model.checkpoint import expected_shapes
 from magicdec.config import ModelArgs
 
 
@@ -158,7 +158,7 @@ def test_a_shard_of_random_weights_holds_only_its_slices():
     """Random weights are made whole and sliced per rank: every tensor a rank keeps owns exactly its own bytes (a
     slice kept as a view kept the whole tensor, so each rank held the whole model beside its shard); the slices'
     values are test_shards_reassemble_every_tensor's."""
-    from magicdec.model import build_model
+    from magicdec.model.transformer import build_model
 
     args = ModelArgs(vocab_size=101, dim=48, n_layers=2, n_heads=6, n_kv_heads=2, intermediate_size=50)
     shard = tp.Shard(1, 2, None, tp.even_split(2, 2, 1), tp.even_split(50, 2, 1), tp.even_split(101, 2, 1), 51)

@@ -1,4 +1,4 @@
-"""`magicdec train-head` (magicdec/train_head.py) on the CPU: a tiny head of each family trained for a few dozen steps
+"""`magicdec train-head` (magicdec/harness/train_head.py) on the CPU: a tiny head of each family trained for a few dozen steps
 for stories260K (real weights, llama2.c) on stories it wrote itself; the training loss falls and the held-out
 acceptance rises, the same command gives the same weights, a run interrupted and resumed gives the weights of an
 uninterrupted one, the saved head loads through heads.load and drafts losslessly (greedy output == plain decoding),
@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from conftest import STORIES
-from magicdec import heads, train_head
+from magicdec.model import heads
+from magicdec.harness import train_head
 from magicdec.cli import main as cli_main
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
@@ -45,7 +46,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def stories(tmp_path_factory) -> Path:
-    from magicdec.checkpoint import convert_llama2c
+    from magicdec.model.checkpoint import convert_llama2c
 
     return convert_llama2c(BIN, tmp_path_factory.mktemp("stories260K"), tokenizer_path=TOK).parent
 
@@ -54,9 +55,9 @@ def stories(tmp_path_factory) -> Path:
 def corpus(stories, tmp_path_factory) -> Path:
     """Four 'books' of stories260K's own sampled stories (seed 0, temperature 1): text in its domain, where its
     distributions are what a head can learn in a few dozen steps. stories0 is held out (--exclude)."""
-    from magicdec.kv_cache import KVCache
-    from magicdec.model import load_model
-    from magicdec.tokenizer import load_tokenizer
+    from magicdec.model.kv_cache import KVCache
+    from magicdec.model.transformer import load_model
+    from magicdec.model.tokenizer import load_tokenizer
 
     model, tok = load_model(stories / "model.pth", "cpu", torch.float32), load_tokenizer(stories)
     a, B, N = model.args, 8, 160
@@ -238,9 +239,9 @@ def one_line(capsys, argv) -> str:
 
 
 def forbid_target_load(monkeypatch):
-    import magicdec.model
+    import magicdec.model.transformer
 
-    monkeypatch.setattr(magicdec.model, "load_model", lambda *a, **k: pytest.fail("the target was loaded"))
+    monkeypatch.setattr(magicdec.model.transformer, "load_model", lambda *a, **k: pytest.fail("the target was loaded"))
 
 
 @pytest.fixture
@@ -350,13 +351,13 @@ def test_a_damaged_checkpoint_on_resume_is_one_line_before_the_target_loads(tmp_
 
 
 PAUSE_AT_STEP_3 = """
-from magicdec import train_head
+from magicdec.harness import train_head
 batch = train_head.Windows.batch
 train_head.Windows.batch = lambda self, seed, step, n: reached() if step == 3 else batch(self, seed, step, n)
 """
 PAUSE_WRITING_THE_HEAD = """
 import torch
-from magicdec import heads
+from magicdec.model import heads
 save = torch.save
 def half_then_pause(obj, f, *a, **kw):
     if str(f).endswith("_lm_head.pt"):
@@ -412,7 +413,6 @@ def test_windows_the_target_cannot_hold_are_one_line_first(stories, tmp_path, ca
     """Before the corpus is tokenized and the target loads: windows past its context, and a batch whose
     distributions alone outgrow the free memory."""
     from magicdec import device as dev
-
     (tmp_path / "book.txt").write_text("Once upon a time.")
     run = ["--family", "medusa", "--target", str(stories), "--corpus", str(tmp_path / "book.txt"), "--out",
            str(tmp_path / "out"), "--device", "cpu"]

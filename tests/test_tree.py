@@ -1,4 +1,4 @@
-"""Token trees (magicdec/tree.py): shapes and masks against hand-built ones, a tree's verification through the model
+"""Token trees (magicdec/model/tree.py): shapes and masks against hand-built ones, a tree's verification through the model
 against transformers on each path, and tree speculation through the loop (greedy equal to plain decoding, sampled
 keeping the target's distribution). The acceptance rules themselves: test_acceptance.py."""
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from conftest import chi_square  # noqa: E402
-from magicdec.attention import make_attend  # noqa: E402
+from magicdec.model.attention import make_attend  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
-from magicdec.forward_plan import NO_LOGITS, PLAIN, ForwardPlan  # noqa: E402
-from magicdec.kv_cache import KVCache  # noqa: E402
-from magicdec.acceptance import synthetic_tree_verify  # noqa: E402
-from magicdec.tree import Tree, TreeMask, expected_tokens, optimal_tree, rank_counts, visible  # noqa: E402
+from magicdec.model.forward_plan import NO_LOGITS, PLAIN, ForwardPlan  # noqa: E402
+from magicdec.model.kv_cache import KVCache  # noqa: E402
+from magicdec.decoding.acceptance import synthetic_tree_verify  # noqa: E402
+from magicdec.model.tree import Tree, TreeMask, expected_tokens, optimal_tree, rank_counts, visible  # noqa: E402
 
 # root; two children; the first with two children, the second with one; one grandchild below node 3
 BRANCHY = Tree((-1, 0, 0, 1, 1, 2, 3))
@@ -94,7 +94,7 @@ def test_every_backend_masks_a_drafted_level_in_a_ring_as_the_float64_reference(
     each query sees the sinks, the window ending at its position, and its ancestors among the nodes only (stale
     nodes of other branches and positions outside the window hidden), checked one (sequence, head, node) at a
     time in float64."""
-    from magicdec.kv_cache import StreamingCache
+    from magicdec.model.kv_cache import StreamingCache
 
     tree = optimal_tree((0.7, 0.4, 0.3), 20, 4)
     g = torch.Generator().manual_seed(0)
@@ -131,7 +131,7 @@ def test_tree_verification_through_the_model_equals_transformers_on_each_path(ti
     """Each node's logits from one tree forward equal transformers' Llama on the prompt followed by that node's
     path; after keep_path and a rollback to the accepted path, the next step equals transformers on prompt + path
     + next token (the path's KV is where its positions say)."""
-    from magicdec.model import load_model
+    from magicdec.model.transformer import load_model
 
     hf, path = tiny_hf("llama", seed=3, num_hidden_layers=4, max_position_embeddings=1024)
     model = load_model(path, "cpu", torch.float32)
@@ -170,9 +170,9 @@ def tree_speculation(model, draft_model, prompts, n_new, gamma, width, sampling=
     """Speculation whose draft (over a StreamingLLM ring of its own prefill) proposes a tree `width` wide."""
     from conftest import copies, prefill_copies
     from magicdec.drafters.model_draft import ModelDraft
-    from magicdec.acceptance import Acceptor
-    from magicdec.generate import Decoder, decode, prefill
-    from magicdec.kv_cache import StreamingCache
+    from magicdec.decoding.acceptance import Acceptor
+    from magicdec.decoding.generate import Decoder, decode, prefill
+    from magicdec.model.kv_cache import StreamingCache
 
     a, (B, P) = model.args, prompts.shape
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + gamma * width + 2, a.head_dim, torch.float32, "cpu")
@@ -227,8 +227,8 @@ def test_sampled_tree_speculation_keeps_the_targets_distribution(tiny, monkeypat
     from conftest import fixed_first_token
     import functools
 
-    from magicdec import acceptance
-    from magicdec.sampling import Sampling
+    from magicdec.decoding import acceptance
+    from magicdec.decoding.sampling import Sampling
     from test_generate_speculative import first_layers
 
     N, sampling = 4_000, Sampling(0.6, 0.9)
@@ -275,7 +275,7 @@ def test_the_cost_model_verifies_a_trees_nodes():
     attention's FLOPs at the fitted rate, the longer); the draft step the self-draft's over its 512-token budget, the
     chain's; the yield the tree's: at each of the 3 depths the chain's node kept at 0.8, else a sibling at 0.5, 0.3
     and 0.3, and only the chain's node goes deeper."""
-    from magicdec import cost_model as cm
+    from magicdec.analysis import cost_model as cm
     from magicdec.config import ModelArgs
 
     c, d = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B"), cm.Device(3e12, 7e14, attention_flops=130e12)

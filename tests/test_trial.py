@@ -1,4 +1,4 @@
-"""The trial sequence (magicdec/trial.py) on a tiny random model on CPU: greedy speculation through it gives a plain
+"""The trial sequence (magicdec/harness/trial.py) on a tiny random model on CPU: greedy speculation through it gives a plain
 autoregressive loop's tokens; the record's speedup is the median of its rounds' paired ratios and the kept run the
 median by rate, recomputed here from the rounds; an engine handed a prompt source and a model loader uses them."""
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from magicdec.config import KNOWN_MODELS, ModelArgs
-from magicdec.engine import Engine
-from magicdec.forward_plan import LAST_LOGITS
-from magicdec.kv_cache import KVCache
-from magicdec.run_config import RunConfig
-from magicdec.trial import build, Trial
+from magicdec.harness.engine import Engine
+from magicdec.model.forward_plan import LAST_LOGITS
+from magicdec.model.kv_cache import KVCache
+from magicdec.harness.run_config import RunConfig
+from magicdec.harness.trial import build, Trial
 
 SHAPES = ModelArgs(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=128,
                    max_seq_len=512, bos_id=1, eos_id=2)
@@ -77,7 +77,7 @@ def test_an_engine_takes_a_prompt_source_and_a_model_loader(small):
     made = []
 
     def load(config, checkpoint, shard, flag):
-        from magicdec.model import build_model
+        from magicdec.model.transformer import build_model
 
         made.append(flag)
         return build_model(config, "cpu", torch.float32, random_seed=0)

@@ -10,8 +10,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # set before triton is imported
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from magicdec.model import add_rms_norm  # noqa: E402
-from magicdec.triton_norm import add_rms_norm as kernel  # noqa: E402
+from magicdec.model.transformer import add_rms_norm  # noqa: E402
+from magicdec.model.triton_norm import add_rms_norm as kernel  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -66,5 +66,4 @@ def get(name: str):
 def owners(key: str) -> list[str]:
     """The drafters whose config has the option `key`."""
     from magicdec import options
-
     return [n for n, kind in registry().items() if key in options.keys(kind.Config)]

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from magicdec.config import ModelArgs
-from magicdec.generate import Drafter
+from magicdec.decoding.generate import Drafter
 
 
 @dataclass(frozen=True)

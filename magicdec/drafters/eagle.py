@@ -1,4 +1,4 @@
-"""EAGLE (EAGLE-1/2 and EAGLE-3): a feature-level draft (magicdec/heads.py). The head keeps its own KV over the
+"""EAGLE (EAGLE-1/2 and EAGLE-3): a feature-level draft (magicdec/model/heads.py). The head keeps its own KV over the
 context, fed pairs (the target's feature at position t, the embedding of token t + 1) at position t; after each
 verification the accepted positions' target features are fed (the verification's side output), then the head
 drafts autoregressively from its own predicted features, the target's LM head (EAGLE-1) or its own norm and LM head
@@ -20,16 +20,16 @@ from pathlib import Path
 
 import torch
 
-from magicdec import cost_model as cm
-from magicdec import heads
+from magicdec.analysis import cost_model as cm
+from magicdec.model import heads
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.head_draft import (FeatureTap, HeadDraft, HeadOptions, Sampler, check_head_files, check_head_run,
                                           graphs_for, head_bytes, head_prediction, level_picks, load_head,
                                           prompt_features, sampler_of, tree_at, untrained_head)
 from magicdec.config import cache_slots
 from magicdec.errors import MagicDecError
-from magicdec.forward_plan import ForwardPlan
-from magicdec.kv_cache import KVCache, StreamingCache
+from magicdec.model.forward_plan import ForwardPlan
+from magicdec.model.kv_cache import KVCache, StreamingCache
 from magicdec.options import option
 
 HEAD_KV = ("full", "window")

@@ -1,4 +1,4 @@
-"""What the three trained-head drafters share (Medusa, Hydra, EAGLE; magicdec/heads.py holds the heads): the `--head`
+"""What the three trained-head drafters share (Medusa, Hydra, EAGLE; magicdec/model/heads.py holds the heads): the `--head`
 options, the checks of a head against the target before anything large is allocated, the head loaded or made fresh,
 the feature tap (the target's hidden states a head reads, asked of each verification and kept along the accepted
 path), and how a head's distribution becomes drafted tokens (greedy, or sampled with the q the verification
@@ -10,24 +10,24 @@ from pathlib import Path
 
 import torch
 
-from magicdec import cost_model as cm
-from magicdec import heads
+from magicdec.analysis import cost_model as cm
+from magicdec.model import heads
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import tree_of, without_replacement
 from magicdec.errors import MagicDecError
-from magicdec.forward_plan import ForwardPlan
-from magicdec.generate import Drafter, GraphedStep, prefill_features
-from magicdec.kv_cache import KVCache
+from magicdec.model.forward_plan import ForwardPlan
+from magicdec.decoding.generate import Drafter, GraphedStep, prefill_features
+from magicdec.model.kv_cache import KVCache
 from magicdec.options import option
-from magicdec.sampling import probabilities, sample_from
-from magicdec.tree import Tree
+from magicdec.decoding.sampling import probabilities, sample_from
+from magicdec.model.tree import Tree
 
 
 @dataclass(frozen=True)
 class HeadOptions:
     head: str | None = option(None, "a trained head: the directory of its published checkpoint (Medusa: config.json "
                                     "+ medusa_lm_head.pt; Hydra: config.json + hydra_lm_head.pt; EAGLE / EAGLE-3: "
-                                    "config.json + pytorch_model.bin or model.safetensors; magicdec/heads.py). "
+                                    "config.json + pytorch_model.bin or model.safetensors; magicdec/model/heads.py). "
                                     "Without it a fresh head at the target's shapes, initialised as its family's "
                                     "training starts (speed runs)", metavar="DIR")
     head_seed: int = option(0, "the seed of a fresh head's weights (no --head)")

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from magicdec import cost_model as cm
-from magicdec.acceptance import Acceptor, SyntheticAcceptor
-from magicdec import quant_kv
+from magicdec.analysis import cost_model as cm
+from magicdec.decoding.acceptance import Acceptor, SyntheticAcceptor
+from magicdec.model import quant_kv
 from magicdec.config import appended_for, check_context
 from magicdec.drafters import lookup, selfspec
 from magicdec.drafters.base import DrafterKind, ModelRef, OnRanks, Part, raise_auto
@@ -33,7 +33,7 @@ from magicdec.drafters.model_draft import (
 )
 from magicdec.drafters.standalone import check_same_vocabulary
 from magicdec.errors import MagicDecError
-from magicdec.generate import Batch, Decoder, Drafter
+from magicdec.decoding.generate import Batch, Decoder, Drafter
 from magicdec.options import option
 
 

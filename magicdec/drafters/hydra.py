@@ -1,4 +1,4 @@
-"""Hydra: sequentially dependent draft heads (magicdec/heads.py). Head k reads the target's hidden state at the bonus
+"""Hydra: sequentially dependent draft heads (magicdec/model/heads.py). Head k reads the target's hidden state at the bonus
 token's parent position and the embeddings of the bonus token and of the k tokens drafted before its own, so a
 chain is drafted head after head, each seeing the path so far; a tree level by level, each node's children its
 head's likeliest (greedy) or drawn without replacement (sampled) given that node's path. Non-grounded heads (a
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from magicdec import heads
+from magicdec.model import heads
 from magicdec.drafters.head_draft import FeatureTap, HeadDraft, KHeads, Sampler, level_picks, sampler_of, tree_at
 
 

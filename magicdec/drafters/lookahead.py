@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
-from magicdec import cost_model as cm
+from magicdec.analysis import cost_model as cm
 from magicdec.drafters.base import DrafterKind
 from magicdec.errors import MagicDecError
-from magicdec.generate import Drafter
+from magicdec.decoding.generate import Drafter
 from magicdec.options import option
-from magicdec.tree import MAX_NODES, Tree
+from magicdec.model.tree import MAX_NODES, Tree
 
 
 def window_width(gamma: int, n: int) -> int:

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from magicdec import cost_model as cm
+from magicdec.analysis import cost_model as cm
 from magicdec.drafters.base import DrafterKind
 from magicdec.errors import MagicDecError
-from magicdec.generate import Drafter, GraphedStep
+from magicdec.decoding.generate import Drafter, GraphedStep
 from magicdec.options import option
-from magicdec.tree import Tree
+from magicdec.model.tree import Tree
 
 
 def propose_ngram(ctx: torch.Tensor, length: torch.Tensor, gamma: int, ngram_max: int, branches: int = 1):

@@ -1,5 +1,5 @@
 """Medusa: K heads over the target's last hidden state, head k proposing the token k + 2 positions after it
-(magicdec/heads.py). After each verification the drafter keeps the target's hidden state at the position whose
+(magicdec/model/heads.py). After each verification the drafter keeps the target's hidden state at the position whose
 logits gave the bonus token (a side output of the verification, its plan's `features`); head k proposes the token k + 1
 positions after the bonus token: a chain of gamma <= K tokens, or a token tree whose level d holds head d's
 likeliest candidates (greedy) or draws without replacement from it (sampled), under every node of level d - 1
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from magicdec import heads
+from magicdec.model import heads
 from magicdec.drafters.head_draft import FeatureTap, HeadDraft, KHeads, Sampler, level_picks, sampler_of, tree_at
 
 

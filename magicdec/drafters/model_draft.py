@@ -1,21 +1,23 @@
 """A model over a small KV cache of its own, drafting one token per step: what the self-draft (the target's weights)
 and a standalone draft (a small model) share — the options of the draft's cache (its budget and how its KV is
-chosen: StreamingLLM, or a selection of magicdec/draft_cache.py), their checks, their sizes and the runtime draft."""
+chosen: StreamingLLM, or a selection of magicdec/drafters/draft_cache.py), their checks, their sizes and the runtime draft."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from magicdec import draft_cache, draft_weights
+from magicdec.drafters import draft_cache
+
+from magicdec.model import draft_weights
 from magicdec.config import appended_for, cache_slots
 from magicdec.errors import MagicDecError
-from magicdec.forward_plan import LAST_LOGITS, PLAIN, ForwardPlan
-from magicdec.generate import Drafter, prefill
-from magicdec.kv_cache import KVCache, StreamingCache
+from magicdec.model.forward_plan import LAST_LOGITS, PLAIN, ForwardPlan
+from magicdec.decoding.generate import Drafter, prefill
+from magicdec.model.kv_cache import KVCache, StreamingCache
 from magicdec.options import option
-from magicdec.sampling import sample_from
-from magicdec.tree import Tree
+from magicdec.decoding.sampling import sample_from
+from magicdec.model.tree import Tree
 
 DRAFT_PREFILL_CHUNK = 256  # the draft's ring must hold one prefill chunk: small chunks keep the ring (and its reads) small
 
@@ -28,7 +30,7 @@ class DraftCacheOptions:
     draft_policy: str = option("streaming", "how the draft picks its KV: streaming (sinks + recent window, its own "
                                             "prefill); snapkv or retrieval (selected per KV head from a full prefill "
                                             "of the prompt, its last 32 tokens kept, generated tokens appended): see "
-                                            "magicdec/draft_cache.py", choices=draft_cache.POLICIES)
+                                            "magicdec/drafters/draft_cache.py", choices=draft_cache.POLICIES)
     chunk_size: int = option(8, "--draft_policy retrieval: tokens per scored chunk")
     reindex: bool = option(False, "streaming: attention sees positions inside the draft's cache (sinks, then the "
                                   "window), not in the prompt, so a draft trained on contexts shorter than the prompt "
@@ -100,7 +102,7 @@ class DraftWeightOptions:
                                         "(a scale per output channel) or int4 (a scale and zero point per "
                                         "--draft_group input columns), quantized once at load; the target keeps its "
                                         "weights, so the output is unchanged. Kernels: gemlite and PyTorch's int4 "
-                                        "matmul on a GPU, dequantize-and-multiply on a CPU (magicdec/draft_weights.py)",
+                                        "matmul on a GPU, dequantize-and-multiply on a CPU (magicdec/model/draft_weights.py)",
                                 choices=draft_weights.FORMATS)
     draft_group: int = option(128, "--draft_weights int4: input columns sharing a scale and zero point")
 

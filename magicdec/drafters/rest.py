@@ -1,5 +1,5 @@
 """REST (retrieval-based speculative decoding): no draft model. Each sequence's longest recent suffix that occurs in
-a datastore of other text (magicdec/datastore.py: a suffix array over tokenized books, the prompts' own books left
+a datastore of other text (magicdec/drafters/datastore.py: a suffix array over tokenized books, the prompts' own books left
 out) is looked up, and the continuations that followed it there, most frequent first, are proposed: with
 --tree_width K the K most frequent as a token tree's branches (REST's trie, flattened into branches: a shared
 prefix repeats across branches), else the most frequent as a chain.
@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from magicdec.datastore import DEPTH, Datastore
+from magicdec.drafters.datastore import DEPTH, Datastore
 from magicdec.drafters.base import DrafterKind
 from magicdec.errors import MagicDecError
-from magicdec.generate import Drafter
+from magicdec.decoding.generate import Drafter
 from magicdec.options import option
-from magicdec.tree import Tree
+from magicdec.model.tree import Tree
 
 
 class RestDraft(Drafter):

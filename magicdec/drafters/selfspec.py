@@ -2,13 +2,14 @@
 recent window, filled by its own prefill; `--reindex` for positions inside the cache), or a selection from the
 target's prefill (SnapKV, TriForce's retrieval), optionally selected again every N verifications from the attention
 the verification computed anyway (`--refresh`) — or over the target's whole KV through an 8- or 4-bit copy
-(`--draft_kv`, QuantSpec's draft: magicdec/quant_kv.py)."""
+(`--draft_kv`, QuantSpec's draft: magicdec/model/quant_kv.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from magicdec import cost_model as cm
-from magicdec import draft_cache, quant_kv
+from magicdec.analysis import cost_model as cm
+from magicdec.drafters import draft_cache
+from magicdec.model import quant_kv
 from magicdec.config import appended_for, cache_slots
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import (
@@ -31,7 +32,7 @@ class Config(DraftCacheOptions, DraftWeightOptions):
     draft_kv: str = option("bf16", "the KV the draft reads: bf16 (its cache of --draft_budget tokens, chosen by "
                                    "--draft_policy) or int8 / int4: the target's whole KV through a quantized copy "
                                    "(QuantSpec's draft; a scale and zero point per token and head, int4 the upper "
-                                   "nibble of int8: magicdec/quant_kv.py)", choices=quant_kv.FORMATS)
+                                   "nibble of int8: magicdec/model/quant_kv.py)", choices=quant_kv.FORMATS)
 
     @property
     def quantized_kv(self) -> bool:

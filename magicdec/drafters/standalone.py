@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from magicdec import cost_model as cm
-from magicdec import tp
+from magicdec.analysis import cost_model as cm
+from magicdec.model import tp
 from magicdec.config import check_context
 from magicdec.drafters.base import DrafterKind, ModelRef, OnRanks, Part
 from magicdec.drafters.model_draft import (
@@ -148,7 +148,7 @@ def check_same_vocabulary(draft, target, what: str) -> None:
 
 def check_same_tokenizer(target_dir: Path, draft_dir: Path) -> None:
     """Every id must mean the same string: decode each one with both (a probe text can miss a permutation)."""
-    from magicdec.tokenizer import load_tokenizer
+    from magicdec.model.tokenizer import load_tokenizer
 
     t, d = load_tokenizer(target_dir), load_tokenizer(draft_dir)
     if t.vocab_size != d.vocab_size or any(t.decode([i]) != d.decode([i]) for i in range(t.vocab_size)):
