@@ -55,3 +55,65 @@ def test_capabilities_are_read_off_the_kinds():
     assert {"selfspec", "standalone", "lookup", "rest", "eagle", "medusa"} <= set(trees) and "hierarchy" not in trees
     assert {"selfspec", "standalone", "eagle"} <= set(drafters.having("drafts_shaped_trees")) <= set(trees)
     assert "lookup" not in drafters.having("drafts_shaped_trees")
+
+
+NEW_DRAFTER = '''
+from dataclasses import dataclass
+
+from magicdec.decoding.generate import Drafter
+from magicdec.drafters.base import DrafterKind
+from magicdec.options import option
+
+
+class Repeat(Drafter):
+    def propose(self, step, hist, m, start, gamma):
+        last = hist.gather(1, (m - 1)[:, None])
+        return last.expand(-1, gamma).clone(), None
+
+
+@dataclass(frozen=True)
+class Config:
+    repeat_note: int = option(0, "unused: a new drafter's own flag")
+
+
+class RepeatKind(DrafterKind):
+    name = "repeat"
+    description = "the last committed token, gamma times"
+    Config = Config
+    supports_auto_gamma = False
+
+    def prepare(self, cfg, ctx):
+        return Repeat()
+
+
+DRAFTER = RepeatKind()
+'''
+
+NEW_DRAFTER_RUN = """
+import contextlib, io, json, sys
+from magicdec import drafters
+drafters.__path__.append(sys.argv[1])  # the new module's folder, as if the file were in magicdec/drafters/
+from magicdec.cli import run_parser, run_record
+help = run_parser("d").format_help()
+tiny = sys.argv[2:] + ["--save_tokens", "--no_progress", "--ignore_eos", "--gen_len", "12"]
+with contextlib.redirect_stdout(io.StringIO()):
+    plain = run_record(tiny)["generated_ids"]
+    record = run_record(tiny + ["--drafter", "repeat", "--gamma", "2"])
+print(json.dumps({"names": drafters.names(), "help": "--repeat_note" in help and "drafter repeat" in help,
+                  "same": record["generated_ids"] == plain, "method": record["method"],
+                  "iterations": record["metrics"]["speculation"]["iterations"]}))
+"""
+
+
+def test_a_new_drafter_is_one_file(tmp_path):
+    """A drafter module dropped beside the others, and nothing else edited: it is registered, has its flags in
+    --help, and runs with greedy ids equal to plain decoding."""
+    from conftest import TINY_RUN
+
+    (tmp_path / "repeat.py").write_text(NEW_DRAFTER)
+    p = subprocess.run([sys.executable, "-c", NEW_DRAFTER_RUN, str(tmp_path), *TINY_RUN], capture_output=True,
+                       text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert "repeat" in got["names"] and got["help"] and got["same"] and got["method"] == "repeat"
+    assert got["iterations"] > 0
