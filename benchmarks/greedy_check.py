@@ -19,6 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import torch  # noqa: E402
+
 from magicdec import drafters, files  # noqa: E402
 from magicdec.cli import run_record  # noqa: E402
 from magicdec.device import environment  # noqa: E402
@@ -26,7 +28,7 @@ from magicdec.errors import MagicDecError  # noqa: E402
 
 SHAPED = ["--tree_nodes", "12", "--tree_rates", "0.8", "0.5", "0.4"]
 # forwards that only these options make: (drafter, options)
-EXTRA = [("selfspec", {"refresh": 2}), ("selfspec", {"reindex": None}), ("eagle", {"head_kv": "full"}),
+EXTRA = [("selfspec", {"refresh": 2, "draft_policy": "snapkv"}), ("selfspec", {"reindex": None}), ("eagle", {"head_kv": "full", "head_budget": None, "head_sinks": None}),
          ("eagle", {"eagle3": None, "eagle3_layers": [1, 2]}), ("hierarchy", {"draft": None, "draft_name": "JackFram/llama-68m"})]
 # what a run names besides the example: the draft model; a budget above SnapKV's 32-token observation window
 GIVEN = {"standalone": {"draft_name": "JackFram/llama-68m"}, "hierarchy": {"draft": "ngram"},
@@ -102,7 +104,7 @@ def main(argv=None) -> int:
             rows.append({"drafter": name, "options": " ".join(extra[2:]), "same_ids": same,
                          "acceptance_length": m.get("acceptance_length"), "iterations": m.get("iterations")})
             print(f"{name:10s} {' '.join(extra[2:]):60s} same ids: {same}", flush=True)
-        out = {"environment": environment(a.device), "options": " ".join(common), "gamma": a.gamma, "rows": rows,
+        out = {"environment": environment(torch.device(a.device)), "options": " ".join(common), "gamma": a.gamma, "rows": rows,
                "not_run": skipped, "all_same": all(r["same_ids"] for r in rows)}
         files.write_json(a.output, out, "the greedy check")
         print(f"{sum(r['same_ids'] for r in rows)} of {len(rows)} configurations give plain decoding's ids"

@@ -13,12 +13,12 @@ the heads' fixed costs (Device.head_level_s, pick_s) are the committed profile's
 none.
 
 `--fit PROFILES` first fits those fixed costs to benchmarks/head_proposal_profile.py's output and writes them into
-`--profile` (a device profile, magicdec/profiles/h100.json): per drafted level, the graphed proposal's time beyond
+`--profile` (a device profile, magicdec/analysis/profiles/h100.json): per drafted level, the graphed proposal's time beyond
 the model's count of its work, less its sampled pick (the pick's kernels in the eager profile); the pick per level,
 whole vocabulary and candidates. Fitted at the profile's shapes, checked at the sweeps' others.
 
     python benchmarks/head_cost_check.py --fit results/heads/proposal_profile.json \
-        results/heads/proposal_profile_candidates.json --profile magicdec/profiles/h100.json SWEEPS... --output ...
+        results/heads/proposal_profile_candidates.json --profile magicdec/analysis/profiles/h100.json SWEEPS... --output ...
 """
 from __future__ import annotations
 

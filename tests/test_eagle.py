@@ -199,6 +199,6 @@ def test_eagle_draft_step_is_a_small_part_of_a_target_step_at_llama31_8b_32k(B, 
     measured, results/heads) and less as the batch's KV grows, at every batch size a small part."""
     from magicdec.harness.compare import load_profile
 
-    device = load_profile(Path(__file__).resolve().parents[1] / "magicdec" / "profiles" / "h100.json")[0]
+    device = load_profile(Path(__file__).resolve().parents[1] / "magicdec" / "analysis" / "profiles" / "h100.json")[0]
     p = predicted(run_config("eagle", B=B, prefix_len=32768, head_kv=head_kv), device)
     assert 0 < p["T_D_over_T_T"] < (0.15 if B == 1 else 0.08) and p["speedup"] > 1

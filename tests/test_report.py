@@ -472,7 +472,7 @@ def test_a_page_without_markers_is_refused_until_rebuilt(tmp_path, monkeypatch):
     legacy = "# Results\n\nMade by `python -m magicdec report a b --out c`.\n\n## a: ...\n\n## b: ...\n"
     results_md.write_text(legacy)
     with pytest.raises(MagicDecError, match=r"no `<!-- sweep NAME -->` markers.*--rebuild.*made by: python -m "
-                                            r"magicdec.harness.report a b --out c\)$"):
+                                            r"magicdec report a b --out c\)$"):
         report.main([str(old), "--out", str(out), "--results_md", str(results_md)])
     assert results_md.read_text() == legacy and not out.exists()
     report.main([str(old), str(new), "--out", str(out), "--results_md", str(results_md), "--rebuild"])

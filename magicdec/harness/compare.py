@@ -6,7 +6,7 @@ The target's cache is prefilled once; each drafter (each of its `variants`) is p
 in turns with the plain baseline. For each: acceptance α, acceptance length (tokens per verification Ω), tokens per
 verification of the whole batch, its cost terms measured here (T_D/T_T, T_V/T_T), whether its greedy output equals
 plain decoding's, and the cost model's prediction of its speedup for a real serving shape (Llama-3.1-8B at 32K on an
-H100, from the committed device profile in magicdec/profiles/) at the α measured here: a prediction, labelled so.
+H100, from the committed device profile in magicdec/analysis/profiles/) at the α measured here: a prediction, labelled so.
 The speed measured on this machine is shown too, and says it is no claim where the machine is a CPU (decode is
 memory-bound only on a GPU; on a CPU verification is compute-bound).
 """
