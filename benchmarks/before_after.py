@@ -74,7 +74,7 @@ def run_once(checkout: Path, args: str, out: Path, timeout: float) -> dict:
 
 
 def summary(rounds: list[dict]) -> dict:
-    """Per figure: the median of the rounds' after/before ratios, and their min-max."""
+    """Per figure, `NAME_ratio`: the rounds' own after/before ratios (`per_round`), their median and min-max."""
     out = {}
     for name in READ:
         if name == "accepted_tokens":
@@ -82,8 +82,8 @@ def summary(rounds: list[dict]) -> dict:
         ratios = [r["after"][name] / r["before"][name] for r in rounds
                   if r["after"].get(name) and r["before"].get(name)]
         if ratios:
-            out[name] = {"ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                         "rounds": len(ratios)}
+            out[f"{name}_ratio"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                                    "per_round": ratios}
     out["same_acceptance"] = all(r["after"]["accepted_tokens"] == r["before"]["accepted_tokens"] for r in rounds)
     return out
 
@@ -123,9 +123,10 @@ def main(argv=None) -> int:
                     point["rounds"].append(got)
                     point["summary"] = summary(point["rounds"])
                     s = point["summary"]
-                    print(f"round {r} {name}: after/before speculation {got['after']['speculation_tokens_per_s'] / got['before']['speculation_tokens_per_s']:.4f}, "
-                          f"baseline {got['after']['baseline_tokens_per_s'] / got['before']['baseline_tokens_per_s']:.4f}, "
-                          f"same acceptance {s['same_acceptance']}", flush=True)
+                    print(f"round {r} {name}: after/before speculation "
+                          f"{s['speculation_tokens_per_s_ratio']['per_round'][-1]:.4f}, baseline "
+                          f"{s['baseline_tokens_per_s_ratio']['per_round'][-1]:.4f}, same acceptance "
+                          f"{s['same_acceptance']}", flush=True)
                     files.write_json(a.output, record, "the before/after record")
     except MagicDecError as e:
         print(f"error: {e}", file=sys.stderr)
