@@ -25,7 +25,6 @@ from pathlib import Path
 from magicdec import drafters, files
 from magicdec.analysis import cost_model as cm
 from magicdec.analysis.planner import finishing_speedup
-from magicdec.config import ModelArgs
 from magicdec.device import headroom_for
 from magicdec.errors import MagicDecError
 from magicdec.harness.compare import load_profile
