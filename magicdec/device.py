@@ -138,7 +138,12 @@ def headroom(device: torch.device) -> int:
     """Memory a run uses beyond its weights, caches and activations: CUDA graph pools, NCCL buffers, attention
     scratch, allocator slack. Peaks under tensor parallelism ran gigabytes over the estimate (results/tp); one run
     that the estimate alone let through ran out of memory."""
-    return max(2 << 30, int(0.06 * memory(device)[1]))
+    return headroom_for(memory(device)[1])
+
+
+def headroom_for(total: int) -> int:
+    """headroom() of a device of `total` bytes (a device named by its size only: `magicdec plan`'s profile)."""
+    return max(2 << 30, int(0.06 * total))
 
 
 def release_memory(device: torch.device) -> None:

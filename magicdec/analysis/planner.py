@@ -165,20 +165,28 @@ def plan(drafts, gammas, alpha: dict, predict, B: int, tokens: int = 64, spread:
     expected yield as omega), or None where it has none. Finishing times as in AutoGamma; a tree's yield enters them
     as the chain acceptance that yields as much (cost_model.chain_alpha)."""
     options = [Choice("baseline", None, 0, 1.0)]
-    gammas, remaining = sorted(gammas), np.full(B, tokens)
     for draft in drafts:
         budget, fmt, width, nodes = option_parts(draft)
         tree = (width or 1) > 1 or bool(nodes)
-        for g in gammas:
+        for g in sorted(gammas):
             p = predict(draft, g)
             if p is None:
                 continue
-            a = cm.chain_alpha(p["omega"], g) if tree else alpha[draft]
-            alphas = spread_alphas(a, (spread or {}).get(draft) or 0.0, B)
-            n = float(finish_verifications([g], alphas, remaining)[0])
-            options.append(Choice(method, budget, g, tokens / (n * cm.verification_cost(p, g)), fmt,
-                                  width if (width or 1) > 1 else None, nodes or None))
+            speedup = finishing_speedup(p, g, B, tokens, (spread or {}).get(draft) or 0.0,
+                                        None if tree else alpha[draft])
+            options.append(Choice(method, budget, g, speedup, fmt, width if (width or 1) > 1 else None, nodes or None))
     return max(options, key=lambda c: c.speedup), options
+
+
+def finishing_speedup(p: dict, gamma: int, B: int, tokens: int, spread: float = 0.0,
+                      alpha: float | None = None) -> float:
+    """The baseline's finishing time over this option's, for B sequences of `tokens` new tokens each: `p` the
+    drafter's prediction at gamma, `alpha` the chain's acceptance rate, or None to take the chain rate that yields
+    p's omega (cost_model.chain_alpha: a tree's, or any drafter whose verification yields a different number of
+    tokens than a chain of gamma would)."""
+    a = cm.chain_alpha(p["omega"], gamma) if alpha is None else alpha
+    n = float(finish_verifications([gamma], spread_alphas(a, spread, B), np.full(B, tokens))[0])
+    return tokens / (n * cm.verification_cost(p, gamma))
 
 
 class AutoGamma:

@@ -125,6 +125,13 @@ class DrafterKind:
     def prepare(self, cfg, ctx: PrepareContext) -> Drafter:
         raise NotImplementedError
 
+    def options(self, cfg, target: ModelArgs, device) -> list[dict]:
+        """The compositions `magicdec plan` ranks for this drafter at `cfg`'s workload (a baseline config: its
+        shape, B, lengths, decoding) on `target` and the profiled `device`: each a dict of this drafter's and the
+        speculation section's options (gamma left out: the planner tries its own). The planner checks each
+        (RunConfig.check) and skips those that do not exist, so a grid may be a plain product."""
+        return [{}]
+
     def predict(self, cfg, target: ModelArgs, models: dict, device, alpha: float, gamma: int, lookahead: int,
                 summary: dict | None = None) -> dict | None:
         """The cost model's T_T, T_D, T_V, T_O (cost_model.predict's keys) for this drafter at one point of `cfg`

@@ -23,6 +23,7 @@ import torch
 from magicdec.analysis import cost_model as cm
 from magicdec.model import heads
 from magicdec.drafters.base import DrafterKind, Part
+from magicdec.drafters.model_draft import PLAN_TREES
 from magicdec.drafters.head_draft import (FeatureTap, HeadDraft, HeadOptions, Sampler, check_head_files, check_head_run,
                                           graphs_for, head_bytes, head_prediction, level_picks, load_head,
                                           prompt_features, sampler_of, tree_at, untrained_head)
@@ -34,6 +35,10 @@ from magicdec.options import option
 
 HEAD_KV = ("full", "window")
 PREPARE_CHUNK = 256  # pairs per head forward while the prompt is fed (a ring holds a chunk past its window)
+
+
+# what `magicdec plan` composes: the head's KV (full, or a window of these budgets), and model_draft's trees
+PLAN_WINDOWS = (256, 1024)
 
 
 @dataclass(frozen=True)
@@ -306,6 +311,10 @@ class Eagle(DrafterKind):
                                        None if ctx.random_kv is None else ctx.random_kv + 2)
         draft.use_graphs(graphs_for(cfg))
         return draft
+
+    def options(self, cfg, target, device) -> list[dict]:
+        kv = [{}] + [{"head_kv": "window", "head_budget": b} for b in PLAN_WINDOWS]
+        return [k | t for k in kv for t in PLAN_TREES]
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
         """The draft step T_D is one proposal's head work (draft_seconds) over gamma (head_prediction). The head's

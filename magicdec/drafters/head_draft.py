@@ -13,7 +13,7 @@ import torch
 from magicdec.analysis import cost_model as cm
 from magicdec.model import heads
 from magicdec.drafters.base import DrafterKind, Part
-from magicdec.drafters.model_draft import tree_of, without_replacement
+from magicdec.drafters.model_draft import PLAN_TREES, tree_of, without_replacement
 from magicdec.errors import MagicDecError
 from magicdec.model.forward_plan import ForwardPlan
 from magicdec.decoding.generate import Drafter, GraphedStep, prefill_features
@@ -339,6 +339,9 @@ class HeadDraft(Drafter):
         self.tap.after_commit(self.T)
 
 
+PLAN_HEADS = (3, 4, 5)  # what `magicdec plan` composes for Medusa and Hydra: fresh heads' counts, and trees
+
+
 class KHeads(DrafterKind):
     """Medusa and Hydra: K heads over the target's hidden state at the bonus token's parent, no KV of their own; a
     subclass names its family and makes its runtime drafter (`draft`)."""
@@ -372,6 +375,9 @@ class KHeads(DrafterKind):
 
     def memory(self, cfg, target, models, rank) -> list[Part]:
         return [Part(target, False, 0, extra_bytes=head_bytes(cfg, target, self.family))]
+
+    def options(self, cfg, target, device) -> list[dict]:
+        return [{"num_heads": k} | t for k in PLAN_HEADS for t in PLAN_TREES]
 
     def prefill_features(self, cfg, target):
         return (heads.final_tap(target.n_layers) - hidden_offset(cfg),), torch.tensor([cfg.workload.prefix_len - 1])

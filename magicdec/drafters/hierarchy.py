@@ -29,6 +29,7 @@ from magicdec.drafters.model_draft import (
     DraftCacheOptions,
     ModelDraft,
     own_prefill,
+    plan_budgets,
     ring_extra_for,
 )
 from magicdec.drafters.standalone import check_same_vocabulary
@@ -160,6 +161,13 @@ class Config(selfspec.Config):
         return DraftCacheOptions(draft_budget=self.bottom_budget, sinks=self.sinks)
 
 
+# what `magicdec plan` composes: bottoms (prompt lookup; None: the plan's --draft_name model), the middle's cache
+# policies (with model_draft's budgets) and the bottom's tokens per middle verification
+PLAN_BOTTOMS = ("ngram", None)
+PLAN_POLICIES = ("retrieval", "streaming")
+PLAN_GAMMA_BOTTOM = (1, 2)
+
+
 class TriForce(DrafterKind):
     name = "hierarchy"
     description = ("TriForce's hierarchy: the self-draft (target weights over its --draft_policy cache) collects its "
@@ -258,6 +266,10 @@ class TriForce(DrafterKind):
         if d.synthetic_bottom is not None:  # the middle's rate for the bottom's tokens
             acceptor = SyntheticAcceptor(acceptor.sampling, d.synthetic_bottom)
         return Hierarchy(middle, bottom, d.gamma_bottom, acceptor, ctx.cache, cfg.runtime.step_mode)
+
+    def options(self, cfg, target, device) -> list[dict]:
+        return [{"draft": d, "draft_policy": p, "draft_budget": b, "gamma_bottom": g} for d in PLAN_BOTTOMS
+                for p in PLAN_POLICIES for b in plan_budgets(cfg) for g in PLAN_GAMMA_BOTTOM]
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
         """TriForce's two levels: each middle verification takes gamma_bottom bottom steps and the middle's

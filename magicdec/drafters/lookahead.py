@@ -131,6 +131,10 @@ class Config:
     pool: int = option(1024, "Lookahead's n-gram pool per sequence (the latest kept)")
 
 
+# what `magicdec plan` composes: (n-gram size, guesses) pairs (gamma sets the window's width)
+PLAN_SHAPES = ((3, 2), (4, 4), (5, 4))
+
+
 class Lookahead(DrafterKind):
     name = "lookahead"
     description = ("Lookahead decoding: no draft model; a Jacobi window in the target's own pass fills a pool of "
@@ -176,6 +180,9 @@ class Lookahead(DrafterKind):
         d = cfg.draft
         return LookaheadDraft(ctx.prompts, window_width(cfg.speculation.largest, d.ngram_size), d.ngram_size,
                               d.guesses, d.pool, cfg.workload.seed)
+
+    def options(self, cfg, target, device) -> list[dict]:
+        return [{"ngram_size": n, "guesses": g} for n, g in PLAN_SHAPES]
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict:
         """No draft steps: the pass verifies the whole tree (T_V at its node count); the tokens a verification

@@ -98,6 +98,10 @@ class Config:
     ngram_max: int = option(3, "the longest suffix looked up; shorter ones are tried when it never occurred", "--ngram")
 
 
+PLAN_NGRAMS = (2, 3, 4)  # what `magicdec plan` composes: the longest suffixes looked up, chains and two branches
+PLAN_WIDTHS = (1, 2)
+
+
 class Lookup(DrafterKind):
     name = "lookup"
     description = ("prompt lookup: no draft model; the tokens that followed the latest earlier occurrence of the last "
@@ -120,6 +124,9 @@ class Lookup(DrafterKind):
     def prepare(self, cfg, ctx) -> PromptLookup:
         return PromptLookup(ctx.prompts, cfg.draft.ngram_max, None if cfg.decoding.greedy else ctx.target.args.vocab_size,
                             cfg.runtime.graphed)
+
+    def options(self, cfg, target, device) -> list[dict]:
+        return [{"ngram_max": n, "tree_width": w} for n in PLAN_NGRAMS for w in PLAN_WIDTHS]
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict:
         """No draft steps: the proposal's cost is in the fixed cost per verification (T_O). The prediction takes

@@ -135,6 +135,17 @@ class DraftWeightOptions:
         return draft
 
 
+# the verification shapes `magicdec plan` tries for a drafter that drafts trees: a chain, chains with siblings, a
+# Sequoia tree (shaped by the acceptance input's rates)
+PLAN_TREES = ({}, {"tree_width": 2}, {"tree_width": 3}, {"tree_nodes": 16}, {"tree_nodes": 32})
+PLAN_BUDGETS = (256, 1024, 4096)  # draft KV budgets (those below the prefix)
+
+
+def plan_budgets(cfg, budgets=PLAN_BUDGETS) -> list[int]:
+    """The budgets of a grid that are below the prefix (a budget the prompt fits in drafts from the whole prompt)."""
+    return [b for b in budgets if b < cfg.workload.prefix_len]
+
+
 def tree_of(cfg, gamma: int):
     """The tree a model draft verifies at --tree_width or --tree_nodes (None: a chain), for the cost model; False
     where it cannot predict one: a tree's later candidates need their rates (--synthetic_siblings)."""

@@ -13,15 +13,23 @@ from magicdec.model import quant_kv
 from magicdec.config import appended_for, cache_slots
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import (
+    PLAN_TREES,
     DraftCacheOptions,
     DraftWeightOptions,
     ModelDraft,
     own_prefill,
+    plan_budgets,
     refresh_slots,
     tree_of,
 )
 from magicdec.errors import MagicDecError
 from magicdec.options import option
+
+
+# what `magicdec plan` composes: cache policies, weight formats and KV formats (with model_draft's budgets and trees)
+PLAN_POLICIES = ("streaming", "snapkv")
+PLAN_WEIGHTS = ("bf16", "int8", "fp8", "int4")
+PLAN_KV = ("int8", "int4")  # besides a bf16 cache of a budget: the whole KV through a quantized copy
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,11 @@ class SelfDraft(DrafterKind):
 
     def prepare(self, cfg, ctx) -> ModelDraft:
         return prepare_self_draft(cfg.draft, ctx)
+
+    def options(self, cfg, target, device) -> list[dict]:
+        caches = [{"draft_policy": p, "draft_budget": b} for p in PLAN_POLICIES for b in plan_budgets(cfg)]
+        caches += [{"draft_kv": kv} for kv in PLAN_KV]
+        return [c | {"draft_weights": w} | t for c in caches for w in PLAN_WEIGHTS for t in PLAN_TREES]
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
         return predict_self_draft(cfg.draft, cfg, target, device, alpha, gamma, lookahead)

@@ -11,15 +11,19 @@ from magicdec.model import tp
 from magicdec.config import check_context
 from magicdec.drafters.base import DrafterKind, ModelRef, OnRanks, Part
 from magicdec.drafters.model_draft import (
+    PLAN_TREES,
     DraftCacheOptions,
     DraftWeightOptions,
     ModelDraft,
     draft_prefill_chunk,
     own_prefill,
+    plan_budgets,
     tree_of,
 )
 from magicdec.errors import MagicDecError
 from magicdec.options import option
+
+PLAN_WEIGHTS = ("bf16", "int8")  # what `magicdec plan` composes (with model_draft's budgets and trees; 0: its full cache)
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,11 @@ class Standalone(DrafterKind):
         if ctx.world > 1 and len(ranks) < ctx.world:
             return OnRanks(drafter, ranks, draft_cfg.vocab_size, cfg.decoding.greedy)
         return drafter
+
+    def options(self, cfg, target, device) -> list[dict]:
+        """Its budgets (0: the draft's full cache) and weight formats; the draft model is the plan's --draft_name."""
+        return [{"draft_budget": b, "draft_weights": w} | t for b in [0, *plan_budgets(cfg)] for w in PLAN_WEIGHTS
+                for t in PLAN_TREES]
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
         d, w = cfg.draft, cfg.workload

@@ -1,0 +1,128 @@
+"""magicdec plan: the ranking against kind.predict and the finishing-time rule computed here, the baseline where
+nothing promises enough, every registered drafter listed, one-line errors, the JSON written whole."""
+import json
+
+import numpy as np
+import pytest
+
+from magicdec import cli, drafters
+from magicdec.analysis import cost_model as cm
+from magicdec.analysis.planner import finish_verifications, spread_alphas
+from magicdec.config import ModelArgs
+from magicdec.errors import MagicDecError
+from magicdec.harness import plan_command
+from magicdec.harness.compare import load_profile
+from magicdec.harness.run_config import RunConfig
+
+POINT = ["--B", "4", "--prefix_len", "32768", "--gen_len", "32", "--alpha", "0.8", "--siblings", "0.6", "0.5",
+         "--gammas", "2", "4"]
+
+
+def plan(argv):
+    return plan_command.plan(plan_command.parser().parse_args(argv))
+
+
+@pytest.fixture(scope="module")
+def whole():
+    return plan(POINT)
+
+
+def test_ranking_is_sorted_and_its_top_is_what_the_cost_model_gives(whole):
+    speedups = [r["speedup"] for r in whole["ranking"]]
+    assert speedups == sorted(speedups, reverse=True)
+    assert [r["rank"] for r in whole["ranking"]] == list(range(1, len(speedups) + 1))
+    top = whole["ranking"][0]
+    assert top["drafter"] != "baseline" and whole["choice"] == top["label"]
+    # independently: the option's run config, its drafter's prediction, the batch's finishing time at each gamma
+    device, overheads, _ = load_profile(cm.PROFILES / "h100.json")
+    device = cm.Device(**(vars(device) | {"verify_overhead_s": overheads.get(top["drafter"], 0.0)}))
+    target, B, tokens = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B"), 4, 31
+    best = 0.0
+    for g in (2, 4):
+        opts = {"random_weights": True, "model_name": "meta-llama/Meta-Llama-3.1-8B", "B": B, "prefix_len": 32768,
+                "gen_len": 32, "device": "cpu", "dtype": "bfloat16", "drafter": top["drafter"], "gamma": [g],
+                "synthetic_acceptance": 0.8, "synthetic_siblings": [0.6, 0.5]} | top["config"]
+        try:
+            cfg = RunConfig.from_options(opts, strict=False)
+            cfg.check()
+        except MagicDecError:
+            continue
+        p = cfg.drafter.predict(cfg, target, {}, device, 0.8, g, cfg.lookahead, {"alpha_bottom_to_middle": 0.8})
+        tree = cfg.speculation.tree_width > 1 or cfg.speculation.tree_nodes
+        a = cm.chain_alpha(p["omega"], g) if tree else 0.8
+        n = finish_verifications([g], spread_alphas(a, 0.0, B), np.full(B, tokens))[0]
+        best = max(best, tokens / (n * cm.verification_cost(p, g)))
+    assert top["speedup"] == pytest.approx(best, rel=1e-6)
+
+
+def test_every_registered_drafter_is_listed(whole):
+    listed = {r["drafter"] for r in whole["ranking"] + whole["not_ranked"]}
+    assert listed == set(drafters.names()) | {"baseline"}
+    standalone = [r for r in whole["not_ranked"] if r["drafter"] == "standalone"]
+    assert standalone and "--draft_name" in standalone[0]["reason"]  # no draft shapes named: said, not ranked
+
+
+def test_options_that_do_not_fit_are_dropped_with_the_reason():
+    result = plan(["--B", "12", "--prefix_len", "32768", "--alpha", "0.8", "--gammas", "2",
+                   "--only", "drafter=selfspec,draft_kv=int8", "--only", "drafter=selfspec,draft_budget=256"])
+    assert [r["options"] for r in result["not_ranked"]] == ["--draft_kv int8"]
+    assert result["not_ranked"][0]["reason"].startswith("does not fit in 80 GiB")
+    assert [r["options"] for r in result["ranking"] if r["drafter"] != "baseline"] == ["--draft_budget 256"]
+    roomier = plan(["--B", "12", "--prefix_len", "32768", "--alpha", "0.8", "--gammas", "2", "--memory_gib", "141",
+                    "--only", "drafter=selfspec,draft_kv=int8"])
+    assert roomier["not_ranked"] == [] and "--draft_kv int8" in [r["options"] for r in roomier["ranking"]]
+
+
+def test_baseline_first_where_no_option_promises_the_margin():
+    result = plan(["--B", "64", "--prefix_len", "2048", "--gen_len", "16", "--alpha", "0.1", "--gammas", "1", "2",
+                   "--only", "drafter=selfspec,draft_budget=256", "--only", "drafter=lookup,ngram_max=3"])
+    assert result["choice"] == "baseline" and result["ranking"][0]["speedup"] == 1.0
+    assert all(r["speedup"] < plan_command.NEVER_LOSES_MARGIN for r in result["ranking"])
+
+
+def test_acceptance_file_per_option_and_options_without_input(tmp_path):
+    rates = tmp_path / "acceptance.json"
+    rates.write_text(json.dumps({"selfspec --draft_budget 256": 0.9,
+                                 "lookup": {"alpha": 0.5, "positions": [0.7, 0.4]}}))
+    result = plan(["--B", "1", "--prefix_len", "8192", "--gammas", "3", "--acceptance", str(rates),
+                   "--only", "drafter=selfspec,draft_budget=256", "--only", "drafter=lookup",
+                   "--only", "drafter=selfspec,draft_budget=1024"])
+    by_label = {r["label"]: r for r in result["ranking"]}
+    assert by_label["selfspec --draft_budget 256"]["omega"] == pytest.approx(cm.omega(0.9, 3))
+    assert by_label["lookup"]["omega"] == pytest.approx(1 + 0.7 + 0.7 * 0.4 + 0.7 * 0.4 * 0.5)
+    assert [(r["label"], r["reason"]) for r in result["not_ranked"]] == [
+        ("selfspec --draft_budget 1024", "no acceptance input")]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--alpha", "0.8", "--profile", "/no/such/profile.json"], "--profile /no/such/profile.json: cannot read it"),
+    (["--alpha", "1.5"], "--alpha 1.5: an acceptance rate"),
+    (["--alpha", "0.8", "--B", "0"], "--B 0: give a positive count"),
+    ([], "no acceptance input: give --alpha"),
+    (["--alpha", "0.8", "--only", "drafter=lookahead,tree_width=2"], "--tree_width with --drafter lookahead"),
+    (["--alpha", "0.8", "--only", "drafter=eagle,draft_weights=int8"], "--draft_weights is an option of"),
+])
+def test_bad_input_is_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["plan", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: " + message) and err.count("\n") == 1
+
+
+def test_json_output_is_written_whole(tmp_path, capsys):
+    out = tmp_path / "ranking.json"
+    assert cli.main(["plan", "--alpha", "0.8", "--gammas", "3", "--output", str(out),
+                     "--only", "drafter=selfspec,draft_budget=256", "--only", "drafter=lookup"]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert [p.name for p in tmp_path.iterdir()] == ["ranking.json"]  # no temp file left beside it
+    assert result["choice"] == result["ranking"][0]["label"] and f"choice: {result['choice']}" in printed
+    assert {r["drafter"] for r in result["ranking"]} == {"baseline", "selfspec", "lookup"}
+
+
+def test_the_margin_puts_the_baseline_over_a_small_predicted_gain():
+    row = lambda s: {"drafter": "lookup", "label": f"lookup {s}", "speedup": s}  # noqa: E731
+    ranked, _ = plan_command.rank([row(1.01), row(0.9)])
+    assert [r["label"] for r in ranked] == ["baseline", "lookup 1.01", "lookup 0.9"]
+    ranked, _ = plan_command.rank([row(1.03), row(0.9)])
+    assert [r["label"] for r in ranked] == ["lookup 1.03", "baseline", "lookup 0.9"]
