@@ -25,24 +25,18 @@ from magicdec import drafters, files  # noqa: E402
 from magicdec.cli import run_record  # noqa: E402
 from magicdec.device import environment  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
+from magicdec.options import as_flags  # noqa: E402
 
 SHAPED = ["--tree_nodes", "12", "--tree_rates", "0.8", "0.5", "0.4"]
 # forwards that only these options make: (drafter, options)
-EXTRA = [("selfspec", {"refresh": 2, "draft_policy": "snapkv"}), ("selfspec", {"reindex": None}), ("eagle", {"head_kv": "full", "head_budget": None, "head_sinks": None}),
-         ("eagle", {"eagle3": None, "eagle3_layers": [1, 2]}), ("hierarchy", {"draft": None, "draft_name": "JackFram/llama-68m"})]
+EXTRA = [("selfspec", {"refresh": 2, "draft_policy": "snapkv"}), ("selfspec", {"reindex": True}),
+         ("eagle", {"head_kv": "full", "head_budget": None, "head_sinks": None}),
+         ("eagle", {"eagle3": True, "eagle3_layers": [1, 2]}),
+         ("hierarchy", {"draft": None, "draft_name": "JackFram/llama-68m"})]
 # what a run names besides the example: the draft model; a budget above SnapKV's 32-token observation window
 GIVEN = {"standalone": {"draft_name": "JackFram/llama-68m"}, "hierarchy": {"draft": "ngram"},
          "selfspec": {"draft_budget": 128}}
 NEEDS = {"rest": "datastore"}  # drafter -> the option naming a file it needs
-
-
-def flags(options: dict, switches=()) -> list[str]:
-    """Options as flags; a key in `switches` is a bare flag."""
-    out = []
-    for key, value in options.items():
-        out += [f"--{key}"] + ([] if key in switches else [str(v) for v in value] if isinstance(value, (list, tuple))
-                               else [str(value)])
-    return out
 
 
 def cases(datastore: str | None) -> tuple[list[tuple[str, list[str]]], dict[str, str]]:
@@ -54,20 +48,19 @@ def cases(datastore: str | None) -> tuple[list[tuple[str, list[str]]], dict[str,
             skipped[name] = f"needs --{NEEDS[name]} FILE"
             continue
         example = dict(kind.example) | given
-        base = ["--drafter", name, *flags(example)]
+        base = ["--drafter", name, *as_flags(example)]
         todo.append((name, base))
         for variant in kind.variants:
             if variant:
-                todo.append((name, ["--drafter", name, *flags(example | variant)]))
+                todo.append((name, ["--drafter", name, *as_flags(example | variant)]))
         if kind.supports_trees:
             todo.append((name, base + ["--tree_width", "2"]))
         if kind.drafts_shaped_trees:
             todo.append((name, base + SHAPED))
-    for name, extra in EXTRA:  # a None value: a switch, or (for a key the example or GIVEN set) that key dropped
+    for name, extra in EXTRA:  # True: a switch; None: a key the example or GIVEN set, dropped
         if name in drafters.names():
-            options = drafters.get(name).example | GIVEN.get(name, {})
-            options = {k: v for k, v in (options | extra).items() if not (v is None and k in options)}
-            todo.append((name, ["--drafter", name, *flags(options, [k for k, v in extra.items() if v is None])]))
+            options = drafters.get(name).example | GIVEN.get(name, {}) | extra
+            todo.append((name, ["--drafter", name, *as_flags(options)]))
     seen = set()
     return [c for c in todo if not ((key := (c[0], tuple(c[1]))) in seen or seen.add(key))], skipped
 

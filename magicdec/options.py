@@ -154,6 +154,18 @@ def as_options(obj) -> dict:
     return {f.name: plain(getattr(obj, f.name)) for f in fields(type(obj))}
 
 
+def as_flags(given: dict) -> list[str]:
+    """Option values as the command line that asks for them: a switch (True) bare, False or None left out, a list
+    as its values."""
+    out = []
+    for key, value in given.items():
+        if value is None or value is False:
+            continue
+        out += [f"--{key}"] + ([] if value is True else [str(v) for v in value] if isinstance(value, (list, tuple))
+                               else [str(value)])
+    return out
+
+
 def keys(cls) -> set[str]:
     return {f.name for f in fields(cls)}
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from magicdec import drafters, files
+from magicdec import options as opt
 from magicdec.analysis import cost_model as cm
 from magicdec.analysis.planner import finishing_speedup
 from magicdec.device import headroom_for
@@ -100,13 +101,7 @@ def load_acceptance(path: Path | None) -> dict[str, Acceptance]:
 
 def flags(option: dict) -> str:
     """An option's dict as the run flags that ask for it."""
-    out = []
-    for k, v in option.items():
-        if v is None or v is False:
-            continue
-        out.append(f"--{k}" if v is True else f"--{k} " + (" ".join(map(str, v)) if isinstance(v, (list, tuple))
-                                                           else str(v)))
-    return " ".join(out)
+    return " ".join(opt.as_flags(option))
 
 
 def label(name: str, option: dict) -> str:
@@ -163,7 +158,7 @@ class Planner:
     def config(self, name: str, option: dict, gamma, strict: bool = False) -> RunConfig:
         """The run config of one option at gamma (strict: an option its drafter does not take is an error)."""
         kind = drafters.get(name)
-        extra = {"draft_name": self.draft_name} if self.draft_name and "draft_name" in _keys(kind) else {}
+        extra = {"draft_name": self.draft_name} if self.draft_name and "draft_name" in opt.keys(kind.Config) else {}
         given = self.base | extra | option | {"drafter": name, "gamma": [gamma] if gamma is not None else [3]}
         if option.get("tree_nodes"):
             given.setdefault("tree_rates", self.shaping_rates(name, option))
@@ -241,11 +236,6 @@ class Planner:
             return out
         return [(name, o) for name, kind in drafters.registry().items()
                 for o in kind.options(self.cfg, self.target, self.device)]
-
-
-def _keys(kind) -> set[str]:
-    from magicdec import options as opt
-    return opt.keys(kind.Config)
 
 
 def rank(rows: list[dict]) -> tuple[list[dict], list[dict]]:
