@@ -95,6 +95,7 @@ COMMANDS = {
     "sweep": "a grid of runs from a TOML file, one record per point, resumable",
     "report": "sweep records to tables, plots and a results page; specbench-table, tp-tables, heads-acceptance",
     "plan": "rank every drafter's composed options by the cost model's predicted speedup at one point (no GPU)",
+    "option-acceptance": "measure each option the plan ranks on a real model (one run each): plan --acceptance's file",
     "reproduce": "run a headline experiment (experiments/*.toml) and print PASS or FAIL",
     "datastore": "REST's datastore: books tokenized with the target's tokenizer, and a suffix array over them",
     "train-head": "train a draft head (eagle, eagle3, medusa, hydra) for a target on a text corpus, resumable",
@@ -102,6 +103,7 @@ COMMANDS = {
 # the module whose main() each command runs (run has its own parser here)
 MODULES = {"compare": "magicdec.harness.compare", "sweep": "magicdec.harness.sweep",
            "report": "magicdec.harness.report", "plan": "magicdec.harness.plan_command", "reproduce": "magicdec.harness.reproduce",
+           "option-acceptance": "magicdec.harness.option_acceptance",
            "datastore": "magicdec.drafters.datastore", "train-head": "magicdec.harness.train_head"}
 
 

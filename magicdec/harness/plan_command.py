@@ -47,6 +47,7 @@ class Acceptance:
     positions: tuple[float, ...] = ()
     bottom: float | None = None
     source: str = IID_LABEL
+    trace: Path | None = None  # a chain's run record holding its acceptance trace (--save_trace)
 
     def chain_alpha(self, gamma: int) -> float:
         """The iid rate that yields what the per-position rates yield over gamma drafted tokens (positions past the
@@ -77,13 +78,20 @@ def acceptance_entry(value, key: str, path) -> Acceptance:
     where = f"--acceptance {path}: {key!r}"
     if not isinstance(value, dict):
         return Acceptance(rate(value, where), source=f"{path.name}: {key}")
-    unknown = set(value) - {"alpha", "siblings", "positions", "bottom"}
+    unknown = set(value) - {"alpha", "siblings", "positions", "bottom", "trace", "source"}
     if unknown or "alpha" not in value:
         raise MagicDecError(f"{where}: give a rate or {{\"alpha\": a[, \"siblings\": [...], \"positions\": [...], "
-                            f"\"bottom\": b]}}" + (f", not {sorted(unknown)[0]!r}" if unknown else ""))
+                            f"\"bottom\": b, \"trace\": \"run.json\", \"source\": \"...\"]}}"
+                            + (f", not {sorted(unknown)[0]!r}" if unknown else ""))
+    for k in ("trace", "source"):
+        if not isinstance(value.get(k, ""), str):
+            raise MagicDecError(f"{where}: its {k} must be a string (" + ("a run record's path, relative to the file"
+                                                                          if k == "trace" else "where it came from") + ")")
     return Acceptance(rate(value["alpha"], where), rates(value.get("siblings", []), where),
                       rates(value.get("positions", []), where),
-                      None if value.get("bottom") is None else rate(value["bottom"], where), f"{path.name}: {key}")
+                      None if value.get("bottom") is None else rate(value["bottom"], where),
+                      value.get("source") or f"{path.name}: {key}",
+                      Path(path).parent / value["trace"] if value.get("trace") else None)
 
 
 def load_acceptance(path: Path | None) -> dict[str, Acceptance]:
@@ -96,7 +104,9 @@ def load_acceptance(path: Path | None) -> dict[str, Acceptance]:
                             "mapping option labels or drafter names to acceptance rates") from None
     if not isinstance(given, dict):
         raise MagicDecError(f"--acceptance {path}: give a JSON object mapping option labels or drafter names to rates")
-    return {k: acceptance_entry(v, k, Path(path)) for k, v in given.items()}
+    if not isinstance(given.get("_meta", {}), dict):
+        raise MagicDecError(f"--acceptance {path}: its \"_meta\" must be an object (where the rates came from)")
+    return {k: acceptance_entry(v, k, Path(path)) for k, v in given.items() if k != "_meta"}
 
 
 def flags(option: dict) -> str:
