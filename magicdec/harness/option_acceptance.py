@@ -6,8 +6,8 @@ option with real weights, for the planner's --acceptance FILE.
 
 Every registered drafter's composed options at this point (DrafterKind.options, each labelled exactly as `magicdec
 plan` prints it: plan_command.label) are run over one prefilled batch of real text (default: SmolLM2-135M-Instruct on
-the Gutenberg books, 7936-token prompts) at one draft length γ, in one untimed-for-speed generation each (acceptance
-does not depend on timing), and each one's acceptance is read from its run: a chain's rate per drafted token and its
+the Gutenberg books, 7936-token prompts) at one draft length γ, one generation each (eager steps, no timing rounds:
+acceptance does not depend on speed), and each one's acceptance is read from its run: a chain's rate per drafted token and its
 per-position conditional rates (vLLM's convention), a tree's first candidate's rate and its later candidates' rates
 (Sequoia's acceptance vector: per sibling rank, kept / tried), the hierarchy's middle's rate of its bottom's tokens.
 Options that cannot run here are listed in the file's _meta with the reason: a head drafter given no trained head
