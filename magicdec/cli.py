@@ -93,7 +93,8 @@ COMMANDS = {
     "run": "one timed run (magicdec run --help for its flags)",
     "compare": "every drafter side by side over one shared prefill (the default job; runs on a CPU in about a minute)",
     "sweep": "a grid of runs from a TOML file, one record per point, resumable",
-    "report": "sweep records to tables, plots and a results page; specbench-table, tp-tables, heads-acceptance",
+    "report": "sweep records to tables, plots and a results page; specbench-table, tp-tables, heads-acceptance, "
+              "atlas",
     "plan": "rank every drafter's composed options by the cost model's predicted speedup at one point (no GPU)",
     "reproduce": "run a headline experiment (experiments/*.toml) and print PASS or FAIL",
     "datastore": "REST's datastore: books tokenized with the target's tokenizer, and a suffix array over them",
