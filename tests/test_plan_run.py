@@ -11,7 +11,7 @@ import statistics
 import pytest
 import torch
 
-from conftest import TINY_HF, one_line_error, run_here
+from conftest import TINY_HF, one_line_error, run_cli, run_here
 from test_trial import plain_greedy
 from magicdec import cli
 from magicdec.config import KNOWN_MODELS, ModelArgs
@@ -190,6 +190,23 @@ def test_an_iid_rate_ranks_every_option_as_a_sensitivity(small, tmp_path):
     assert record["plan"]["acceptance"] == "iid α 0.7, sensitivity"
     c, = record["candidates"]
     assert c["config"]["synthetic_acceptance"] == 0.7 and c["acceptance_source"] == "iid α, sensitivity"
+
+
+def test_two_ranks_time_the_same_candidates_and_rank_0_writes(tmp_path):
+    """torchrun, 2 ranks (gloo): every rank times rank 0's ranking (its collectives pair), one record is written."""
+    rates = acceptance_file(tmp_path, {"lookahead": 0.6})
+    out = tmp_path / "runs" / "plan.json"
+    out.parent.mkdir()
+    p = run_cli("run", "--random_weights", "--model_name", "JackFram/llama-68m", "--B", "2", "--prefix_len", "100",
+                "--gen_len", "6", "--rank_group", "0", "1", "--plan", "confirm", "2", "--plan_acceptance", str(rates),
+                "--output", str(out), launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                                "-m", "magicdec.cli"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert [f.name for f in out.parent.iterdir()] == ["plan.json"] and p.stdout.count("wrote ") == 1
+    assert record["tensor_parallel"] == {"world": 2}
+    top = [r["label"] for r in record["plan"]["ranking"] if r["drafter"] != "baseline"][:2]
+    assert [c["label"] for c in record["candidates"]] == top
 
 
 @pytest.mark.parametrize("argv, message", [
