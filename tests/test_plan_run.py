@@ -278,9 +278,11 @@ def test_a_sweeps_plan_points_are_recorded_once_and_resumed(small, tmp_path, mon
     ("confirm = -1", "[plan] confirm = -1: give a whole number >= 0"),
     ("confirm = 1\nacceptance = '/no/such/rates.json'", "[plan] acceptance /no/such/rates.json: cannot read"),
     ("confirm = 1\nprofile = '/no/such/profile.json'", "[plan] profile /no/such/profile.json: cannot read"),
+    ("top = 3", "method plan ranks with acceptance"),  # no acceptance file, no iid rate
 ])
 def test_a_bad_plan_table_is_one_line(table, needle, small, tmp_path):
+    iid = "" if needle.startswith("method plan ranks") else "synthetic_acceptance = 0.8\n"
     path = tmp_path / "bad.toml"
-    path.write_text(TINY_PLAN_SWEEP.split("[plan]")[0] + "synthetic_acceptance = 0.8\n[plan]\n" + table + "\n")
+    path.write_text(TINY_PLAN_SWEEP.split("[plan]")[0] + iid + "[plan]\n" + table + "\n")
     one_line_error(run_here(path, "--output_dir", str(tmp_path / "o"), launcher=("-m", "magicdec.cli", "sweep")),
                    needle)

@@ -207,8 +207,10 @@ def table(record: dict) -> str:
                      f"{m.get('measured_speedup') or 0:>8.3f} [{spread[0]:.3f}-{spread[1]:.3f}] "
                      f"{m.get('measured_speedup_first_done') or 0:>10.3f}  {c['label']}")
     choice, pick = record["choice"], record["planner_pick"]
-    lines.append(f"choice: {choice['label']}, {choice['measured_speedup']:.3f}x all reach ("
-                 + (choice["why"] if choice["off"] else p["selection"]) + ")")
+    lines.append(f"choice: {choice['label']}" + (f" (off: {choice['why']})" if choice["off"] else
+                                                 f", {choice['measured_speedup']:.3f}x all reach, "
+                                                 f"{choice['measured_speedup_first_done'] or 0:.3f}x first done"))
+    lines.append(f"selection: {p['selection']}")
     error = pick["prediction_error"]
     lines.append(f"planner's pick: {pick['label']}, predicted {pick['predicted_speedup']:.3f}x"
                  + (f", measured {pick['measured_speedup']:.3f}x (error {error:+.1%})" if error is not None else ""))

@@ -87,7 +87,8 @@ RENAMED = {"prefix_lens": "prefix_len", "batch_sizes": "B", "budgets": "draft_bu
 AXIS_LISTS = {"gamma"}  # list-valued options whose flat list in a sweep file is an axis (several gammas: one each)
 LOCK = ".sweep.lock"  # held by the sweep writing into a folder, for its whole run
 PROBE = (256, 32)  # prefix and tokens of the B = 1 step the cost model's fixed cost per layer is fitted to
-TAKEN = RUN_OPTIONS - opt.keys(SECTIONS["output"]) - opt.keys(SECTIONS["plan"])  # a sweep's plan options: [plan]
+# the run options a sweep file takes (where a record goes is the sweep's; what a plan takes, its [plan] table)
+TAKEN = RUN_OPTIONS - opt.keys(SECTIONS["output"]) - opt.keys(SECTIONS["plan"])
 PLANNERS = ("baseline", "auto", "plan")  # the methods that are no drafter
 
 
@@ -132,6 +133,9 @@ def load_config(path: Path) -> dict:
     if "auto" in cfg["methods"] and "drafter" not in (cfg.get("auto") or {}):
         raise MagicDecError(f"{path}: method auto plans a drafter's budget: name it in an [auto] table (drafter = "
                             f"\"{drafters.names()[0]}\", one of {drafters.names()})")
+    if "plan" in cfg["methods"] and "acceptance" not in (cfg.get("plan") or {}) and cfg["synthetic_acceptance"] is None:
+        raise MagicDecError(f"{path}: method plan ranks with acceptance: give a [plan] table's acceptance = "
+                            "\"FILE.json\" (rates per option) or synthetic_acceptance = A (iid, a sensitivity)")
     for key in ("methods", "decoding", "history"):
         if not isinstance(cfg[key], list) or not all(isinstance(v, str) for v in cfg[key]):
             raise MagicDecError(f"{path}: {key} must be a list of names, got {cfg[key]!r}")
