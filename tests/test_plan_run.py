@@ -265,7 +265,8 @@ def test_a_sweeps_plan_points_are_recorded_once_and_resumed(small, tmp_path, mon
     recs = {f.stem: json.loads(f.read_text()) for f in out.glob("*.json")}
     assert sorted(r["prefix_len"] for r in recs.values()) == [48, 96]
     for key, r in recs.items():
-        assert set(r) == RECORD | {"recorded_at"} and r["point"] == key and key.startswith(f"plan_P{r['prefix_len']}_B2")
+        assert set(r) == RECORD | {"recorded_at"} and r["point"] == key
+        assert key.startswith(f"plan_P{r['prefix_len']}_B2_greedy_")
         assert r["plan"]["mode"] == "confirm" and len(r["candidates"]) == 1 and len(r["plan"]["ranking"]) == 4
     before = {f.name: f.stat().st_mtime_ns for f in out.glob("*.json")}
     monkeypatch.setattr(plan_run, "measure", lambda *a, **k: pytest.fail("a recorded plan point ran again"))

@@ -511,7 +511,7 @@ class RunConfig:
                                     f"{', '.join(owners)}; this run's drafter is {this}: drop it or pass "
                                     f"--drafter {owners[0]}")
             if not kind:
-                spec_only = sorted(set(given) & SPECULATIVE_ONLY - (PLAN_ACCEPTANCE if given.get("plan") else set()))
+                spec_only = sorted(set(given) & (SPECULATIVE_ONLY - (PLAN_ACCEPTANCE if given.get("plan") else set())))
                 if spec_only:
                     raise MagicDecError(f"--{spec_only[0]} applies to a speculative run; this is the baseline: pass "
                                         "--drafter NAME (or drop the flag)")
