@@ -14,7 +14,8 @@ from magicdec.errors import MagicDecError, one_line_errors
 from magicdec.harness.run_config import SECTIONS, RunConfig
 
 SECTION_TITLES = {"models": "the target model", "workload": "workload", "decoding": "decoding",
-                  "speculation": "speculation", "runtime": "runtime", "timing": "timing", "output": "output"}
+                  "speculation": "speculation", "runtime": "runtime", "timing": "timing", "output": "output",
+                  "plan": "plan (the cost model's ranking picks the drafter: magicdec plan's, then timed)"}
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):
