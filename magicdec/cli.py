@@ -14,7 +14,8 @@ from magicdec.errors import MagicDecError, one_line_errors
 from magicdec.harness.run_config import SECTIONS, RunConfig
 
 SECTION_TITLES = {"models": "the target model", "workload": "workload", "decoding": "decoding",
-                  "speculation": "speculation", "runtime": "runtime", "timing": "timing", "output": "output"}
+                  "speculation": "speculation", "runtime": "runtime", "timing": "timing", "output": "output",
+                  "plan": "plan (the cost model's ranking picks the drafter: magicdec plan's, then timed)"}
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):
@@ -93,7 +94,8 @@ COMMANDS = {
     "run": "one timed run (magicdec run --help for its flags)",
     "compare": "every drafter side by side over one shared prefill (the default job; runs on a CPU in about a minute)",
     "sweep": "a grid of runs from a TOML file, one record per point, resumable",
-    "report": "sweep records to tables, plots and a results page; specbench-table, tp-tables, heads-acceptance",
+    "report": "sweep records to tables, plots and a results page; specbench-table, tp-tables, heads-acceptance, "
+              "atlas",
     "plan": "rank every drafter's composed options by the cost model's predicted speedup at one point (no GPU)",
     "option-acceptance": "measure each option the plan ranks on a real model (one run each): plan --acceptance's file",
     "reproduce": "run a headline experiment (experiments/*.toml) and print PASS or FAIL",

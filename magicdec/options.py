@@ -63,7 +63,7 @@ def add_flags(group, cls, defaults: dict, taken: dict[str, str], owners: dict[st
         text = f.metadata["help"]
         if owners and f.name in owners:
             text += f" [{', '.join(owners[f.name])}]"
-        if default is not None and default is not False and not (is_switch(f) and f.metadata["flag"]):
+        if default is not None and default is not False and default != () and not (is_switch(f) and f.metadata["flag"]):
             text += f" (default: {shown(default)})"
         names = [flag_of(f), *f.metadata["aliases"]]
         if is_switch(f):

@@ -75,8 +75,10 @@ def test_the_file_is_what_the_planner_reads_at_this_point(measured, stories):
     for label, entry in entries(measured).items():
         assert label in rows, label
         assert rows[label].get("acceptance", entry["source"]) == entry["source"]  # ranked: this entry's source
+        assert rows[label].get("reason") != "no acceptance input", label  # not ranked: for another reason
         assert entry["source"] == f"stories260K real weights, {PREFIX}-token prompt, sampled T 0.6 top-p 0.9, B {B}, " \
                                   f"{GEN} tokens, γ {GAMMA}"
+    assert sum("acceptance" in rows[label] for label in given) >= 6
     meta = json.loads(measured.read_text())["_meta"]
     assert meta["carry_rule"] == oa.CARRY_RULE and meta["point"]["prefix_len"] == PREFIX
     assert "a quantized draft cache drafts chains only" in \

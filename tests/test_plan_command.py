@@ -94,6 +94,23 @@ def test_acceptance_file_per_option_and_options_without_input(tmp_path):
         ("selfspec --draft_budget 1024", "no acceptance input")]
 
 
+def test_acceptance_file_source_trace_and_meta(tmp_path, capsys):
+    """An entry's source is what the acceptance column shows; its trace is a path beside the file (read only by a
+    run that replays it); the producer's _meta is not read; any other key is a one-line error."""
+    rates = tmp_path / "rates" / "acceptance.json"
+    rates.parent.mkdir()
+    rates.write_text(json.dumps({"_meta": {"command": "made by hand"},
+                                 "lookup": {"alpha": 0.5, "source": "SmolLM2, 8K prompt", "trace": "t/run.json"}}))
+    assert cli.main(["plan", "--gammas", "3", "--acceptance", str(rates), "--only", "drafter=lookup"]) == 0
+    assert "acceptance: SmolLM2, 8K prompt" in capsys.readouterr().out
+    entry = plan_command.load_acceptance(rates)["lookup"]
+    assert entry.source == "SmolLM2, 8K prompt" and entry.trace == rates.parent / "t" / "run.json"
+    assert entry.run_options(tree=False) == {"synthetic_acceptance": 0.5, "acceptance_trace": str(entry.trace)}
+    rates.write_text(json.dumps({"lookup": {"alpha": 0.5, "colour": "blue"}}))
+    with pytest.raises(MagicDecError, match="'lookup': give a rate or .*, not 'colour'$"):
+        plan_command.load_acceptance(rates)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--alpha", "0.8", "--profile", "/no/such/profile.json"], "--profile /no/such/profile.json: cannot read it"),
     (["--alpha", "1.5"], "--alpha 1.5: an acceptance rate"),

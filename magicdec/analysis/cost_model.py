@@ -304,13 +304,18 @@ def fit_layer_overhead(c: ModelArgs, d: Device, B: int, context: int, step_s: fl
     return max(step_s - work, 0.0) / c.n_layers
 
 
+def committed_profile_path(gpu: str | None) -> Path | None:
+    """Where the committed device profile (PROFILES) of this GPU model is, or None."""
+    for path in sorted(PROFILES.glob("*.json")):
+        if gpu and json.loads(path.read_text()).get("device") == gpu:
+            return path
+    return None
+
+
 def committed_profile(gpu: str | None) -> dict:
     """The committed device profile (PROFILES) of this GPU model, or {}."""
-    for path in sorted(PROFILES.glob("*.json")):
-        p = json.loads(path.read_text())
-        if gpu and p.get("device") == gpu:
-            return p
-    return {}
+    path = committed_profile_path(gpu)
+    return json.loads(path.read_text()) if path else {}
 
 
 def profiled_weight_kernels(gpu: str | None) -> dict:

@@ -11,8 +11,15 @@ outright where no option promises NEVER_LOSES_MARGIN.
 
 Acceptance: --alpha gives every option one iid rate (a sensitivity, labelled so); --acceptance FILE.json maps an
 option's label (its drafter and flags, as printed) or a drafter's name to a rate or to {"alpha": a, "siblings": [...],
-"positions": [...], "bottom": b} (a tree's later candidates' rates, per-position conditional rates of a chain, the
-hierarchy's middle's rate of its bottom's tokens). An option with no input is listed, not ranked.
+"positions": [...], "bottom": b, "trace": "record.json", "source": "..."} (a tree's later candidates' rates,
+per-position conditional rates of a chain, the hierarchy's middle's rate of its bottom's tokens, a run record holding
+the acceptance trace a random-weight chain replays (relative to the file's folder), where the rates came from: shown
+as the option's acceptance); a top-level "_meta" object (the producer's notes) is not read. An option with no input
+is listed, not ranked.
+
+The Planner is made from a point (a run config's options: the target's shapes, B, lengths, decoding, device) and the
+plan's inputs (profile, acceptance, memory, gammas): `magicdec plan` makes it from its flags, `magicdec run --plan`
+and a sweep's plan points (plan_run.py) from their run config.
 """
 from __future__ import annotations
 
@@ -47,7 +54,7 @@ class Acceptance:
     positions: tuple[float, ...] = ()
     bottom: float | None = None
     source: str = IID_LABEL
-    trace: Path | None = None  # a chain's run record holding its acceptance trace (--save_trace)
+    trace: Path | None = None  # a record whose acceptance trace a random-weight chain replays
 
     def chain_alpha(self, gamma: int) -> float:
         """The iid rate that yields what the per-position rates yield over gamma drafted tokens (positions past the
@@ -60,6 +67,19 @@ class Acceptance:
             reach *= r
             tokens += reach
         return cm.chain_alpha(tokens, gamma)
+
+    def run_options(self, tree: bool, shaped: bool = True) -> dict:
+        """This acceptance as a random-weight run draws it (synthetic acceptance): a tree's first and later
+        candidates' rates; a chain's trace replayed, else its per-position rates, else its rate (`shaped`: with the
+        trace or positions; without, the rates alone, which is what decides whether the option runs here)."""
+        out = {"synthetic_acceptance": self.alpha}
+        if tree:
+            return out | ({"synthetic_siblings": list(self.siblings)} if self.siblings else {})
+        if shaped and self.trace is not None:
+            return out | {"acceptance_trace": str(self.trace)}
+        if shaped and self.positions:
+            return out | {"synthetic_positions": list(self.positions)}
+        return out
 
 
 def rate(value, what: str) -> float:
@@ -74,39 +94,49 @@ def rates(values, what: str) -> tuple[float, ...]:
     return tuple(rate(v, what) for v in values)
 
 
-def acceptance_entry(value, key: str, path) -> Acceptance:
-    where = f"--acceptance {path}: {key!r}"
+ENTRY_KEYS = ("alpha", "siblings", "positions", "bottom", "trace", "source")
+META = "_meta"  # the producer's notes (its command, model, date): not read
+
+
+def acceptance_entry(value, key: str, path: Path, flag: str = "--acceptance") -> Acceptance:
+    where = f"{flag} {path}: {key!r}"
     if not isinstance(value, dict):
         return Acceptance(rate(value, where), source=f"{path.name}: {key}")
-    unknown = set(value) - {"alpha", "siblings", "positions", "bottom", "trace", "source"}
+    unknown = set(value) - set(ENTRY_KEYS)
     if unknown or "alpha" not in value:
         raise MagicDecError(f"{where}: give a rate or {{\"alpha\": a[, \"siblings\": [...], \"positions\": [...], "
-                            f"\"bottom\": b, \"trace\": \"run.json\", \"source\": \"...\"]}}"
+                            f"\"bottom\": b, \"trace\": \"record.json\", \"source\": \"...\"]}}"
                             + (f", not {sorted(unknown)[0]!r}" if unknown else ""))
-    for k in ("trace", "source"):
-        if not isinstance(value.get(k, ""), str):
-            raise MagicDecError(f"{where}: its {k} must be a string (" + ("a run record's path, relative to the file"
-                                                                          if k == "trace" else "where it came from") + ")")
+    for text in ("trace", "source"):
+        if text in value and not (isinstance(value[text], str) and value[text]):
+            raise MagicDecError(f"{where}: {text} {value[text]!r}: give a " + (
+                "record's path, relative to this file's folder" if text == "trace" else "sentence"))
     return Acceptance(rate(value["alpha"], where), rates(value.get("siblings", []), where),
                       rates(value.get("positions", []), where),
                       None if value.get("bottom") is None else rate(value["bottom"], where),
                       value.get("source") or f"{path.name}: {key}",
-                      Path(path).parent / value["trace"] if value.get("trace") else None)
+                      path.parent / value["trace"] if "trace" in value else None)
 
 
-def load_acceptance(path: Path | None) -> dict[str, Acceptance]:
+def load_acceptance(path: Path | None, flag: str = "--acceptance") -> dict[str, Acceptance]:
     if path is None:
         return {}
     try:
         given = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MagicDecError(f"--acceptance {path}: cannot read it as JSON ({type(e).__name__}: {e}); give a file "
+        raise MagicDecError(f"{flag} {path}: cannot read it as JSON ({type(e).__name__}: {e}); give a file "
                             "mapping option labels or drafter names to acceptance rates") from None
     if not isinstance(given, dict):
-        raise MagicDecError(f"--acceptance {path}: give a JSON object mapping option labels or drafter names to rates")
-    if not isinstance(given.get("_meta", {}), dict):
-        raise MagicDecError(f"--acceptance {path}: its \"_meta\" must be an object (where the rates came from)")
-    return {k: acceptance_entry(v, k, Path(path)) for k, v in given.items() if k != "_meta"}
+        raise MagicDecError(f"{flag} {path}: give a JSON object mapping option labels or drafter names to rates")
+    return {k: acceptance_entry(v, k, Path(path), flag) for k, v in given.items() if k != META}
+
+
+def read_profile(path: Path, flag: str = "--profile"):
+    """load_profile's (device, fixed cost per verification by drafter, the profile), its errors naming `flag`."""
+    try:
+        return load_profile(path)
+    except MagicDecError as e:
+        raise MagicDecError(flag + str(e).removeprefix("--profile")) from None
 
 
 def flags(option: dict) -> str:
@@ -138,37 +168,66 @@ def parse_only(text: str) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """What a plan ranks with besides its point."""
+    profile: Path
+    acceptance: Path | None = None  # per-option rates (load_acceptance)
+    alpha: float | None = None  # every other option's iid rate (a sensitivity)
+    siblings: tuple = ()  # with alpha: a tree's later candidates' rates
+    memory_gib: float | None = None  # default: the profile's memory_gib, else DEFAULT_MEMORY_GIB
+    gammas: tuple = GAMMAS
+    draft_name: str | None = None  # a standalone draft's (and the hierarchy's bottom's) shapes
+    synthetic: bool = False  # each option as a random-weight run draws its acceptance: one that cannot is not ranked
+
+
 class Planner:
     """The plan's shared parts: the baseline config of the point, its engine (shapes and memory only: nothing is
-    loaded), the profiled device, the acceptance inputs."""
+    loaded), the profiled device, the acceptance inputs. `point`: run options (the target, B, prefix_len, gen_len,
+    decoding, device, dtype, ...; no drafter); `engine`: the run's own, where it has one."""
 
-    def __init__(self, a):
-        check_counts(a)
-        self.device, self.overheads, profile = load_profile(a.profile)
-        memory_gib = a.memory_gib if a.memory_gib is not None else profile.get("memory_gib", DEFAULT_MEMORY_GIB)
+    def __init__(self, point: dict, inputs: Inputs, engine: Engine | None = None):
+        self.inputs = inputs
+        self.device, self.overheads, profile = read_profile(inputs.profile)
+        memory_gib = inputs.memory_gib if inputs.memory_gib is not None else profile.get("memory_gib",
+                                                                                         DEFAULT_MEMORY_GIB)
         self.memory = int(memory_gib * (1 << 30))
-        self.alpha, self.siblings = a.alpha, tuple(a.siblings or ())
-        self.acceptance = load_acceptance(a.acceptance)
-        if a.alpha is None and not self.acceptance:
+        self.alpha, self.siblings = inputs.alpha, tuple(inputs.siblings)
+        self.acceptance = load_acceptance(inputs.acceptance)
+        if inputs.alpha is None and not self.acceptance:
             raise MagicDecError("no acceptance input: give --alpha A (one iid rate for every option, a sensitivity) "
                                 "or --acceptance FILE.json (rates per option label or drafter)")
-        self.gammas = tuple(a.gammas)
-        self.draft_name = a.draft_name
-        model = {"model": a.model} if a.model else {"random_weights": True, "model_name": a.model_name}
-        self.base = model | {"B": a.B, "prefix_len": a.prefix_len, "gen_len": a.gen_len, "temperature": a.temperature,
-                             "device": "cpu", "dtype": "bfloat16", "dataset": "stdlib"}
+        self.gammas = tuple(inputs.gammas)
+        self.draft_name = inputs.draft_name
+        self.base = dict(point)
         cfg = RunConfig.from_options(self.base, strict=False)
         cfg.check()
-        self.engine = Engine(cfg)
+        self.engine = engine or Engine(cfg)
         self.engine.plan(cfg)  # the target's shapes and context against the point
         self.target = self.engine.target_config
+        if self.engine.world > 1:  # tensor parallelism: the work divides over the ranks
+            self.device = replace(self.device, ranks=self.engine.world)
         self.cfg = cfg
-        self.B, self.tokens = a.B, a.gen_len - 1  # the first token comes from the prefill, as in a sweep's plan
+        self.B, self.tokens = cfg.workload.B, cfg.workload.gen_len - 1  # the first token comes from the prefill
 
-    def config(self, name: str, option: dict, gamma, strict: bool = False) -> RunConfig:
-        """The run config of one option at gamma (strict: an option its drafter does not take is an error)."""
+    @classmethod
+    def from_args(cls, a) -> "Planner":
+        """`magicdec plan`'s: its flags' point, on the profiled device (the target's shapes in bf16)."""
+        check_counts(a)
+        model = {"model": a.model} if a.model else {"random_weights": True, "model_name": a.model_name}
+        point = model | {"B": a.B, "prefix_len": a.prefix_len, "gen_len": a.gen_len, "temperature": a.temperature,
+                         "device": "cpu", "dtype": "bfloat16", "dataset": "stdlib"}
+        return cls(point, Inputs(a.profile, a.acceptance, a.alpha, tuple(a.siblings or ()), a.memory_gib,
+                                 tuple(a.gammas), a.draft_name))
+
+    def config(self, name: str, option: dict, gamma, strict: bool = False, shaped: bool = False) -> RunConfig:
+        """The run config of one option at gamma (strict: an option its drafter does not take is an error; where
+        the plan is synthetic, its acceptance as the run draws it: Acceptance.run_options)."""
         kind = drafters.get(name)
         extra = {"draft_name": self.draft_name} if self.draft_name and "draft_name" in opt.keys(kind.Config) else {}
+        a = self.acceptance_of(name, option) if self.inputs.synthetic else None
+        if a is not None:
+            extra |= a.run_options(bool(option.get("tree_width", 1) > 1 or option.get("tree_nodes")), shaped)
         given = self.base | extra | option | {"drafter": name, "gamma": [gamma] if gamma is not None else [3]}
         if option.get("tree_nodes"):
             given.setdefault("tree_rates", self.shaping_rates(name, option))
@@ -247,6 +306,30 @@ class Planner:
         return [(name, o) for name, kind in drafters.registry().items()
                 for o in kind.options(self.cfg, self.target, self.device)]
 
+    def ranking(self, only: list[dict] = ()) -> dict:
+        """Every option (or `only` these) evaluated and ranked: the plan's result."""
+        rows = [self.evaluate(name, o) for name, o in self.candidates(only)]
+        if only and all("invalid" in r for r in rows):
+            raise MagicDecError(f"--only: {rows[0]['invalid']}")
+        for name in sorted({r["drafter"] for r in rows}):
+            own = [r for r in rows if r["drafter"] == name]
+            invalid = [r for r in own if "invalid" in r]
+            if self.inputs.synthetic:  # a run says why of each option it cannot run
+                rows += [not_ranked(r, f"cannot run here: {r['invalid']}") for r in invalid]
+            elif len(invalid) == len(own):  # a drafter none of whose options exists here says why, once
+                rows.append(not_ranked(own[0], f"no option exists here: {own[0]['invalid']}"))
+        rows = [r for r in rows if "invalid" not in r]
+        ranked, unranked = rank(rows)
+        return {"point": {k: v for k, v in self.base.items() if k not in ("device", "dtype", "dataset")}
+                | {"profile": str(self.inputs.profile), "memory_gib": self.memory / (1 << 30),
+                   "gammas": list(self.gammas), "tokens_timed": self.tokens},
+                "never_loses_margin": NEVER_LOSES_MARGIN, "choice": ranked[0]["label"], "ranking": ranked,
+                "not_ranked": unranked}
+
+
+def not_ranked(row: dict, reason: str) -> dict:
+    return {k: v for k, v in row.items() if k != "invalid"} | {"reason": reason}
+
 
 def rank(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     """(ranked rows, baseline included, best first; rows not ranked). Where no option promises NEVER_LOSES_MARGIN,
@@ -266,22 +349,7 @@ def plan(a) -> dict:
     only = [parse_only(o) for o in a.only or []]
     if a.output is not None:
         files.writable_folder(a.output.parent, f"--output {a.output}")
-    planner = Planner(a)
-    rows = [planner.evaluate(name, o) for name, o in planner.candidates(only)]
-    if only and all("invalid" in r for r in rows):
-        raise MagicDecError(f"--only: {rows[0]['invalid']}")
-    for name in sorted({r["drafter"] for r in rows}):  # a drafter none of whose options exists here says why, once
-        own = [r for r in rows if r["drafter"] == name]
-        if all("invalid" in r for r in own):
-            rows.append({k: v for k, v in own[0].items() if k != "invalid"}
-                        | {"reason": f"no option exists here: {own[0]['invalid']}"})
-    rows = [r for r in rows if "invalid" not in r]
-    ranked, unranked = rank(rows)
-    return {"point": {k: v for k, v in planner.base.items() if k not in ("device", "dtype", "dataset")}
-            | {"profile": str(a.profile), "memory_gib": planner.memory / (1 << 30), "gammas": list(planner.gammas),
-               "tokens_timed": planner.tokens},
-            "never_loses_margin": NEVER_LOSES_MARGIN, "choice": ranked[0]["label"], "ranking": ranked,
-            "not_ranked": unranked}
+    return Planner.from_args(a).ranking(only)
 
 
 def table(result: dict, top: int | None) -> str:

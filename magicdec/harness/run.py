@@ -48,7 +48,12 @@ def read_baseline(path: Path, cfg: RunConfig, model_config) -> dict:
 
 
 def run(cfg: RunConfig) -> dict:
-    """Time `cfg` (each of its gammas in turns with a baseline where it asks for one) and return its record."""
+    """Time `cfg` (each of its gammas in turns with a baseline where it asks for one) and return its record; with
+    --plan, the plan's (plan_run)."""
+    if cfg.plan.mode:
+        from magicdec.harness import plan_run
+
+        return plan_run.run(cfg)
     baseline_given = None
 
     def compared(engine):  # a baseline to compare with, checked before anything large is allocated

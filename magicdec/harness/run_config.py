@@ -11,6 +11,7 @@ anything large is allocated.
     runtime     device, dtype, step mode, attention backend, fusion, tensor parallelism, offload
     timing      a baseline in turns, repeats
     output      where the record goes, what is printed (not part of a run's identity)
+    plan        --plan: the drafter and its options chosen by the cost model's ranking (harness/plan_run.py)
 """
 from __future__ import annotations
 
@@ -395,8 +396,69 @@ class Output:
         writable_folder(self.output.parent, f"--output {self.output}")
 
 
+PLAN_MODES = ("auto", "confirm")
+PLAN_ACCEPTANCE = {"synthetic_acceptance", "synthetic_siblings"}  # the speculation options a plan takes: iid rates
+
+
+@dataclass(frozen=True)
+class Plan:
+    plan: tuple = option((), "rank every drafter's composed options with the cost model at this run's point (as "
+                             "magicdec plan does), then run: auto (the top choice, or the baseline where no option "
+                             "promises 1.02x) or confirm K (the top K speculative options, each timed in turns with "
+                             "the baseline on one prefill, the best measured kept, or the baseline where none "
+                             "measures 1.0x); the plan picks --drafter, its options and --gamma",
+                         nargs="+", metavar=("auto|confirm", "K"))
+    plan_acceptance: Path | None = option(None, "--plan: JSON of acceptance per option label or drafter name (as "
+                                                "magicdec plan --acceptance reads); without it, --synthetic_acceptance "
+                                                "A is every option's iid rate (a sensitivity)", parse=Path)
+    plan_profile: Path | None = option(None, "--plan: the device profile the cost model ranks with (default: this "
+                                             "GPU's committed profile, else magicdec/analysis/profiles/h100.json)",
+                                       parse=Path)
+    plan_top: int = option(20, "--plan: rows of the ranking the record keeps", parse=positive_int)
+
+    @property
+    def mode(self) -> str | None:
+        return self.plan[0] if self.plan else None
+
+    @property
+    def confirm(self) -> int | None:
+        """confirm K's K (checked: a positive whole number)."""
+        return int(self.plan[1]) if self.mode == "confirm" else None
+
+    def check(self, speculation: "Speculation", output: "Output") -> None:
+        if not self.plan:
+            given = [k for k in ("plan_acceptance", "plan_profile") if getattr(self, k) is not None]
+            if given:
+                raise MagicDecError(f"--{given[0]} applies to --plan runs: add --plan auto (or confirm K), or drop it")
+            return
+        words = " ".join(map(str, self.plan))
+        if self.mode not in PLAN_MODES or (self.mode == "auto" and len(self.plan) > 1):
+            raise MagicDecError(f"--plan {words}: give auto (run the planner's top choice) or confirm K (time the top "
+                                "K options, keep the measured best)")
+        if self.mode == "confirm":
+            if len(self.plan) != 2 or not re.fullmatch(r"[+-]?\d+", str(self.plan[1])):
+                raise MagicDecError(f"--plan {words}: give confirm K, K a whole number of options to time (e.g. "
+                                    "--plan confirm 3)")
+            if self.confirm < 1:
+                raise MagicDecError(f"--plan {words}: K must be at least 1 (the options timed; --plan auto runs the "
+                                    "top choice without confirming)")
+        if self.plan_acceptance is None and speculation.synthetic_acceptance is None:
+            raise MagicDecError("--plan needs acceptance to rank with: --plan_acceptance FILE.json (rates per option "
+                                "label or drafter) or --synthetic_acceptance A (one iid rate for every option, a "
+                                "sensitivity)")
+        kept = [f"--{k}" for k in ("save_tokens", "save_trace", "printoutput") if getattr(output, k)]
+        if kept:
+            raise MagicDecError(f"{kept[0]} with --plan: a plan's record keeps no tokens or traces; run the chosen "
+                                "option itself (its flags are in the record) to keep them")
+        from magicdec.harness.plan_command import load_acceptance, read_profile
+
+        if self.plan_profile is not None:
+            read_profile(self.plan_profile, "--plan_profile")
+        load_acceptance(self.plan_acceptance, "--plan_acceptance")  # readable, before anything is allocated
+
+
 SECTIONS = {"models": Models, "workload": Workload, "decoding": Decoding, "speculation": Speculation,
-            "runtime": Runtime, "timing": Timing, "output": Output}
+            "runtime": Runtime, "timing": Timing, "output": Output, "plan": Plan}
 RUN_OPTIONS = set().union(*(opt.keys(s) for s in SECTIONS.values()))  # every option but a drafter's own
 IDENTITY_EXCLUDED = opt.keys(Output)  # where the record goes and what is printed do not change a run's result
 SPECULATIVE_ONLY = opt.keys(Speculation) - {"drafter"} | {"baseline_json"}  # options the baseline refuses
@@ -412,6 +474,7 @@ class RunConfig:
     runtime: Runtime
     timing: Timing
     output: Output
+    plan: Plan = Plan()
 
     @property
     def drafter(self):
@@ -425,6 +488,11 @@ class RunConfig:
         error (a command line); a sweep's grid passes options meant for other drafters, which are not applied."""
         defaults = defaults or {}
         known = RUN_OPTIONS
+        if strict and given.get("plan"):  # the plan picks the drafter, its options and gamma
+            chosen = sorted(set(given) - (RUN_OPTIONS - SPECULATIVE_ONLY - {"drafter"}) - PLAN_ACCEPTANCE)
+            if chosen:
+                raise MagicDecError(f"{where}--{chosen[0]} with --plan: the plan chooses the drafter, its options and "
+                                    f"gamma; drop --{chosen[0]} (or drop --plan to run one drafter)")
         speculation = opt.build(Speculation, given, defaults, where)
         try:
             speculation = replace(speculation, drafter=drafters.canonical(speculation.drafter))
@@ -443,7 +511,7 @@ class RunConfig:
                                     f"{', '.join(owners)}; this run's drafter is {this}: drop it or pass "
                                     f"--drafter {owners[0]}")
             if not kind:
-                spec_only = sorted(set(given) & SPECULATIVE_ONLY)
+                spec_only = sorted(set(given) & (SPECULATIVE_ONLY - (PLAN_ACCEPTANCE if given.get("plan") else set())))
                 if spec_only:
                     raise MagicDecError(f"--{spec_only[0]} applies to a speculative run; this is the baseline: pass "
                                         "--drafter NAME (or drop the flag)")
@@ -458,7 +526,7 @@ class RunConfig:
         return cls(models=opt.build(Models, given, defaults, where), workload=workload,
                    decoding=opt.build(Decoding, given, defaults, where), speculation=speculation, draft=draft,
                    runtime=runtime, timing=opt.build(Timing, given, defaults, where),
-                   output=opt.build(Output, given, defaults, where))
+                   output=opt.build(Output, given, defaults, where), plan=opt.build(Plan, given, defaults, where))
 
     @property
     def lookahead(self) -> int:
@@ -468,10 +536,12 @@ class RunConfig:
 
     def options(self) -> dict:
         """Every option this run ran with, resolved (device-dependent defaults filled in): what a record keeps
-        and `--replay` rebuilds the run from."""
+        and `--replay` rebuilds the run from. A run that does not plan keeps no plan options: they change nothing
+        it ran."""
         out = {}
         for name in SECTIONS:
-            out |= opt.as_options(getattr(self, name))
+            if name != "plan" or self.plan.mode:
+                out |= opt.as_options(getattr(self, name))
         if self.draft is not None:
             out |= opt.as_options(self.draft)
         return out
@@ -492,6 +562,10 @@ class RunConfig:
         self.runtime.check(self.models.random_weights)
         self.timing.check(self.speculation.speculative)
         self.output.check()
+        self.plan.check(self.speculation, self.output)
+        if self.plan.mode and self.speculation.speculative:
+            raise MagicDecError(f"--drafter {self.speculation.drafter} with --plan: the plan chooses the drafter; drop "
+                                "one of them")
         sp = self.speculation
         if sp.synthetic_acceptance is not None and not self.decoding.greedy and (sp.tree_width > 1 or sp.tree_nodes):
             raise MagicDecError("--synthetic_acceptance with --temperature decides a chain's acceptance by coin flips "

@@ -13,7 +13,7 @@ a table named after a method holds what applies to it alone:
     B = [1, 4, 13]
     gamma = [2, 3]
     decoding = ["greedy", "sampled"]              # greedy, or sampled at temperature 0.6, top-p 0.9
-    methods = ["baseline", "selfspec", "lookup", "auto"]   # baseline, any drafter, auto (the planner)
+    methods = ["baseline", "selfspec", "lookup", "auto"]   # baseline, any drafter, auto (the planner), plan
     synthetic_acceptance = 0.8                    # a number, or {"4096" = 0.84, "100000" = 0.79} (log-interpolated)
     [selfspec]
     draft_policy = ["streaming", "snapkv"]
@@ -23,6 +23,13 @@ a table named after a method holds what applies to it alone:
     drafter = "selfspec"                          # what the planner drafts with; budgets: the draft_budget axis
     tree_width = [1, 3]                           # optional: chain or token tree (a tree runs at its planned gamma)
     tree_nodes = [0, 20, 32]                      # optional: Sequoia trees of these many nodes too (0: none)
+    [plan]                                        # every drafter's options ranked, as `magicdec run --plan`
+    confirm = 3                                   # time the top 3, keep the measured best (0 or absent: auto)
+    acceptance = "acceptance.json"                # rates per option (else synthetic_acceptance: iid, sensitivity)
+    profile = "magicdec/analysis/profiles/h100.json"   # optional (default: this GPU's); top = 20: rows kept
+
+A plan point is one per (prefix_len, B, decoding), recorded as `magicdec run --plan` records (harness/plan_run.py),
+on the first batch of prompts, after its group's other points.
 
 Per (prefix, B) the target is loaded once and each batch of prompts prefilled once; each drafter is prepared once
 per batch and decoding mode; every speculative point is timed in turns with the baseline of the same mode, and its
@@ -58,13 +65,14 @@ from magicdec.model import draft_weights as dw
 from magicdec import drafters
 from magicdec import files
 from magicdec.harness import metrics as met
+from magicdec.harness import plan_run
 from magicdec import options as opt
 from magicdec.harness import timing
 from magicdec.harness.engine import activation_rows, Engine, memory_needed
 from magicdec.errors import interrupted_as, MagicDecError, one_line_errors
 from magicdec.analysis.planner import AutoGamma, fit_spread, option_parts, plan
 from magicdec.files import writable_folder, write_json
-from magicdec.harness.run_config import RUN_OPTIONS, SECTIONS, SPECULATIVE_ONLY, RunConfig
+from magicdec.harness.run_config import PLAN_ACCEPTANCE, RUN_OPTIONS, SECTIONS, SPECULATIVE_ONLY, RunConfig
 from magicdec.decoding.stats import Stats
 from magicdec.harness.trial import Timed, Trial
 from magicdec.decoding.acceptance import record_fields
@@ -79,6 +87,9 @@ RENAMED = {"prefix_lens": "prefix_len", "batch_sizes": "B", "budgets": "draft_bu
 AXIS_LISTS = {"gamma"}  # list-valued options whose flat list in a sweep file is an axis (several gammas: one each)
 LOCK = ".sweep.lock"  # held by the sweep writing into a folder, for its whole run
 PROBE = (256, 32)  # prefix and tokens of the B = 1 step the cost model's fixed cost per layer is fitted to
+# the run options a sweep file takes (where a record goes is the sweep's; what a plan takes, its [plan] table)
+TAKEN = RUN_OPTIONS - opt.keys(SECTIONS["output"]) - opt.keys(SECTIONS["plan"])
+PLANNERS = ("baseline", "auto", "plan")  # the methods that are no drafter
 
 
 @dataclass
@@ -108,7 +119,7 @@ def load_config(path: Path) -> dict:
     if "prefill_backend" in cfg:
         raise MagicDecError(f"{path}: prefill_backend is gone: attn_backend serves prefill and decode alike (auto: "
                             "triton on a GPU, which prefills through flex attention)")
-    known = set(SWEEP_KEYS) | RUN_OPTIONS - opt.keys(SECTIONS["output"])
+    known = set(SWEEP_KEYS) | TAKEN
     tables = {k for k, v in cfg.items() if isinstance(v, dict) and k != "synthetic_acceptance"}
     drafter_keys = set().union(*(opt.keys(k.Config) for k in drafters.registry().values()))
     unknown = sorted(set(cfg) - known - drafter_keys - tables - {"draft"})
@@ -117,11 +128,14 @@ def load_config(path: Path) -> dict:
                             f"{sorted(SWEEP_KEYS)}, and a table per method")
     cfg = SWEEP_KEYS | cfg
     if cfg["methods"] is None:
-        raise MagicDecError(f"{path}: name the methods: methods = [\"baseline\", ...] (any of {drafters.names()}, and "
-                            "auto: the planner)")
+        raise MagicDecError(f"{path}: name the methods: methods = [\"baseline\", ...] (any of {drafters.names()}, "
+                            "auto: the planner's budget, and plan: its ranking of every drafter's options)")
     if "auto" in cfg["methods"] and "drafter" not in (cfg.get("auto") or {}):
         raise MagicDecError(f"{path}: method auto plans a drafter's budget: name it in an [auto] table (drafter = "
                             f"\"{drafters.names()[0]}\", one of {drafters.names()})")
+    if "plan" in cfg["methods"] and "acceptance" not in (cfg.get("plan") or {}) and cfg["synthetic_acceptance"] is None:
+        raise MagicDecError(f"{path}: method plan ranks with acceptance: give a [plan] table's acceptance = "
+                            "\"FILE.json\" (rates per option) or synthetic_acceptance = A (iid, a sensitivity)")
     for key in ("methods", "decoding", "history"):
         if not isinstance(cfg[key], list) or not all(isinstance(v, str) for v in cfg[key]):
             raise MagicDecError(f"{path}: {key} must be a list of names, got {cfg[key]!r}")
@@ -129,7 +143,7 @@ def load_config(path: Path) -> dict:
         raise MagicDecError(f"{path}: methods is empty: name the methods to run (any of {drafters.names()}, baseline, "
                             "and auto: the planner)")
     try:
-        methods = [m if m in ("baseline", "auto") else drafters.canonical(m) for m in cfg["methods"]]
+        methods = [m if m in PLANNERS else drafters.canonical(m) for m in cfg["methods"]]
     except MagicDecError as e:
         raise MagicDecError(f"{path}: methods: {e}") from None
     cfg["methods"] = methods
@@ -155,7 +169,11 @@ def load_config(path: Path) -> dict:
 
 def check_table(path, method: str, table: dict) -> None:
     """A method's table holds options that method takes: the run's (not where its record goes), its drafter's, and
-    for auto the drafter it plans; another drafter's option there would be dropped without a word."""
+    for auto the drafter it plans; another drafter's option there would be dropped without a word. [plan] holds
+    the plan's own keys (plan_run.table_options)."""
+    if method == "plan":
+        plan_run.table_options(path, table)
+        return
     base = table.get("drafter") if method == "auto" else method
     if method == "auto" and not isinstance(base, str):
         raise MagicDecError(f"{path}: [auto] drafter = {base!r}: name the drafter the planner plans, one of "
@@ -164,7 +182,7 @@ def check_table(path, method: str, table: dict) -> None:
         kind = drafters.get(base) if base != "baseline" else None
     except MagicDecError as e:
         raise MagicDecError(f"{path}: [{method}] drafter: {e}") from None
-    own = RUN_OPTIONS - opt.keys(SECTIONS["output"]) | (opt.keys(kind.Config) if kind else set())
+    own = TAKEN | (opt.keys(kind.Config) if kind else set())
     if kind is None:
         own -= SPECULATIVE_ONLY
     unknown = sorted(set(table) - own - ({"drafter"} if method == "auto" else set()))
@@ -243,13 +261,15 @@ def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[st
     out, dropped = [], {}
     for method in cfg["methods"]:
         table = dict(cfg.get(method) or {})
+        planned_by = plan_run.table_options(path, table) if method == "plan" else {}  # a plan point's: the baseline's
+        table = {} if method == "plan" else table
         base = drafters.canonical(table.pop("drafter")) if method == "auto" else method
-        kind = drafters.get(base) if base != "baseline" else None
+        kind = drafters.get(base) if base not in ("baseline", "plan") else None
         own = run_keys | (opt.keys(kind.Config) if kind else set())
-        if kind is None:  # the baseline takes no speculation option
-            own -= opt.keys(SECTIONS["speculation"])
+        if kind is None:  # the baseline takes no speculation option; a plan, its iid rates
+            own -= opt.keys(SECTIONS["speculation"]) - (PLAN_ACCEPTANCE if planned_by else set())
         values = {k: v for k, v in (shared | table).items() if k in own}
-        synthetic = table.get("synthetic_acceptance", cfg.get("synthetic_acceptance")) if kind else None
+        synthetic = table.get("synthetic_acceptance", cfg.get("synthetic_acceptance")) if kind or planned_by else None
         values.pop("synthetic_acceptance", None)
         candidates = None
         if method == "auto":  # one point: the planner picks the budget, AutoGamma the gamma per verification
@@ -275,7 +295,7 @@ def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[st
         for mode in cfg["decoding"]:
             for point_values in axes(none_words(values)):
                 point_values |= MODES[mode] | {"skip_tokens": batch_skips(cfg)[0], "progress": False} | (
-                    {"drafter": base} if kind else {})
+                    {"drafter": base} if kind else {}) | planned_by
                 alpha = synthetic_alpha(synthetic, point_values.get("prefix_len", 4000))
                 if alpha is not None:
                     point_values["synthetic_acceptance"] = alpha
@@ -300,8 +320,8 @@ def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[st
 
 def point_name(point: Point, mode: str) -> str:
     c = point.cfg
-    label = "auto" if point.method == "auto" else c.describe().replace(" ", "-").replace(">", "-")
-    gamma = "" if point.method in ("baseline", "auto") else "_g" + "-".join(map(str, c.speculation.gamma))
+    label = point.method if point.method in ("auto", "plan") else c.describe().replace(" ", "-").replace(">", "-")
+    gamma = "" if point.method in PLANNERS else "_g" + "-".join(map(str, c.speculation.gamma))
     return f"{label}_P{c.workload.prefix_len}_B{c.workload.B}_{mode}{gamma}"
 
 
@@ -575,12 +595,24 @@ class Sweep:
         return out
 
     def group(self, pts: list[Point], bar, start, max_minutes) -> bool:
-        """Every point of one (prefix, B) group, batch by batch; False if the time ran out."""
+        """Every point of one (prefix, B) group, batch by batch, then its plan points (each its own prefill of the
+        first batch, the group's caches gone); False if the time ran out."""
+        plans = [p for p in pts if p.method == "plan"]
+        pts = [p for p in pts if p.method != "plan"]
         for k, skip in enumerate(batch_skips(self.cfg)):
             todo = [p for p in pts if len(self.partial(p)["batches"]) <= k]
             if todo and not self.batch(todo, k, skip, bar, start, max_minutes):
                 return False
             dev.release_memory(self.engine.device)  # this batch's caches and graphs, before the next allocates
+        for p in plans:
+            if self.out_of_time(start, max_minutes):
+                return False
+            rec = plan_run.measure(self.engine, p.cfg, p.key, eos=[])[0]
+            self.write(p.key, rec)
+            self.recorded_now += 1
+            tqdm.write(plan_run.line(rec))
+            bar.update(1)
+            dev.release_memory(self.engine.device)
         return True
 
     def batch(self, pts: list[Point], k: int, skip: int, bar, start, max_minutes) -> bool:
@@ -676,7 +708,8 @@ class Sweep:
         """What the report reads of every point besides its metrics."""
         c, w = point.cfg, point.cfg.workload
         draft = c.draft
-        return {"point": point.key, "method": point.method, "label": "auto" if point.method == "auto" else c.describe(),
+        return {"point": point.key, "method": point.method,
+                "label": point.method if point.method in ("auto", "plan") else c.describe(),
                 "decoding": c.decoding.name, "prefix_len": w.prefix_len, "B": w.B, "gen_len": w.gen_len,
                 "gamma": c.speculation.gamma[0] if c.speculation.speculative and not c.speculation.auto else None,
                 "budget": getattr(draft, "draft_budget", None), "draft_policy": getattr(draft, "draft_policy", None),
@@ -759,7 +792,7 @@ class Sweep:
         alpha, spread = {}, {}
         for draft in drafts:
             b, f, width, n = option_parts(draft)
-            seen = [r for r in records if r.get("method") not in ("baseline", "auto", None)
+            seen = [r for r in records if r.get("method") not in (*PLANNERS, None)
                     and drafters.canonical(r["method"]) == method and r.get("budget") == b
                     and r.get("prefix_len") == w.prefix_len and r.get("decoding") == cfg.decoding.name
                     and r.get("draft_policy", cfg.draft.draft_policy) == cfg.draft.draft_policy
