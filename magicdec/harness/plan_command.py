@@ -148,6 +148,14 @@ def label(name: str, option: dict) -> str:
     return f"{name} {flags(option)}".strip()
 
 
+def family(drafter: str, option: dict) -> str:
+    """An option's family: its drafter, its draft weights where not bf16, "tree" for a tree (a confirmation times
+    one option per family, the atlas marks its winner by it)."""
+    weights = option.get("draft_weights")
+    tree = (option.get("tree_width") or 1) > 1 or bool(option.get("tree_nodes"))
+    return " ".join([drafter] + ([weights] if weights and weights != "bf16" else []) + (["tree"] if tree else []))
+
+
 def parse_only(text: str) -> dict:
     """--only drafter=NAME,key=value,...: one composition asked for by name."""
     out = {}

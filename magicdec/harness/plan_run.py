@@ -4,9 +4,9 @@ one prefilled batch.
 
     auto       the top choice timed in turns with the baseline (the planner's pick, made before timing); where no
                option promises NEVER_LOSES_MARGIN, the baseline timed alone: the choice is off
-    confirm K  the top K speculative options, each prepared in turn over the same prefilled batch (one drafter alive
-               at a time) and timed in turns with the baseline; the choice is the best all-reach median, or off where
-               every one measured below 1.0
+    confirm K  the best-ranked option of each of the top K families (drafter, draft weight format, chain or tree),
+               each prepared in turn over the same prefilled batch (one drafter alive at a time) and timed in turns
+               with the baseline; the choice is the best all-reach median, or off where every one measured below 1.0
 
 Each candidate runs the run's own workload, runtime and timing with its option's drafter options at the planner's
 gamma. With random weights it draws the acceptance it was ranked at (Acceptance.run_options: a chain replays its
@@ -28,12 +28,13 @@ from magicdec import options as opt
 from magicdec.analysis import cost_model as cm
 from magicdec.errors import MagicDecError
 from magicdec.harness.engine import Engine
-from magicdec.harness.plan_command import NEVER_LOSES_MARGIN, Inputs, Planner, load_acceptance, read_profile
+from magicdec.harness.plan_command import NEVER_LOSES_MARGIN, Inputs, Planner, family, load_acceptance, read_profile
 from magicdec.harness.run_config import SECTIONS, RunConfig
 from magicdec.harness.trial import Trial
 
 AUTO = "the planner's top choice, made before timing"
-CONFIRM = "best of {k} measured on the same rounds (each candidate timed in turns with the baseline)"
+CONFIRM = ("best of {k} measured on the same rounds: the best-ranked option of each of the planner's top {k} families "
+           "(drafter, draft weight format, chain or tree), each timed in turns with the baseline")
 POINT_KEYS = set().union(*(opt.keys(SECTIONS[s]) for s in ("models", "workload", "decoding", "runtime", "timing")))
 TABLE_KEYS = {"confirm": "plan", "acceptance": "plan_acceptance", "profile": "plan_profile", "top": "plan_top"}
 
@@ -66,10 +67,18 @@ def agreed(result: dict, engine: Engine) -> dict:
 
 
 def chosen_rows(cfg: RunConfig, ranking: list[dict]) -> list[dict]:
-    """The rows to time: auto's top choice (none where the baseline leads), or confirm's top K speculative."""
+    """The rows to time: auto's top choice (none where the baseline leads), or confirm's best-ranked option of each
+    of the top K families: the variants of one family (n-gram sizes, budgets) rank side by side and differ less than
+    the families do, so K slots of one family would confirm nothing the planner did not already say."""
     if cfg.plan.mode == "auto":
         return [] if ranking[0]["drafter"] == "baseline" else ranking[:1]
-    return [r for r in ranking if r["drafter"] != "baseline"][:cfg.plan.confirm]
+    rows, seen = [], set()
+    for r in ranking:
+        key = family(r["drafter"], r["config"])
+        if r["drafter"] != "baseline" and key not in seen and len(rows) < cfg.plan.confirm:
+            rows.append(r)
+            seen.add(key)
+    return rows
 
 
 def candidate_config(planner: Planner, row: dict) -> RunConfig:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from magicdec import files
+from magicdec.harness.plan_command import family as plan_family
 from magicdec.errors import MagicDecError
 from magicdec.harness.report import cell, warn
 from magicdec.harness.report_specbench import prefix_name
@@ -145,12 +146,8 @@ def where(r: dict) -> str:
 
 
 def family(c: dict) -> str:
-    """A candidate's family: its drafter, its draft weights where not bf16, "tree" for a tree."""
-    o = c.get("config") or {}
-    weights = o.get("draft_weights")
-    tree = (o.get("tree_width") or 1) > 1 or bool(o.get("tree_nodes"))
-    return " ".join([c.get("drafter") or c["label"].split()[0]] + ([weights] if weights and weights != "bf16" else [])
-                    + (["tree"] if tree else []))
+    """A candidate's family (plan_command.family): its drafter, its draft weights where not bf16, "tree" for a tree."""
+    return plan_family(c.get("drafter") or c["label"].split()[0], c.get("config") or {})
 
 
 def measured(r: dict) -> list[dict]:
