@@ -27,7 +27,7 @@ CHAIN = "selfspec --draft_policy streaming --draft_budget 256 --draft_weights bf
 TREE = CHAIN + " --tree_width 2"
 LOOKUP = "lookup --ngram_max 2 --tree_width 1"
 # the plan record's keys (the atlas's contract: one object per (B, prefix_len, decoding) point)
-RECORD = {"point", "method", "B", "prefix_len", "gen_len", "decoding", "model", "random_weights", "environment",
+RECORD = {"not_timed", "point", "method", "B", "prefix_len", "gen_len", "decoding", "model", "random_weights", "environment",
           "tensor_parallel", "plan", "baseline", "candidates", "choice", "planner_pick"}
 PLAN = {"mode", "confirm", "selection", "profile", "acceptance", "ranking", "not_ranked", "never_loses_margin"}
 ROW = {"rank", "label", "drafter", "options", "config", "gamma", "T_D_over_T_T", "T_V_over_T_T", "omega", "speedup",
@@ -295,3 +295,21 @@ def test_a_bad_plan_table_is_one_line(table, needle, small, tmp_path):
     path.write_text(TINY_PLAN_SWEEP.split("[plan]")[0] + iid + "[plan]\n" + table + "\n")
     one_line_error(run_here(path, "--output_dir", str(tmp_path / "o"), launcher=("-m", "magicdec.cli", "sweep")),
                    needle)
+
+
+def test_a_candidate_out_of_memory_is_listed_and_the_others_timed(small, tmp_path, monkeypatch):
+    """The memory estimate let a candidate through that did not fit: it is listed as not timed, the plan goes on."""
+    from magicdec.harness import trial as trial_module
+    rates = acceptance_file(tmp_path, {CHAIN: 0.8, LOOKUP: 0.7})
+    real, calls = trial_module.Trial.speculate, []
+
+    def first_runs_out(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(trial_module.Trial, "speculate", first_runs_out)
+    record = cli.run_record([*small, "--plan", "confirm", "2", "--plan_acceptance", str(rates), "--repeats", "2"])
+    ranked = [r["label"] for r in record["plan"]["ranking"] if r["drafter"] != "baseline"]
+    assert [f["label"] for f in record["not_timed"]] == ranked[:1] and "out of memory" in record["not_timed"][0]["why"]
+    assert [c["label"] for c in record["candidates"]] == ranked[1:2]

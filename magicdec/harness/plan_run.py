@@ -26,7 +26,7 @@ import torch
 from magicdec import device as dev
 from magicdec import options as opt
 from magicdec.analysis import cost_model as cm
-from magicdec.errors import MagicDecError
+from magicdec.errors import MagicDecError, out_of_memory
 from magicdec.harness.engine import Engine
 from magicdec.harness.plan_command import NEVER_LOSES_MARGIN, Inputs, Planner, family, load_acceptance, read_profile
 from magicdec.harness.run_config import SECTIONS, RunConfig
@@ -103,15 +103,23 @@ def measure(engine: Engine, cfg: RunConfig, point: str | None = None, eos: list[
     trial = Trial(engine, cfg, queries=max((c.drafter.prefill_queries(c) for c in configs), default=0),
                   ahead=max((c.lookahead for c in configs), default=0))
     copy_bw = dev.copy_bandwidth(engine.device)
-    B, candidates, outputs, alone = cfg.workload.B, [], {}, None
+    B, candidates, outputs, alone, failed = cfg.workload.B, [], {}, None, []
     with torch.inference_mode():
         base_decoder = engine.decoder(cfg)
         if not rows:
             timed, = trial.time([base_decoder], cfg, eos)
             alone, outputs["baseline"] = trial.baseline_metrics(timed, copy_bw), timed.out.cpu()
         for row, c, m in zip(rows, configs, models):
-            drafter, draft_s, _ = trial.prepare(c, m)
-            timed, base, _ = trial.speculate(c, drafter, row["gamma"], None, base_decoder, eos)
+            try:
+                drafter, draft_s, _ = trial.prepare(c, m)
+                timed, base, _ = trial.speculate(c, drafter, row["gamma"], None, base_decoder, eos)
+            except Exception as e:  # noqa: BLE001 - a candidate the memory estimate let through: its line, not the plan's end
+                if not out_of_memory(e):
+                    raise
+                failed.append({"label": row["label"], "rank": row["rank"], "why": f"out of memory ({type(e).__name__})"})
+                drafter = timed = base = None
+                dev.release_memory(engine.device)
+                continue
             paired = trial.baseline_metrics(base, copy_bw)
             metrics = timed.metrics(B, paired, row["gamma"]) | {"draft_prefill_s": draft_s,
                                                                 "paired_baseline": baseline_of(paired)}
@@ -119,7 +127,10 @@ def measure(engine: Engine, cfg: RunConfig, point: str | None = None, eos: list[
             outputs[row["label"]] = timed.out.cpu()
             del drafter, timed, base  # this drafter's caches (and graphs) go before the next one's are made
             dev.release_memory(engine.device)
-    return plan_record(cfg, engine, planner, result, candidates, alone, point), outputs
+        if rows and not candidates:  # every candidate ran out of memory: the baseline alone
+            timed, = trial.time([base_decoder], cfg, eos)
+            alone, outputs["baseline"] = trial.baseline_metrics(timed, copy_bw), timed.out.cpu()
+    return plan_record(cfg, engine, planner, result, candidates, alone, point) | {"not_timed": failed}, outputs
 
 
 def baseline_of(metrics: dict) -> dict:
