@@ -143,3 +143,19 @@ def test_the_margin_puts_the_baseline_over_a_small_predicted_gain():
     assert [r["label"] for r in ranked] == ["baseline", "lookup 1.01", "lookup 0.9"]
     ranked, _ = plan_command.rank([row(1.03), row(0.9)])
     assert [r["label"] for r in ranked] == ["lookup 1.03", "baseline", "lookup 0.9"]
+
+
+def test_a_drafter_verifying_trees_draws_its_level_rate_on_its_first_candidate(tmp_path):
+    """Lookahead verifies a tree of guesses and its acceptance is measured per level: a synthetic run keeps a level
+    at that rate only if the later guesses are never kept (every rank at the rate would keep a level more often)."""
+    rates = tmp_path / "acceptance.json"
+    rates.write_text(json.dumps({"lookahead": {"alpha": 0.6, "positions": [0.5, 0.7]}}))
+    point = {"random_weights": True, "model_name": "JackFram/llama-68m", "B": 2, "prefix_len": 300, "gen_len": 10,
+             "device": "cpu", "dtype": "float32"}
+    planner = plan_command.Planner(point, plan_command.Inputs(cm.PROFILES / "h100.json", rates, gammas=(2,),
+                                                              synthetic=True))
+    cfg = planner.config("lookahead", {"ngram_size": 3, "guesses": 2}, 2, shaped=True)
+    assert cfg.speculation.synthetic_acceptance == 0.6 and tuple(cfg.speculation.synthetic_siblings) == (0.0,)
+    assert cfg.speculation.synthetic_positions in ((), None)  # a tree draws no per-position chain rates
+    chain = planner.config("lookup", {"ngram_max": 2}, 2, shaped=True)  # a chain keeps what it was given
+    assert not chain.speculation.synthetic_siblings

@@ -70,6 +70,9 @@ class DrafterKind:
     supports_trees: bool = False
     # --tree_nodes: the drafter drafts any token tree level by level (a model draft: Drafter.shape)
     drafts_shaped_trees: bool = False
+    # its verification is a token tree whatever its options (lookahead's guesses): its measured acceptance is a rate
+    # per level, which a synthetic run gives the first candidate of each level (the later ones never kept)
+    verifies_trees: bool = False
     # a flag of the seed's scripts that selects this drafter (--hierarchy), or None
     switch: str | None = None
     # options of a small valid run over a 64-token prompt (with a draft model where its Config takes `draft`): the

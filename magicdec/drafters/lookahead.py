@@ -141,6 +141,7 @@ class Lookahead(DrafterKind):
                    "n-grams, and those starting with the last token are verified as a tree")
     Config = Config
     supports_auto_gamma = False
+    verifies_trees = True
     example = {"ngram_size": 3, "guesses": 2, "pool": 64}
 
     def label(self, draft) -> str:

@@ -235,7 +235,10 @@ class Planner:
         extra = {"draft_name": self.draft_name} if self.draft_name and "draft_name" in opt.keys(kind.Config) else {}
         a = self.acceptance_of(name, option) if self.inputs.synthetic else None
         if a is not None:
-            extra |= a.run_options(bool(option.get("tree_width", 1) > 1 or option.get("tree_nodes")), shaped)
+            if kind.verifies_trees and not a.siblings:  # a level's rate: its first candidate carries it
+                a = replace(a, siblings=(0.0,))
+            extra |= a.run_options(kind.verifies_trees or bool(option.get("tree_width", 1) > 1
+                                                               or option.get("tree_nodes")), shaped)
         given = self.base | extra | option | {"drafter": name, "gamma": [gamma] if gamma is not None else [3]}
         if option.get("tree_nodes"):
             given.setdefault("tree_rates", self.shaping_rates(name, option))
