@@ -213,3 +213,20 @@ def test_lookup_teacher_forced_counts(tiny):
     assert got["positions"] == 24 and got["proposed"] == sum(x is not None for x in proposals)
     assert got["top1"] == sum(x == y for x, y in zip(proposals, nexts))
     assert 0 < got["top1"] and 0 < got["min_pq"] <= got["proposed"]
+
+
+def test_under_synthetic_acceptance_every_row_proposes_gamma():
+    """A random-weight speed run's acceptance is the synthetic rule's: the random model's text must not decide how
+    many tokens are drafted, so rows with nothing to copy propose gamma tokens (their last token repeated)."""
+    drafter = PromptLookup(torch.tensor([[1, 2, 3], [4, 5, 6]]), 2, full=True)
+    tokens, _ = drafter.propose(None, torch.tensor([[3, 7], [6, 8]]), torch.tensor([2, 2]), None, 3)
+    assert tokens.tolist() == [[7, 7, 7], [8, 8, 8]] and drafter.proposed.tolist() == [3, 3]
+
+
+def test_a_synthetic_lookup_run_drafts_gamma_every_verification():
+    from magicdec import cli
+    from conftest import TINY_RUN
+    record = cli.run_record([*TINY_RUN, "--gen_len", "24", "--drafter", "lookup", "--gamma", "3",
+                             "--synthetic_acceptance", "0.6"])
+    s = record["metrics"]["speculation"]
+    assert s["draft_steps"] == 3 * s["iterations"] > 0

@@ -7,6 +7,10 @@ samples from the target's distribution without x: lossless for greedy and sampli
 its proposals are as long as the longest real one (a host read per verification), shorter rows filled by repeating
 their last token, which the verification accepts only where the target would have produced it anyway. Where no
 sequence matches, nothing is proposed and the verification is one plain decode step.
+
+Under synthetic acceptance (random-weight speed runs) every row proposes gamma tokens: what is kept is then the
+synthetic rule's (an i.i.d. rate, or rates and a trace measured on real text), not how often the random model's own
+output happens to repeat, which would otherwise decide how many tokens are drafted.
 """
 from __future__ import annotations
 
@@ -63,8 +67,8 @@ class PromptLookup(Drafter):
     whole_run_warm_up = True  # a verification is as long as the batch's longest proposal: its shape varies
 
     def __init__(self, prompts: torch.Tensor, ngram_max: int = 3, vocab_size: int | None = None,
-                 cuda_graphs: bool = False):
-        self.prompts, self.ngram_max, self.vocab_size = prompts, ngram_max, vocab_size
+                 cuda_graphs: bool = False, full: bool = False):
+        self.prompts, self.ngram_max, self.vocab_size, self.full = prompts, ngram_max, vocab_size, full
         self._graphed = None
         if cuda_graphs and prompts.is_cuda:  # the loop's history buffer keeps one shape per run: one capture
             self._graphed = GraphedStep(self._propose)  # and one per width: a shaped copy passes its own
@@ -85,6 +89,8 @@ class PromptLookup(Drafter):
         distributions when sampling (deterministic candidates: verification needs no q). Above width 1, [B, width
         * n]: a branch of n per occurrence, in node order."""
         tokens, self.proposed = (self._graphed or self._propose)(hist, m, gamma, self.width)
+        if self.full:  # synthetic acceptance: gamma drafted every time (module docstring)
+            self.proposed = torch.full_like(self.proposed, gamma)
         n = int(self.proposed.max())  # the loop's host read: its verification's length
         if self.width > 1:
             return tokens[:, :, :n].reshape(tokens.shape[0], -1).clone(), None
@@ -123,7 +129,7 @@ class Lookup(DrafterKind):
 
     def prepare(self, cfg, ctx) -> PromptLookup:
         return PromptLookup(ctx.prompts, cfg.draft.ngram_max, None if cfg.decoding.greedy else ctx.target.args.vocab_size,
-                            cfg.runtime.graphed)
+                            cfg.runtime.graphed, full=cfg.speculation.synthetic_acceptance is not None)
 
     def options(self, cfg, target, device) -> list[dict]:
         return [{"ngram_max": n, "tree_width": w} for n in PLAN_NGRAMS for w in PLAN_WIDTHS]
