@@ -383,3 +383,22 @@ def test_family_names_the_drafter_its_weights_and_a_tree():
     assert family({"label": "x", "drafter": "selfspec", "config": {"draft_weights": "bf16", "tree_width": 1}}) == "selfspec"
     assert family({"label": "x", "drafter": "eagle", "config": {"tree_nodes": 16}}) == "eagle tree"
     assert family({"label": "lookup --ngram_max 3", "drafter": "lookup", "config": {"ngram_max": 3}}) == "lookup"
+
+
+def test_cost_model_per_drafter_counts_every_timed_candidate(made):
+    """Per device, decoding and drafter: the timed candidates whose prediction is within 10% of their all-reach
+    median (predicted / median of the rounds - 1, computed here from the rounds), and the errors' min and max."""
+    rows = {tuple(r[:3]): r[3:] for r in table_rows(section(made["page"], "## The cost model per drafter"))}
+    expected: dict[tuple, list[float]] = {}
+    for r in timed(made):
+        world = (r.get("tensor_parallel") or {}).get("world", 1)
+        device = r["environment"]["gpu"] if world == 1 else f"{r['environment']['gpu']}, TP = {world}"
+        for c in r["candidates"]:
+            m = statistics.median(c["metrics"]["measured_speedup_rounds"])
+            expected.setdefault((device, r["decoding"], c["drafter"]), []).append(c["predicted_speedup"] / m - 1)
+    assert set(rows) == set(expected)
+    for key, errors in expected.items():
+        within = sum(abs(e) <= 0.10 for e in errors)
+        assert rows[key][0].startswith(f"{within}/{len(errors)} ")
+        low, _, high = rows[key][1].split(", ")
+        assert (low, high) == (f"{min(errors):+.1%}", f"{max(errors):+.1%}")

@@ -293,6 +293,26 @@ def findings(groups: dict) -> list[str]:
     return lines
 
 
+def model_rows(groups: dict) -> list[str]:
+    """The cost model against every timed candidate (not only the picks), per drafter: how often its prediction
+    was within MODEL_TOL of the all-reach median, and the errors' range (predicted / measured - 1)."""
+    lines = [f"| device | decoding | drafter | candidates within {MODEL_TOL:.0%} | prediction errors (min, median, "
+             "max) |", "|---|---|---|---|---|"]
+    for g, points in groups.items():
+        errors: dict[str, list[float]] = {}
+        for p in points:
+            for c in p["record"].get("candidates", []) if p["skipped"] is None else []:
+                m = c["metrics"].get("measured_speedup")
+                if number(m) and number(c.get("predicted_speedup")):
+                    errors.setdefault(c["drafter"], []).append(c["predicted_speedup"] / m - 1)
+        device = g[0] if g[1] == 1 else f"{g[0]}, TP = {g[1]}"
+        for drafter, e in sorted(errors.items()):
+            e = sorted(e)
+            lines.append(f"| {device} | {g[2]} | {drafter} | {share([abs(x) <= MODEL_TOL for x in e])} "
+                         f"| {e[0]:+.1%}, {e[len(e) // 2]:+.1%}, {e[-1]:+.1%} |")
+    return lines
+
+
 def goal_rows(groups: dict) -> list[str]:
     lines = ["| goal | where | measured (the plan's run) | verdict |", "|---|---|---|---|"]
     for goal in GOALS:
@@ -419,6 +439,7 @@ def page(groups: dict, pngs: dict, shown: list[tuple[int, str]], dirs: list[Path
     links = ", ".join(f"[`{d}`]({os.path.relpath(d.resolve(), out.resolve())})" for d in dirs)
     parts = [f"{MADE_BY} from {' '.join(map(str, dirs))}: the next report into this folder replaces this page -->",
              "# The speedup atlas", "", "## Findings", "", *findings(groups), "", "## The goals", "", *goal_rows(groups),
+             "", "## The cost model per drafter", "", *model_rows(groups),
              "", f"Made by `{command}` from the plan records in {links}. *all reach*: decode tokens/s over the "
              "baseline's, every sequence generating gen_len tokens; *first done*: stopped when the first sequence is "
              "done (MagicDec's convention); each the median [min–max] of the record's interleaved rounds. *the plan's "
