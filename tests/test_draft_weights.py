@@ -223,3 +223,27 @@ def test_copy_bytes_counts_the_quantized_layers_at_llama_shapes():
     # int8: a byte a weight and a 4-byte scale a row; int4: half a byte, and a bf16 scale and zero per 128 weights
     assert math.isclose(int8, linear_params, rel_tol=1e-3)
     assert math.isclose(int4, linear_params * (0.5 + 4 / 128), rel_tol=1e-6)
+
+
+def test_a_quantized_draft_proposing_a_tree_keeps_the_targets_distribution(tiny, monkeypatch):
+    """The composition the atlas found paying (a low-bit self-draft proposing a token tree), sampled: the first
+    drafted token of N copies of one prompt, a tree 3 wide drawn from the quantized draft, follows the target's own
+    distribution (T 0.6, top-p 0.9); trying the next candidate against p instead of the residual fails it. int4:
+    the format furthest from the target (each format's chain has its own test above)."""
+    import functools
+
+    from magicdec.decoding import acceptance
+    from test_tree import tree_speculation
+    N, sampling = 4_000, Sampling(0.6, 0.9)
+    prompt, first, p = fixed_first_token(tiny, N)
+    draft = dw.draft_copy(tiny, "int4", GROUP)
+    torch.manual_seed(0)
+    out, decoder = tree_speculation(tiny, draft, prompt.expand(N, -1), 2, 1, 3, sampling, first)
+    stat, bound = chi_square(out[:, 1], p)
+    assert stat < bound and 0.05 < decoder.stats.alpha < 0.99, (stat, bound, decoder.stats.alpha)
+    wrong = functools.partial(acceptance.sampling_tree_verify, correct=False)  # the original, unpatched
+    monkeypatch.setattr(acceptance, "sampling_tree_verify", wrong)
+    torch.manual_seed(0)
+    out, _ = tree_speculation(tiny, draft, prompt.expand(N, -1), 2, 1, 3, sampling, first)
+    stat, bound = chi_square(out[:, 1], p)
+    assert stat > 2 * bound, (stat, bound)
