@@ -1,7 +1,8 @@
 """Greedy speculation's ids against plain decoding's, on a device, for every registered drafter: its example options as
 a chain, each of its `compare` variants, a token tree (`--tree_width 2`) where it drafts trees, a Sequoia-shaped tree
-(`--tree_nodes`) where it drafts shaped ones, and the forwards only some options make (a refresh's scores, a
-re-indexed window, a windowed head's KV). Random weights at llama-68m's shapes, so the check is losslessness, not
+(`--tree_nodes`) where it drafts shaped ones, the forwards only some options make (a refresh's scores, a
+re-indexed window, a windowed head's KV), and the self-draft's compositions the planner ranks (each low-bit weight
+format as a chain and as trees, each quantized KV copy). Random weights at llama-68m's shapes, so the check is losslessness, not
 acceptance; under `--step_mode cuda_graphs` every step, proposal and tree acceptance is replayed from a graph keyed by
 its forward plan, which the CPU tests cannot reach.
 
@@ -37,6 +38,11 @@ EXTRA = [("selfspec", {"refresh": 2, "draft_policy": "snapkv"}), ("selfspec", {"
 GIVEN = {"standalone": {"draft_name": "JackFram/llama-68m"}, "hierarchy": {"draft": "ngram"},
          "selfspec": {"draft_budget": 128}}
 NEEDS = {"rest": "datastore"}  # drafter -> the option naming a file it needs
+# the compositions the planner ranks and the atlas reports: each low-bit draft weight format as a chain, a width-2
+# tree and a Sequoia-shaped tree; each quantized draft KV copy as a chain
+TREES = ({}, {"tree_width": 2}, {"tree_nodes": 12, "tree_rates": [0.8, 0.5, 0.4]})
+COMPOSED = [("selfspec", {"draft_weights": w} | tree) for w in ("int8", "fp8", "int4") for tree in TREES] + \
+    [("selfspec", {"draft_kv": kv}) for kv in ("int8", "int4")]
 
 
 def cases(datastore: str | None) -> tuple[list[tuple[str, list[str]]], dict[str, str]]:
@@ -57,7 +63,7 @@ def cases(datastore: str | None) -> tuple[list[tuple[str, list[str]]], dict[str,
             todo.append((name, base + ["--tree_width", "2"]))
         if kind.drafts_shaped_trees:
             todo.append((name, base + SHAPED))
-    for name, extra in EXTRA:  # True: a switch; None: a key the example or GIVEN set, dropped
+    for name, extra in EXTRA + COMPOSED:  # True: a switch; None: a key the example or GIVEN set, dropped
         if name in drafters.names():
             options = drafters.get(name).example | GIVEN.get(name, {}) | extra
             todo.append((name, ["--drafter", name, *as_flags(options)]))

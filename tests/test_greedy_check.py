@@ -26,3 +26,14 @@ def test_trees_where_a_drafter_drafts_them_and_no_configuration_twice():
     assert len({(n, tuple(f)) for n, f in todo}) == len(todo)
     hierarchy = [f for n, f in todo if n == "hierarchy"]
     assert all(("--draft" in f) != ("--draft_name" in f) for f in hierarchy)  # one bottom draft each
+
+
+def test_the_self_drafts_compositions_are_checked():
+    """Each low-bit draft weight format as a chain, a width-2 tree and a Sequoia tree, and each quantized KV copy:
+    what the planner composes and the atlas reports."""
+    runs = [" ".join(f) for n, f in gc.cases(None)[0] if n == "selfspec"]
+    for fmt in ("int8", "fp8", "int4"):
+        mine = [r for r in runs if f"--draft_weights {fmt}" in r]
+        assert len(mine) == 3 and sum("--tree_width 2" in r for r in mine) == 1
+        assert sum("--tree_nodes" in r for r in mine) == 1
+    assert all(any(f"--draft_kv {kv}" in r for r in runs) for kv in ("int8", "int4"))
