@@ -226,24 +226,9 @@ def test_copy_bytes_counts_the_quantized_layers_at_llama_shapes():
 
 
 def test_a_quantized_draft_proposing_a_tree_keeps_the_targets_distribution(tiny, monkeypatch):
-    """The composition the atlas found paying (a low-bit self-draft proposing a token tree), sampled: the first
-    drafted token of N copies of one prompt, a tree 3 wide drawn from the quantized draft, follows the target's own
-    distribution (T 0.6, top-p 0.9); trying the next candidate against p instead of the residual fails it. int4:
-    the format furthest from the target (each format's chain has its own test above)."""
-    import functools
+    """The composition the atlas found paying, sampled: a low-bit self-draft (int4, the format furthest from the
+    target; each format's chain has its own test above) proposing a 3-wide tree keeps the target's distribution, and
+    fails it without the residual (test_tree's check)."""
+    from test_tree import assert_sampled_tree_keeps_the_targets_distribution
 
-    from magicdec.decoding import acceptance
-    from test_tree import tree_speculation
-    N, sampling = 4_000, Sampling(0.6, 0.9)
-    prompt, first, p = fixed_first_token(tiny, N)
-    draft = dw.draft_copy(tiny, "int4", GROUP)
-    torch.manual_seed(0)
-    out, decoder = tree_speculation(tiny, draft, prompt.expand(N, -1), 2, 1, 3, sampling, first)
-    stat, bound = chi_square(out[:, 1], p)
-    assert stat < bound and 0.05 < decoder.stats.alpha < 0.99, (stat, bound, decoder.stats.alpha)
-    wrong = functools.partial(acceptance.sampling_tree_verify, correct=False)  # the original, unpatched
-    monkeypatch.setattr(acceptance, "sampling_tree_verify", wrong)
-    torch.manual_seed(0)
-    out, _ = tree_speculation(tiny, draft, prompt.expand(N, -1), 2, 1, 3, sampling, first)
-    stat, bound = chi_square(out[:, 1], p)
-    assert stat > 2 * bound, (stat, bound)
+    assert_sampled_tree_keeps_the_targets_distribution(tiny, dw.draft_copy(tiny, "int4", GROUP), monkeypatch)

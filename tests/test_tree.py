@@ -220,20 +220,18 @@ def test_a_chain_verified_as_a_tree_is_the_chain_bitwise(tiny, backend):
     assert torch.equal(chain[0], as_tree[0]) and chain[2].trace == as_tree[2].trace
 
 
-def test_sampled_tree_speculation_keeps_the_targets_distribution(tiny, monkeypatch):
-    """N copies of one prompt, a tree one level deep and 3 wide drawn without replacement from the draft: the
-    first generated token after the fixed one follows the target's own distribution (T 0.6, top-p 0.9); trying
-    the next candidate against p instead of the residual fails the same check."""
+def assert_sampled_tree_keeps_the_targets_distribution(tiny, draft, monkeypatch) -> None:
+    """N copies of one prompt, a tree one level deep and 3 wide drawn without replacement from `draft`: the first
+    generated token after the fixed one follows the target's own distribution (T 0.6, top-p 0.9); trying the next
+    candidate against p instead of the residual fails the same check."""
     from conftest import fixed_first_token
     import functools
 
     from magicdec.decoding import acceptance
     from magicdec.decoding.sampling import Sampling
-    from test_generate_speculative import first_layers
 
     N, sampling = 4_000, Sampling(0.6, 0.9)
     prompt, first, p = fixed_first_token(tiny, N)
-    draft = first_layers(tiny, 1)
     torch.manual_seed(0)
     out, decoder = tree_speculation(tiny, draft, prompt.expand(N, -1), 2, 1, 3, sampling, first)
     stat, bound = chi_square(out[:, 1], p)
@@ -244,6 +242,13 @@ def test_sampled_tree_speculation_keeps_the_targets_distribution(tiny, monkeypat
     out, _ = tree_speculation(tiny, draft, prompt.expand(N, -1), 2, 1, 3, sampling, first)
     stat, bound = chi_square(out[:, 1], p)
     assert stat > 2 * bound, (stat, bound)
+
+
+def test_sampled_tree_speculation_keeps_the_targets_distribution(tiny, monkeypatch):
+    """A standalone draft (the target's first layer) proposing the tree."""
+    from test_generate_speculative import first_layers
+
+    assert_sampled_tree_keeps_the_targets_distribution(tiny, first_layers(tiny, 1), monkeypatch)
 
 
 def test_rank_counts_by_hand():
