@@ -313,3 +313,16 @@ def test_a_candidate_out_of_memory_is_listed_and_the_others_timed(small, tmp_pat
     ranked = [r["label"] for r in record["plan"]["ranking"] if r["drafter"] != "baseline"]
     assert [f["label"] for f in record["not_timed"]] == ranked[:1] and "out of memory" in record["not_timed"][0]["why"]
     assert [c["label"] for c in record["candidates"]] == ranked[1:2]
+
+
+def test_every_candidate_out_of_memory_runs_the_baseline_and_says_why(small, tmp_path, monkeypatch):
+    from magicdec.harness import trial as trial_module
+    rates = acceptance_file(tmp_path, {CHAIN: 0.8})
+
+    def runs_out(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+    monkeypatch.setattr(trial_module.Trial, "speculate", runs_out)
+    record = cli.run_record([*small, "--plan", "confirm", "1", "--plan_acceptance", str(rates), "--repeats", "2"])
+    assert record["candidates"] == [] and len(record["not_timed"]) == 1
+    assert record["choice"]["off"] and "ran out of memory" in record["choice"]["why"]
+    assert record["baseline"]["decode_tokens_per_s"] > 0  # timed alone

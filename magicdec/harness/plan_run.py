@@ -130,7 +130,10 @@ def measure(engine: Engine, cfg: RunConfig, point: str | None = None, eos: list[
         if rows and not candidates:  # every candidate ran out of memory: the baseline alone
             timed, = trial.time([base_decoder], cfg, eos)
             alone, outputs["baseline"] = trial.baseline_metrics(timed, copy_bw), timed.out.cpu()
-    return plan_record(cfg, engine, planner, result, candidates, alone, point) | {"not_timed": failed}, outputs
+    record = plan_record(cfg, engine, planner, result, candidates, alone, point) | {"not_timed": failed}
+    if rows and not candidates:
+        record["choice"]["why"] = "every candidate ran out of memory: the baseline runs"
+    return record, outputs
 
 
 def baseline_of(metrics: dict) -> dict:
