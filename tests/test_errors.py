@@ -18,6 +18,8 @@ from magicdec.errors import _terminate
 
 PRELUDE = """
 import runpy, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as a terminal gives it: a background job's
+# parent (a CI script started with &) leaves SIGINT ignored, and Python then never raises KeyboardInterrupt
 
 def reached():  # the point to be signalled: say so, then wait for the signal
     print("reached", flush=True)
