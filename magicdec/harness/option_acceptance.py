@@ -48,6 +48,7 @@ from magicdec.config import ModelArgs, check_context
 from magicdec.drafters.model_draft import DraftWeightOptions
 from magicdec.errors import MagicDecError
 from magicdec.harness import compare, plan_command
+from magicdec.harness.plan_command import SHAPING_PLACEHOLDER, is_tree
 from magicdec.harness.engine import Engine
 from magicdec.harness.run_config import RunConfig
 from magicdec.harness.train_head import default_corpus
@@ -61,7 +62,6 @@ CARRY_RULE = ("rates carried unchanged: a fixed draft budget sees the same numbe
 DEFAULT_PREFIX = 7936  # SmolLM2's 8192-token context, less room for 128 generated tokens and the widest draft
 OTHER_BOOKS = "other_books"  # --datastore: built here from the dataset folder's books the prompts do not come from
 INT4_GROUP = DraftWeightOptions().draft_group  # the run's default, what the plan's int4 options mean
-SHAPING_PLACEHOLDER = (0.8,)  # a Sequoia tree's rates where no wider tree of its draft was measured (the planner's)
 
 
 @dataclass
@@ -91,11 +91,6 @@ class Option:
 
 # ------------------------------------------------------------------------------------------------ what a run measured
 
-def is_tree(config: dict) -> bool:
-    """Whether a run's config verifies token trees of its own shape (a tree option of the plan's grid)."""
-    return (config.get("tree_width") or 1) > 1 or bool(config.get("tree_nodes"))
-
-
 def leading(rates) -> list[float]:
     """The rates up to the first position or rank that was never reached (None: nothing to divide)."""
     out = []
@@ -112,10 +107,9 @@ def entry_of(record: dict, trace: str | None) -> dict | str:
     with its trace; the hierarchy's bottom rate; the source, from the record's own fields."""
     s = record["metrics"]["speculation"]
     if is_tree(record["config"]):
-        ranks = s.get("per_rank") or {"kept": [], "reached": []}
-        if not ranks["reached"] or not ranks["reached"][0]:
+        rates = s.get("per_rank_acceptance") or [None]
+        if rates[0] is None:
             return "no tree candidate was tried in the run"
-        rates = [k / r if r else None for k, r in zip(ranks["kept"], ranks["reached"])]
         out = {"alpha": rates[0], "siblings": leading(rates[1:])}
     else:
         if s["alpha"] is None:

@@ -43,6 +43,7 @@ NEVER_LOSES_MARGIN = 1.02  # below this predicted speedup for every option, the 
 GAMMAS = tuple(range(1, 9))  # the draft lengths tried per option
 DEFAULT_MEMORY_GIB = 80.0  # an H100's, where the profile names no memory_gib
 IID_LABEL = "iid α, sensitivity"
+SHAPING_PLACEHOLDER = (0.8,)  # the rates a Sequoia tree is shaped for where its option has no acceptance input
 
 
 @dataclass(frozen=True)
@@ -148,12 +149,17 @@ def label(name: str, option: dict) -> str:
     return f"{name} {flags(option)}".strip()
 
 
+def is_tree(option: dict) -> bool:
+    """Whether an option (or a run's config) verifies token trees of its own shape: a width or Sequoia's nodes."""
+    return (option.get("tree_width") or 1) > 1 or bool(option.get("tree_nodes"))
+
+
 def family(drafter: str, option: dict) -> str:
     """An option's family: its drafter, its draft weights where not bf16, "tree" for a tree (a confirmation times
     one option per family, the atlas marks its winner by it)."""
     weights = option.get("draft_weights")
-    tree = (option.get("tree_width") or 1) > 1 or bool(option.get("tree_nodes"))
-    return " ".join([drafter] + ([weights] if weights and weights != "bf16" else []) + (["tree"] if tree else []))
+    return " ".join([drafter] + ([weights] if weights and weights != "bf16" else [])
+                    + (["tree"] if is_tree(option) else []))
 
 
 def parse_only(text: str) -> dict:
@@ -237,8 +243,7 @@ class Planner:
         if a is not None:
             if kind.verifies_trees and not a.siblings:  # a level's rate: its first candidate carries it
                 a = replace(a, siblings=(0.0,))
-            extra |= a.run_options(kind.verifies_trees or bool(option.get("tree_width", 1) > 1
-                                                               or option.get("tree_nodes")), shaped)
+            extra |= a.run_options(kind.verifies_trees or is_tree(option), shaped)
         given = self.base | extra | option | {"drafter": name, "gamma": [gamma] if gamma is not None else [3]}
         if option.get("tree_nodes"):
             given.setdefault("tree_rates", self.shaping_rates(name, option))
@@ -248,7 +253,7 @@ class Planner:
 
     def shaping_rates(self, name: str, option: dict) -> tuple:
         a = self.acceptance_of(name, option)
-        return (a.alpha, *a.siblings) if a else (0.8,)  # no input: shaped for a placeholder, not ranked anyway
+        return (a.alpha, *a.siblings) if a else SHAPING_PLACEHOLDER  # no input: not ranked anyway
 
     def acceptance_of(self, name: str, option: dict) -> Acceptance | None:
         for key in (label(name, option), name):
