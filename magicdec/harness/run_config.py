@@ -404,9 +404,9 @@ PLAN_ACCEPTANCE = {"synthetic_acceptance", "synthetic_siblings"}  # the speculat
 class Plan:
     plan: tuple = option((), "rank every drafter's composed options with the cost model at this run's point (as "
                              "magicdec plan does), then run: auto (the top choice, or the baseline where no option "
-                             "promises 1.02x) or confirm K (the top K speculative options, each timed in turns with "
-                             "the baseline on one prefill, the best measured kept, or the baseline where none "
-                             "measures 1.0x); the plan picks --drafter, its options and --gamma",
+                             "promises 1.02x) or confirm K (the best-ranked option of each of the top K families, "
+                             "each timed in turns with the baseline on one prefill, the best measured kept, or the "
+                             "baseline where none measures 1.0x); the plan picks --drafter, its options and --gamma",
                          nargs="+", metavar=("auto|confirm", "K"))
     plan_acceptance: Path | None = option(None, "--plan: JSON of acceptance per option label or drafter name (as "
                                                 "magicdec plan --acceptance reads); without it, --synthetic_acceptance "
@@ -433,8 +433,8 @@ class Plan:
             return
         words = " ".join(map(str, self.plan))
         if self.mode not in PLAN_MODES or (self.mode == "auto" and len(self.plan) > 1):
-            raise MagicDecError(f"--plan {words}: give auto (run the planner's top choice) or confirm K (time the top "
-                                "K options, keep the measured best)")
+            raise MagicDecError(f"--plan {words}: give auto (run the planner's top choice) or confirm K (time the best "
+                                "option of each of the top K families, keep the measured best)")
         if self.mode == "confirm":
             if len(self.plan) != 2 or not re.fullmatch(r"[+-]?\d+", str(self.plan[1])):
                 raise MagicDecError(f"--plan {words}: give confirm K, K a whole number of options to time (e.g. "
