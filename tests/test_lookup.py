@@ -230,3 +230,29 @@ def test_a_synthetic_lookup_run_drafts_gamma_every_verification():
                              "--synthetic_acceptance", "0.6"])
     s = record["metrics"]["speculation"]
     assert s["draft_steps"] == 3 * s["iterations"] > 0
+
+
+def test_a_branch_tree_is_predicted_at_its_node_count_and_branch_rates(tmp_path):
+    """Above width 1 the verification takes every branch: T_V at width * gamma + 1 tokens (a chain's gamma + 1),
+    and the tokens kept by hand for two branches of 2 at rates (a, s): the first branch's chain a (1 + a), else the
+    second branch at s, its second token at a."""
+    import json
+    from magicdec.analysis import cost_model as cm
+    from magicdec.drafters.lookup import DRAFTER
+    from magicdec.harness import plan_command
+    from magicdec.config import ModelArgs
+    a, s = 0.6, 0.3
+    rates = tmp_path / "acceptance.json"
+    rates.write_text(json.dumps({"lookup": {"alpha": a, "siblings": [s]}}))
+    point = {"random_weights": True, "model_name": "JackFram/llama-68m", "B": 2, "prefix_len": 300, "gen_len": 10,
+             "device": "cpu", "dtype": "float32"}
+    planner = plan_command.Planner(point, plan_command.Inputs(cm.PROFILES / "h100.json", rates, gammas=(2,),
+                                                              synthetic=True))
+    cfg = planner.config("lookup", {"ngram_max": 2, "tree_width": 2}, 2, shaped=True)
+    target = ModelArgs.from_name("JackFram/llama-68m")
+    device = cm.Device(3e12, 7e14, 60e-6)
+    p = DRAFTER.predict(cfg, target, None, device, a, 2, 0)
+    assert p["T_V"] == pytest.approx(cm.step_time(target, device, 2, 305, 5))
+    assert p["omega"] == pytest.approx(1 + a * (1 + a) + (1 - a) * s * (1 + a))
+    chain = DRAFTER.predict(planner.config("lookup", {"ngram_max": 2}, 2, shaped=True), target, None, device, a, 2, 0)
+    assert chain["T_V"] == pytest.approx(cm.step_time(target, device, 2, 305, 3))

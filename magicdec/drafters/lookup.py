@@ -134,12 +134,17 @@ class Lookup(DrafterKind):
     def options(self, cfg, target, device) -> list[dict]:
         return [{"ngram_max": n, "tree_width": w} for n in PLAN_NGRAMS for w in PLAN_WIDTHS]
 
-    def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict:
-        """No draft steps: the proposal's cost is in the fixed cost per verification (T_O). The prediction takes
-        gamma tokens proposed every time, so it overstates Omega where nothing was found."""
-        w = cfg.workload
+    def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
+        """No draft steps: the n-gram search is in the fixed cost per verification (T_O). Above width 1 the
+        verification takes every branch (width * gamma tokens) and yields what the branches' rates keep (the later
+        branches at --synthetic_siblings; None without them). The prediction takes gamma tokens proposed every time,
+        so it overstates Omega where nothing was found."""
+        w, width = cfg.workload, cfg.speculation.tree_width
+        if width > 1 and not cfg.speculation.synthetic_siblings:
+            return None
+        tree = Tree.branches(gamma, width) if width > 1 else None
         p = cm.predict(target, device, w.B, w.prefix_len + w.gen_len // 2, gamma, alpha, 0, None, 0,
-                       not cfg.decoding.greedy)
+                       not cfg.decoding.greedy, tree=tree, sibling_rates=cfg.speculation.synthetic_siblings)
         return cm.without_draft_steps(p, gamma)
 
 
