@@ -101,6 +101,11 @@ def test_acceptance_file_source_trace_and_meta(tmp_path, capsys):
     rates.parent.mkdir()
     rates.write_text(json.dumps({"_meta": {"command": "made by hand"},
                                  "lookup": {"alpha": 0.5, "source": "SmolLM2, 8K prompt", "trace": "t/run.json"}}))
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--gammas", "3", "--acceptance", str(rates), "--only", "drafter=lookup"])
+    assert "t/run.json: cannot read it" in capsys.readouterr().err  # a chain's plan replays its trace
+    (rates.parent / "t").mkdir()
+    (rates.parent / "t" / "run.json").write_text(json.dumps({"acceptance_trace": {"gammas": [3], "accepted": [[1]]}}))
     assert cli.main(["plan", "--gammas", "3", "--acceptance", str(rates), "--only", "drafter=lookup"]) == 0
     assert "acceptance: SmolLM2, 8K prompt" in capsys.readouterr().out
     entry = plan_command.load_acceptance(rates)["lookup"]

@@ -254,3 +254,27 @@ def test_auto_gamma_generation_equals_plain_greedy(tiny, costs):
             assert decoder.stats.drafted == sum(g * n for g, n in used.items())
         if costs[4] < 2:
             assert len(used) > 1, used  # the tiny model's acceptance is middling: the choice moved
+
+
+def test_a_replayed_trace_finishes_when_its_slowest_sequence_does():
+    """By hand: one sequence keeps all 3 drafts every verification (4 tokens each), the other none (1 each). For 8
+    tokens the first needs 2 verifications and the second 8; the batch of both needs 8, a batch of the first alone
+    2; tokens per verification: (4 + 1) / 2."""
+    from magicdec.analysis.planner import replay_finish
+    trace = {"gammas": [3] * 20, "accepted": [[3] * 20, [0] * 20]}
+    assert replay_finish(trace, 2, 3, 8, 0.5) == (8, pytest.approx(2.5))
+    assert replay_finish({"gammas": [3] * 20, "accepted": [[3] * 20]}, 1, 3, 8, 0.5) == (2, pytest.approx(4.0))
+
+
+@pytest.mark.parametrize("gamma", [3, 5])
+def test_the_replay_finish_is_the_runs_own(tiny, gamma):
+    """A recorded trace whose sequences differ, replayed by the decoder (synthetic acceptance at 0.5, B 5 over the
+    trace's 3 sequences, at the recorded gamma and another): the planner's count of verifications is the run's."""
+    from magicdec.analysis.planner import replay_finish
+    from test_generate_speculative import speculate
+    _, _, real = speculate(tiny, tiny, tiny_prompts(), 60, 3, budget=20, synthetic=0.7)
+    replay = {"gammas": real.trace_gammas, "accepted": [list(s) for s in zip(*real.trace)]}
+    _, _, run = speculate(tiny, tiny, tiny_prompts(5), 60, gamma, budget=20, synthetic=0.5, replay=replay)
+    n, _ = replay_finish(replay, 5, gamma, 59, 0.5)  # the prefill gives the first of the 60 tokens
+    assert n == len(run.trace)
+    assert n > replay_finish(replay, 1, gamma, 59, 0.5)[0]  # the slowest of the 3 is not the first

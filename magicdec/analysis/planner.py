@@ -115,6 +115,25 @@ def fit_spread(points, grid=np.arange(0.0, 0.2501, 0.005)) -> float:
     return float(min(grid, key=misfit))
 
 
+def replay_finish(trace: dict, B: int, gamma: int, tokens: int, rate: float, seed: int = 0) -> tuple[int, float]:
+    """(verifications until the batch's last sequence has `tokens` more, the tokens a sequence gains per
+    verification on average) for a chain that replays `trace` (acceptance.load_trace's) at `rate`: the landscape a
+    random-weight run draws from it (acceptance.trace_landscape, the run's seed), read as its chain rule reads it
+    (a drafted token kept while the landscape at its column is below the rate; the first drafted column 2). A
+    trace's sequences differ (on SmolLM2, lookup kept 0-6 tokens a verification): the slowest one sets the batch's
+    end, which one rate for all (finish_verifications at spread 0) cannot show."""
+    from magicdec.decoding.acceptance import trace_landscape
+
+    land = trace_landscape(trace["gammas"], trace["accepted"], B, tokens + gamma + 3, rate, "cpu", seed).numpy()
+    m, n = np.full(B, 2), np.zeros(B, dtype=np.int64)
+    rows, cols = np.arange(B)[:, None], np.arange(gamma)[None, :]
+    while (active := m - 2 < tokens).any():
+        kept = land[rows, np.minimum(m, tokens + 1)[:, None] + cols] < rate  # a done row reads inside, as the run
+        accepted = np.where(kept.all(1), gamma, kept.argmin(1))
+        m, n = np.where(active, m + accepted + 1, m), n + active
+    return int(n.max()), float(np.mean((m - 2) / n))
+
+
 @functools.lru_cache(maxsize=64)
 def normal_quantiles(n: int) -> np.ndarray:
     """n evenly spaced quantiles of the standard normal: a batch's sequences as drawn from it (n = 1: the mean)."""

@@ -24,6 +24,7 @@ and a sweep's plan points (plan_run.py) from their run config.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from dataclasses import dataclass, replace
@@ -32,7 +33,8 @@ from pathlib import Path
 from magicdec import drafters, files
 from magicdec import options as opt
 from magicdec.analysis import cost_model as cm
-from magicdec.analysis.planner import finishing_speedup
+from magicdec.analysis.planner import finishing_speedup, replay_finish
+from magicdec.decoding.acceptance import load_trace
 from magicdec.device import headroom_for
 from magicdec.errors import MagicDecError
 from magicdec.harness.compare import load_profile
@@ -255,6 +257,12 @@ class Planner:
         a = self.acceptance_of(name, option)
         return (a.alpha, *a.siblings) if a else SHAPING_PLACEHOLDER  # no input: not ranked anyway
 
+    @staticmethod
+    @functools.lru_cache(maxsize=32)
+    def trace(path: Path) -> dict:
+        """A chain's recorded trace, read once per plan (each gamma of each option replays it)."""
+        return load_trace(path)
+
     def acceptance_of(self, name: str, option: dict) -> Acceptance | None:
         for key in (label(name, option), name):
             if key in self.acceptance:
@@ -293,7 +301,12 @@ class Planner:
                                          if (cfg.speculation.tree_width > 1 or cfg.speculation.tree_nodes)
                                          and not a.siblings else f"the cost model has no model of {name} here")
                 continue
-            speedup = finishing_speedup(p, g, self.B, self.tokens)
+            if a.trace is not None and not is_tree(option) and not kind.verifies_trees:
+                n, per_verification = replay_finish(self.trace(a.trace), self.B, g, self.tokens, a.alpha)
+                p = p | {"omega": per_verification}
+                speedup = self.tokens / (n * cm.verification_cost(p, g))
+            else:
+                speedup = finishing_speedup(p, g, self.B, self.tokens)
             if best is None or speedup > best["speedup"]:
                 best = {"gamma": g, "T_D_over_T_T": p["T_D_over_T_T"], "T_V_over_T_T": p["T_V_over_T_T"],
                         "omega": p["omega"], "speedup": speedup, "acceptance": a.source}
