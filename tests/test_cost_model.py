@@ -54,6 +54,22 @@ def test_bandwidth_bound_steps_match_the_gpu(path, B, prefix, ranks):
     assert predicted == pytest.approx(m["ms_per_step"] / 1e3, rel=0.10)
 
 
+def test_tensor_parallel_steps_pay_their_all_reduces_per_layer():
+    """A forward on 4 ranks: the bytes and FLOPs divided by 4, plus the profile's all-reduce seconds per layer for 4
+    ranks (32 layers); one rank pays none, and ranks the profile has no figure for pay none."""
+    d = cm.Device(3e12, 7e14, 50e-6, collective_s_per_layer={4: 30e-6})
+    one = cm.step_time(L31, d, 16, 100_000)
+    assert cm.step_time(L31, replace(d, ranks=4), 16, 100_000) == pytest.approx(
+        (one - 32 * 50e-6) / 4 + 32 * (50e-6 + 30e-6))
+    assert cm.step_time(L31, replace(d, ranks=2), 16, 100_000) == pytest.approx((one - 32 * 50e-6) / 2 + 32 * 50e-6)
+
+
+def test_the_committed_profile_reads_its_all_reduce_figure():
+    from magicdec.harness.compare import load_profile
+    device, _, raw = load_profile(cm.PROFILES / "h100.json")
+    assert device.collective_s_per_layer == {4: raw["collective_s_per_layer"]["4"]} and 0 < device.collective_s_per_layer[4] < 1e-3
+
+
 def flops(B, context, T=1):
     """Llama-3.1-8B by hand: 2 FLOPs per weight and token, and QK plus PV over the context (32 layers x 32 heads x 128)."""
     return 2 * B * T * ((8_030_261_248 - 128256 * 4096) + 2 * 32 * 32 * 128 * context)

@@ -164,3 +164,18 @@ def test_a_drafter_verifying_trees_draws_its_level_rate_on_its_first_candidate(t
     assert cfg.speculation.synthetic_positions in ((), None)  # a tree draws no per-position chain rates
     chain = planner.config("lookup", {"ngram_max": 2}, 2, shaped=True)  # a chain keeps what it was given
     assert not chain.speculation.synthetic_siblings
+
+
+def test_the_hierarchys_bottom_rate_reaches_its_synthetic_run(tmp_path):
+    """A hierarchy entry's `bottom` (the middle's rate of the bottom's tokens) is what its random-weight run draws:
+    without it such a run cannot start, and the atlas never ranked the hierarchy."""
+    rates = tmp_path / "acceptance.json"
+    rates.write_text(json.dumps({"hierarchy": {"alpha": 0.9, "bottom": 0.55}}))
+    point = {"random_weights": True, "model_name": "JackFram/llama-68m", "B": 2, "prefix_len": 300, "gen_len": 10,
+             "device": "cpu", "dtype": "float32"}
+    planner = plan_command.Planner(point, plan_command.Inputs(cm.PROFILES / "h100.json", rates, gammas=(2,),
+                                                              synthetic=True))
+    option = {"draft": "ngram", "draft_policy": "streaming", "draft_budget": 256, "gamma_bottom": 2}
+    cfg = planner.config("hierarchy", option, 2, shaped=True)
+    assert cfg.speculation.synthetic_acceptance == 0.9 and cfg.draft.synthetic_bottom == 0.55
+    assert "hierarchy" in {r["drafter"] for r in planner.ranking([{"drafter": "hierarchy"} | option])["ranking"]}

@@ -335,3 +335,22 @@ def test_every_candidate_out_of_memory_runs_the_baseline_and_says_why(small, tmp
     assert record["candidates"] == [] and len(record["not_timed"]) == 1
     assert record["choice"]["off"] and "ran out of memory" in record["choice"]["why"]
     assert record["baseline"]["decode_tokens_per_s"] > 0  # timed alone
+
+
+def test_a_two_rank_sweep_records_each_point_once_and_resumes(tmp_path):
+    """torchrun, 2 ranks (gloo): every rank runs the sweep's points (their collectives pair), rank 0 alone holds the
+    folder and writes; run again, nothing is left to run."""
+    rates = acceptance_file(tmp_path, {"lookahead": 0.6})
+    path = tmp_path / "plan.toml"
+    path.write_text(TINY_PLAN_SWEEP.replace("test/plan-small", "JackFram/llama-68m").replace(
+        "methods", "rank_group = [0, 1]\nmethods").format(rates=rates))
+    out = tmp_path / "out"
+    launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "magicdec.cli")
+    p = run_cli("sweep", str(path), "--output_dir", str(out), "--device", "cpu", "--no_progress", launcher=launcher)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = {f.stem: json.loads(f.read_text()) for f in out.glob("*.json")}
+    assert sorted(r["prefix_len"] for r in recs.values()) == [48, 96]
+    assert all(r["tensor_parallel"] == {"world": 2} and len(r["candidates"]) == 1 for r in recs.values())
+    assert (out / "commands.txt").read_text().count("magicdec sweep") == 1
+    again = run_cli("sweep", str(path), "--output_dir", str(out), "--device", "cpu", "--no_progress", launcher=launcher)
+    assert again.returncode == 0 and again.stdout.count("0 of 2 points to run") == 2, again.stderr[-3000:]

@@ -46,6 +46,9 @@ class Device:
     matmul_flops: float  # FLOP/s, measured (a large bf16 matmul)
     layer_overhead_s: float = 0.0  # fixed seconds per layer per step (launches, small kernels)
     ranks: int = 1  # tensor-parallel ranks sharing the work
+    # seconds per layer of a forward's all-reduces by ranks (2 per layer, latency-bound at decode sizes), fitted to
+    # tensor-parallel records: not in the bytes and FLOPs that divide by the ranks
+    collective_s_per_layer: dict = field(default_factory=dict)
     verify_overhead_s: float = 0.0  # fixed seconds per verification beyond its draft and target steps (T_O)
     sampling_s_per_logit: float = 0.0  # sampled decoding: seconds per logit turned into top-p probabilities
     # draft weight format -> {rows M: a step's matmul time over bf16's}, measured (weight_time_ratio)
@@ -107,7 +110,8 @@ def step_time(c: ModelArgs, d: Device, B: int, context: int, T: int = 1, sampled
     # the decode kernel overlaps its dots with its reads: the longer of the two, once its dot rate is measured
     kv = max(reads, attention / d.attention_flops) if d.attention_flops else reads + attention / d.matmul_flops
     return (matmuls * weight_time_ratio(c, d, weights, B * T, group) + kv) / d.ranks \
-        + c.n_layers * d.layer_overhead_s + (rows * c.vocab_size * d.sampling_s_per_logit if sampled else 0.0)
+        + c.n_layers * (d.layer_overhead_s + (d.collective_s_per_layer.get(d.ranks, 0.0) if d.ranks > 1 else 0.0)) \
+        + (rows * c.vocab_size * d.sampling_s_per_logit if sampled else 0.0)
 
 
 def linear_time(d: Device, params: int, rows: int, item: int = 2) -> float:

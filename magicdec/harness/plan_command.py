@@ -195,6 +195,7 @@ class Inputs:
     gammas: tuple = GAMMAS
     draft_name: str | None = None  # a standalone draft's (and the hierarchy's bottom's) shapes
     synthetic: bool = False  # each option as a random-weight run draws its acceptance: one that cannot is not ranked
+    ranks: int | None = None  # tensor-parallel ranks planned for from one process (default: the engine's world)
 
 
 class Planner:
@@ -221,8 +222,9 @@ class Planner:
         self.engine = engine or Engine(cfg)
         self.engine.plan(cfg)  # the target's shapes and context against the point
         self.target = self.engine.target_config
-        if self.engine.world > 1:  # tensor parallelism: the work divides over the ranks
-            self.device = replace(self.device, ranks=self.engine.world)
+        self.ranks = inputs.ranks or self.engine.world
+        if self.ranks > 1:  # tensor parallelism: the work divides over the ranks
+            self.device = replace(self.device, ranks=self.ranks)
         self.cfg = cfg
         self.B, self.tokens = cfg.workload.B, cfg.workload.gen_len - 1  # the first token comes from the prefill
 
@@ -234,7 +236,7 @@ class Planner:
         point = model | {"B": a.B, "prefix_len": a.prefix_len, "gen_len": a.gen_len, "temperature": a.temperature,
                          "device": "cpu", "dtype": "bfloat16", "dataset": "stdlib"}
         return cls(point, Inputs(a.profile, a.acceptance, a.alpha, tuple(a.siblings or ()), a.memory_gib,
-                                 tuple(a.gammas), a.draft_name))
+                                 tuple(a.gammas), a.draft_name, ranks=a.ranks))
 
     def config(self, name: str, option: dict, gamma, strict: bool = False, shaped: bool = False) -> RunConfig:
         """The run config of one option at gamma (strict: an option its drafter does not take is an error; where
@@ -246,6 +248,8 @@ class Planner:
             if kind.verifies_trees and not a.siblings:  # a level's rate: its first candidate carries it
                 a = replace(a, siblings=(0.0,))
             extra |= a.run_options(kind.verifies_trees or is_tree(option), shaped)
+            if a.bottom is not None and "synthetic_bottom" in opt.keys(kind.Config):  # the hierarchy's second level
+                extra["synthetic_bottom"] = a.bottom
         given = self.base | extra | option | {"drafter": name, "gamma": [gamma] if gamma is not None else [3]}
         if option.get("tree_nodes"):
             given.setdefault("tree_rates", self.shaping_rates(name, option))
@@ -286,7 +290,7 @@ class Planner:
                 error = error or str(e)
                 continue
             need = memory_needed(self.B, activation_rows(cfg), cfg.runtime.torch_dtype, parts)
-            if need["total"] + headroom_for(self.memory) > self.memory:
+            if need["total"] / (self.ranks // self.engine.world) + headroom_for(self.memory) > self.memory:
                 gib = 1 << 30
                 reason = reason or f"does not fit in {self.memory / gib:g} GiB with its headroom"
                 row.setdefault("memory_needed_gib", {k: round(v / gib, 2) for k, v in need.items()})
@@ -408,6 +412,8 @@ def check_counts(a) -> None:
     for flag, value in (("--B", a.B), ("--prefix_len", a.prefix_len), ("--gen_len", a.gen_len)):
         if value < 1:
             raise MagicDecError(f"{flag} {value}: give a positive count")
+    if a.ranks < 1:
+        raise MagicDecError(f"--ranks {a.ranks}: give the tensor-parallel ranks planned for (1 or more)")
     if a.gen_len < 2:
         raise MagicDecError(f"--gen_len {a.gen_len}: give at least 2 (the first token comes from the prefill; the "
                             "plan times the rest)")
@@ -439,6 +445,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, default=cm.PROFILES / "h100.json", help="the device profile")
     p.add_argument("--memory_gib", type=float, default=None,
                    help=f"the device's memory (default: the profile's memory_gib, else {DEFAULT_MEMORY_GIB:g})")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="tensor-parallel GPUs (torchrun --nproc_per_node): weights and KV divide over them, each "
+                        "forward pays the profile's all-reduces per layer, memory is per GPU")
     p.add_argument("--alpha", type=float, default=None, help=f"one acceptance rate for every option ({IID_LABEL})")
     p.add_argument("--siblings", type=float, nargs="+", default=None,
                    help="with --alpha: a tree's later candidates' rates (rank 1, 2, ...); trees need them")

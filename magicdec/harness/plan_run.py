@@ -29,6 +29,7 @@ from magicdec.analysis import cost_model as cm
 from magicdec.errors import MagicDecError, out_of_memory
 from magicdec.harness.engine import Engine
 from magicdec.harness.plan_command import NEVER_LOSES_MARGIN, Inputs, Planner, family, load_acceptance, read_profile
+from magicdec.harness.run import from_rank0
 from magicdec.harness.run_config import SECTIONS, RunConfig
 from magicdec.harness.trial import Trial
 
@@ -56,14 +57,6 @@ def planner_of(cfg: RunConfig, engine: Engine) -> Planner:
                                  synthetic=cfg.models.random_weights), engine)
 
 
-def agreed(result: dict, engine: Engine) -> dict:
-    """Rank 0's ranking on every rank: the ranks time the same candidates in the same order (their collectives
-    pair), whatever each rank's own memory parts made of the ranking."""
-    if engine.world == 1:
-        return result
-    box = [result]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def chosen_rows(cfg: RunConfig, ranking: list[dict]) -> list[dict]:
@@ -94,7 +87,7 @@ def measure(engine: Engine, cfg: RunConfig, point: str | None = None, eos: list[
     run's tokens by label, "baseline" where it ran alone). `eos`: the tokens that end a sequence (default: the
     config's)."""
     planner = planner_of(cfg, engine)
-    result = agreed(planner.ranking(), engine)
+    result = from_rank0(planner.ranking())  # the ranks time the same candidates, whatever each one's memory made of it
     rows = chosen_rows(cfg, result["ranking"])
     configs = [candidate_config(planner, r) for r in rows]  # every check before the target loads
     models = [engine.plan(c)[0] for c in configs]

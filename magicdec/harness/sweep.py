@@ -44,11 +44,13 @@ to resume.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -66,6 +68,7 @@ from magicdec import drafters
 from magicdec import files
 from magicdec.harness import metrics as met
 from magicdec.harness import plan_run
+from magicdec.harness.run import from_rank0
 from magicdec import options as opt
 from magicdec.harness import timing
 from magicdec.harness.engine import activation_rows, Engine, memory_needed
@@ -379,6 +382,9 @@ class Sweep:
     def __init__(self, cfg: dict, out_dir: Path, device: str | None = None, progress: bool = True,
                  path: str = "sweep"):
         self.cfg, self.out, self.progress = cfg, Path(out_dir), progress
+        # under torchrun every rank runs the sweep (the points' collectives need them all); rank 0 alone holds the
+        # folder and writes, and its decisions (the points left, the time limit) are every rank's
+        self.rank0 = int(os.environ.get("RANK", "0")) == 0
         if device is not None:
             cfg = cfg | {"device": device}
             self.cfg = cfg
@@ -399,7 +405,8 @@ class Sweep:
         return (self.out / f"{point.key}.json").exists()
 
     def write(self, name: str, rec: dict) -> None:
-        write_json(self.out / f"{name}.json", rec | {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        if self.rank0:
+            write_json(self.out / f"{name}.json", rec | {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
     def set_aside_broken(self) -> int:
         """A record (or a point's batches so far) that cannot be read, cut short by a full disk or a failed copy, or
@@ -450,15 +457,16 @@ class Sweep:
         writable_folder(self.out, "--output_dir")
         busy = (lambda pid: f"--output_dir {self.out} is in use by another sweep (pid {pid}): let it finish (or stop "
                             f"it: kill {pid}), or give this one another --output_dir")
-        with files.locked(self.out / LOCK, busy), interrupted_as(lambda: (
+        with (files.locked(self.out / LOCK, busy) if self.rank0 else contextlib.nullcontext()), interrupted_as(lambda: (
                 f"interrupted: {sum(map(self.recorded, self.points))} of {len(self.points)} points done in {self.out}; "
                 "run the same command again to resume")):
             return self.run_points(start, max_minutes)
 
     def run_points(self, start: float, max_minutes: float | None) -> int:
         """run()'s work, with the folder locked."""
-        self.set_aside_broken()
-        self.retire_stale()
+        if self.rank0:
+            self.set_aside_broken()
+            self.retire_stale()
         for method, reasons in self.dropped.items():
             for why, n in reasons.items():
                 print(f"{method}: {n} point(s) left out: {why}", flush=True)
@@ -468,22 +476,25 @@ class Sweep:
             return 0
         self.check(todo)
         self.load(todo[0].cfg)
+        keys = from_rank0([p.key for p in todo])  # a rank that saw a record rank 0 was still setting aside
+        todo = [p for p in self.points if p.key in keys]
         if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
             print(f"the set-up (loading the target, probing the device) took {(time.monotonic() - start) / 60:.1f} "
                   f"minutes, past --max_minutes {max_minutes:g}: one point is recorded, then the sweep stops",
                   flush=True)
-        files.write_text(self.out / "sweep.toml", self.config_text)  # the grid itself, beside its records
-        commands = self.out / "commands.txt"  # what made these records, for the report
-        made = f"{self.command}  # {self.env.get('gpu', self.env['device'])}, {time.strftime('%Y-%m-%d %H:%M')}\n"
-        files.write_text(commands, (commands.read_text(errors="replace") if commands.exists() else "") + made)
-        bar = tqdm(total=len(todo), desc="sweep", disable=not self.progress)
+        if self.rank0:
+            files.write_text(self.out / "sweep.toml", self.config_text)  # the grid itself, beside its records
+            commands = self.out / "commands.txt"  # what made these records, for the report
+            made = f"{self.command}  # {self.env.get('gpu', self.env['device'])}, {time.strftime('%Y-%m-%d %H:%M')}\n"
+            files.write_text(commands, (commands.read_text(errors="replace") if commands.exists() else "") + made)
+        bar = tqdm(total=len(todo), desc="sweep", disable=not (self.progress and self.rank0))
         groups: dict[tuple, list[Point]] = {}
         for p in todo:
             groups.setdefault(group_key(p), []).append(p)
         for pts in groups.values():
             if self.out_of_time(start, max_minutes):
                 break
-            too_big = self.fits(pts)
+            too_big = from_rank0(self.fits(pts))  # each rank's free memory differs a little
             for p in pts:
                 if p.key in too_big:
                     self.write(p.key, self.meta(p) | {"skipped": too_big[p.key]})
@@ -499,7 +510,8 @@ class Sweep:
 
     def out_of_time(self, start: float, max_minutes: float | None) -> bool:
         """Whether the time limit stops the sweep here: past it, and a point recorded by this run already."""
-        return max_minutes is not None and self.recorded_now > 0 and time.monotonic() - start > 60 * max_minutes
+        return from_rank0(max_minutes is not None and self.recorded_now > 0
+                          and time.monotonic() - start > 60 * max_minutes)
 
     def check(self, todo: list[Point]) -> None:
         """Every point against the models' configs (contexts, vocabularies, drafts' models), before anything loads:
@@ -695,13 +707,15 @@ class Sweep:
         """Keep this point's timings so far; after its last batch, write its record."""
         partial = json.loads(json.dumps(partial, default=str))  # one form (JSON's), whether stored or just timed
         if not last:
-            write_json(self.out / ".batches" / f"{point.key}.json", partial)
+            if self.rank0:
+                write_json(self.out / ".batches" / f"{point.key}.json", partial)
             return
         rec = self.record(point, partial)
         self.write(point.key, rec)
         self.recorded_now += 1
         self.log(rec)
-        (self.out / ".batches" / f"{point.key}.json").unlink(missing_ok=True)
+        if self.rank0:
+            (self.out / ".batches" / f"{point.key}.json").unlink(missing_ok=True)
         bar.update(1)
 
     def meta(self, point: Point) -> dict:
