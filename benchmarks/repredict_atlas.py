@@ -10,7 +10,6 @@ the same records is no out-of-sample check (say so where it is quoted).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
