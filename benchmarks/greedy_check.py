@@ -45,10 +45,10 @@ COMPOSED = [("selfspec", {"draft_weights": w} | tree) for w in ("int8", "fp8", "
     [("selfspec", {"draft_kv": kv}) for kv in ("int8", "int4")]
 
 
-def cases(datastore: str | None) -> tuple[list[tuple[str, list[str]]], dict[str, str]]:
-    """(drafter, its flags) to check, and the drafters not run with the reason."""
+def cases(datastore: str | None, compositions_only: bool = False) -> tuple[list[tuple[str, list[str]]], dict[str, str]]:
+    """(drafter, its flags) to check, and the drafters not run with the reason; `compositions_only`: COMPOSED's."""
     todo, skipped = [], {}
-    for name, kind in drafters.registry().items():
+    for name, kind in ({} if compositions_only else drafters.registry()).items():
         given = GIVEN.get(name, {}) | ({"datastore": datastore} if name in NEEDS and datastore else {})
         if name in NEEDS and not datastore:
             skipped[name] = f"needs --{NEEDS[name]} FILE"
@@ -63,7 +63,7 @@ def cases(datastore: str | None) -> tuple[list[tuple[str, list[str]]], dict[str,
             todo.append((name, base + ["--tree_width", "2"]))
         if kind.drafts_shaped_trees:
             todo.append((name, base + SHAPED))
-    for name, extra in EXTRA + COMPOSED:  # True: a switch; None: a key the example or GIVEN set, dropped
+    for name, extra in ([] if compositions_only else EXTRA) + COMPOSED:  # True: a switch; None: a key dropped
         if name in drafters.names():
             options = drafters.get(name).example | GIVEN.get(name, {}) | extra
             todo.append((name, ["--drafter", name, *as_flags(options)]))
@@ -87,28 +87,32 @@ def main(argv=None) -> int:
     p.add_argument("--B", type=int, default=4)
     p.add_argument("--gamma", type=int, default=3)
     p.add_argument("--datastore", help="a REST datastore (magicdec datastore) for the rest drafter")
-    p.add_argument("--output", type=Path, required=True)
+    p.add_argument("--only", choices=["compositions"], default=None,
+                   help="compositions: only the self-draft's low-bit weight and KV compositions (COMPOSED)")
+    p.add_argument("--output", type=Path, required=True,
+                   help="the JSON, rewritten after each configuration (a run cut short keeps what it checked)")
     a = p.parse_args(argv)
     common = ["--random_weights", "--model_name", "JackFram/llama-68m", "--prefix_len", str(a.prefix_len), "--B",
               str(a.B), "--gen_len", str(a.gen_len), "--device", a.device, "--dtype", a.dtype, "--step_mode",
               a.step_mode, "--save_tokens", "--no_progress", "--ignore_eos"]
     try:
-        todo, skipped = cases(a.datastore)
+        todo, skipped = cases(a.datastore, a.only == "compositions")
         reference = quietly(common)["generated_ids"]
-        rows = []
+        out = {"environment": environment(torch.device(a.device)), "options": " ".join(common), "gamma": a.gamma,
+               "rows": [], "planned": len(todo), "not_run": skipped}
         for name, extra in todo:
             record = quietly(common + ["--gamma", str(a.gamma)] + extra)
             same = record["generated_ids"] == reference
             m = record["metrics"]
-            rows.append({"drafter": name, "options": " ".join(extra[2:]), "same_ids": same,
-                         "acceptance_length": m.get("acceptance_length"), "iterations": m.get("iterations")})
+            out["rows"].append({"drafter": name, "options": " ".join(extra[2:]), "same_ids": same,
+                                "acceptance_length": m.get("acceptance_length"), "iterations": m.get("iterations")})
+            out["all_same"] = all(r["same_ids"] for r in out["rows"])
+            files.write_json(a.output, out, "the greedy check")
             print(f"{name:10s} {' '.join(extra[2:]):60s} same ids: {same}", flush=True)
-        out = {"environment": environment(torch.device(a.device)), "options": " ".join(common), "gamma": a.gamma, "rows": rows,
-               "not_run": skipped, "all_same": all(r["same_ids"] for r in rows)}
-        files.write_json(a.output, out, "the greedy check")
+        rows = out["rows"]
         print(f"{sum(r['same_ids'] for r in rows)} of {len(rows)} configurations give plain decoding's ids"
               + (f"; not run: {skipped}" if skipped else ""))
-        return 0 if out["all_same"] else 1
+        return 0 if all(r["same_ids"] for r in rows) else 1
     except MagicDecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

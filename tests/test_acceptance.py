@@ -291,6 +291,26 @@ def test_synthetic_tree_mode_keeps_the_nodes_its_sibling_rates_imply():
     assert torch.equal(accepted, tree.depths[path[:, -1]])
 
 
+def test_per_sequence_factors_scale_each_sequences_tree_rates():
+    """Sequence factors (0.5, 1.5, 0): even rows keep the first candidate at 0.6 x 0.5 = 0.3 and the second at
+    0.3 x 0.5 = 0.15, rows 1 mod 3 at 0.9 and 0.45, rows 2 mod 3 never (the rows cycle through the factors); each row
+    group's last kept node follows the exact distribution of its own rates (the tree of the test above)."""
+    B = 60_000
+    tree = Tree.chain_with_siblings(2, 2).on_device("cpu")
+    acceptor = SyntheticAcceptor(Sampling(), 0.6, siblings=(0.3,), factors=(0.5, 1.5, 0.0))
+    acceptor.begin(B, 10, "cpu")
+    tokens = torch.zeros(B, tree.tree.size, dtype=torch.long)
+    draws = acceptor.draws(None, tokens, tree)
+    accepted, _, path = acceptor.accept(torch.zeros_like(tokens), tokens, None, tree, draws)
+    rows = torch.arange(B)
+    for group, (a, s) in enumerate([(0.3, 0.15), (0.9, 0.45)]):
+        exact = torch.tensor([(1 - a) * (1 - s), a * (1 - a) * (1 - s), (1 - a) * s, a * a, a * (1 - a) * s],
+                             dtype=torch.float64)
+        stat, bound = chi_square(path[rows % 3 == group, -1], exact)
+        assert stat < bound, (group, stat, bound)
+    assert accepted[rows % 3 == 2].sum() == 0
+
+
 def test_a_seed_draws_the_same_acceptance_and_another_seed_another():
     """Common random numbers: the same seed draws the same landscape (every timed run alike); the seed a
     hierarchy's middle level bumps per run draws a new one."""

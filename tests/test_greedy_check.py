@@ -2,6 +2,8 @@
 reason, trees where a drafter drafts them, and no configuration twice."""
 from __future__ import annotations
 
+import pytest
+
 from conftest import benchmark_script
 from magicdec import drafters
 
@@ -37,3 +39,24 @@ def test_the_self_drafts_compositions_are_checked():
         assert len(mine) == 3 and sum("--tree_width 2" in r for r in mine) == 1
         assert sum("--tree_nodes" in r for r in mine) == 1
     assert all(any(f"--draft_kv {kv}" in r for r in runs) for kv in ("int8", "int4"))
+
+
+def test_compositions_only_are_the_self_drafts_compositions(tmp_path, monkeypatch):
+    """--only compositions: the 11 compositions and nothing else; the JSON is rewritten after each configuration,
+    so a run cut short keeps the ones it checked."""
+    todo, _ = gc.cases(None, compositions_only=True)
+    everything = gc.cases(None)[0]
+    assert len(todo) == 11 and all(c in everything for c in todo)
+    assert all(n == "selfspec" and ("--draft_weights" in f or "--draft_kv" in f) for n, f in todo)
+    written = []
+    calls = iter(range(100))
+
+    def fake(argv):
+        if next(calls) == 3:
+            raise KeyboardInterrupt  # cut short after 2 configurations (the first call is the plain reference)
+        return {"generated_ids": [[1, 2]], "metrics": {}}
+    monkeypatch.setattr(gc, "quietly", fake)
+    monkeypatch.setattr(gc.files, "write_json", lambda path, obj, what: written.append(len(obj["rows"])))
+    with pytest.raises(KeyboardInterrupt):
+        gc.main(["--device", "cpu", "--only", "compositions", "--output", str(tmp_path / "g.json")])
+    assert written == [1, 2]

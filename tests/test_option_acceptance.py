@@ -131,6 +131,23 @@ def test_a_trees_rates_are_its_records_rank_counts(measured):
     assert shaped["config"]["tree_rates"] == pytest.approx([wide["alpha"], *wide["siblings"]])
 
 
+def test_a_trees_sequence_factors_are_each_sequences_rate_over_the_batchs(measured, tmp_path):
+    """Each sequence's kept / reached over the batch's (by hand: 2 of 4 and 6 of 4 in a batch of 8 of 8: 0.5 and
+    1.5), read from every tree's run record; an earlier file without them gets them from its records on resume."""
+    assert oa.sequence_factors({"kept": [2, 6], "reached": [4, 4]}) == pytest.approx([0.5, 1.5])
+    assert oa.sequence_factors({"kept": [2, 6], "reached": [4, 0]}) == []  # a sequence that reached nothing
+    runs = {json.loads(p.read_text())["label"]: json.loads(p.read_text())
+            for p in (measured.parent / "acc_runs").glob("*.json")}
+    trees = {k: v for k, v in entries(measured).items() if "siblings" in v}
+    for label, entry in trees.items():
+        per = runs[label]["metrics"]["speculation"]["per_sequence"]
+        batch = sum(per["kept"]) / sum(per["reached"])
+        assert entry["sequence_factors"] == pytest.approx([k / r / batch for k, r in zip(per["kept"], per["reached"])])
+    older = {label: {k: v for k, v in e.items() if k != "sequence_factors"} for label, e in entries(measured).items()}
+    assert oa.with_sequence_factors(older, measured.parent / "acc_runs") == entries(measured)
+    assert oa.with_sequence_factors(older, tmp_path) == older  # no records there: left as they were
+
+
 def test_a_written_trace_replays_its_counts_at_random_weights(measured, monkeypatch):
     """`magicdec run --acceptance_trace` over a chain's record, at random weights of other shapes and the recorded
     gamma: each sequence keeps exactly the recorded counts, verification by verification."""

@@ -179,3 +179,18 @@ def test_the_hierarchys_bottom_rate_reaches_its_synthetic_run(tmp_path):
     cfg = planner.config("hierarchy", option, 2, shaped=True)
     assert cfg.speculation.synthetic_acceptance == 0.9 and cfg.draft.synthetic_bottom == 0.55
     assert "hierarchy" in {r["drafter"] for r in planner.ranking([{"drafter": "hierarchy"} | option])["ranking"]}
+
+
+def test_a_trees_sequence_factors_reach_its_synthetic_run_and_not_a_chains(tmp_path, capsys):
+    rates = tmp_path / "acceptance.json"
+    rates.write_text(json.dumps({"lookup": {"alpha": 0.6, "siblings": [0.3], "sequence_factors": [0.5, 1.5]}}))
+    point = {"random_weights": True, "model_name": "JackFram/llama-68m", "B": 2, "prefix_len": 300, "gen_len": 10,
+             "device": "cpu", "dtype": "float32"}
+    planner = plan_command.Planner(point, plan_command.Inputs(cm.PROFILES / "h100.json", rates, gammas=(2,),
+                                                              synthetic=True))
+    tree = planner.config("lookup", {"ngram_max": 2, "tree_width": 2}, 2, shaped=True)
+    assert tree.speculation.synthetic_sequence_factors == (0.5, 1.5)
+    assert planner.config("lookup", {"ngram_max": 2}, 2, shaped=True).speculation.synthetic_sequence_factors == ()
+    rates.write_text(json.dumps({"lookup": {"alpha": 0.6, "sequence_factors": [0.5, -1]}}))
+    with pytest.raises(MagicDecError, match=r"'lookup': sequence_factors \[0.5, -1\]: give a list of numbers >= 0"):
+        plan_command.load_acceptance(rates)

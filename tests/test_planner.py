@@ -3,6 +3,7 @@ ones); during a batch (`--gamma auto`), gamma from measured costs and acceptance
 Omega / cost, switching off when speculation stops paying — without changing a single generated token."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -278,3 +279,14 @@ def test_the_replay_finish_is_the_runs_own(tiny, gamma):
     n, _ = replay_finish(replay, 5, gamma, 59, 0.5)  # the prefill gives the first of the 60 tokens
     assert n == len(run.trace)
     assert n > replay_finish(replay, 1, gamma, 59, 0.5)[0]  # the slowest of the 3 is not the first
+
+
+def test_sequence_factors_spread_a_batch_and_its_slowest_sequence_sets_the_end():
+    """Factors of 1 are no spread (the same as spread 0); factors 0.5 / 1.5 around a chain rate of 0.6 give the
+    sequences 0.3 and 0.9, and the batch waits for the 0.3 one: by the finishing model itself at those two rates."""
+    from magicdec.analysis.planner import finish_verifications, finishing_speedup
+    p = {"omega": cm.omega(0.6, 3), "T_D_over_T_T": 0.1, "T_V_over_T_T": 1.1, "T_O_over_T_T": 0.0}
+    assert finishing_speedup(p, 3, 2, 60, factors=(1.0, 1.0)) == pytest.approx(finishing_speedup(p, 3, 2, 60))
+    spread = finishing_speedup(p, 3, 2, 60, factors=(0.5, 1.5))
+    n = finish_verifications([3], np.array([0.3, 0.9]), np.full(2, 60))[0]
+    assert spread == pytest.approx(60 / (n * cm.verification_cost(p, 3))) and spread < finishing_speedup(p, 3, 2, 60)

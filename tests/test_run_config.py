@@ -59,6 +59,10 @@ def test_bad_options_are_one_line(given, needle):
     ({"step_mode": "compile", "device": "cpu"}, "--step_mode compile captures CUDA graphs: it needs a CUDA device"),
     ({"temperature": 0.6, "drafter": "selfspec", "synthetic_acceptance": 0.5, "tree_width": 2, "synthetic_siblings": (0.3,)},
      "a tree's sampled acceptance has no synthetic form"),
+    ({"drafter": "selfspec", "synthetic_acceptance": 0.5, "synthetic_sequence_factors": (0.5,)},
+     "--synthetic_sequence_factors spread a random-weight tree's rates"),
+    ({"drafter": "selfspec", "synthetic_acceptance": 0.5, "tree_width": 2, "synthetic_siblings": (0.3,),
+      "synthetic_sequence_factors": (0.5, -1.0)}, "each factor must be a finite number >= 0"),
     ({"on_chip": 2}, "add --offload"),
     ({"attn_backend": "warp"}, "unknown attention backend 'warp'"),
 ])

@@ -198,13 +198,16 @@ def plan(drafts, gammas, alpha: dict, predict, B: int, tokens: int = 64, spread:
 
 
 def finishing_speedup(p: dict, gamma: int, B: int, tokens: int, spread: float = 0.0,
-                      alpha: float | None = None) -> float:
+                      alpha: float | None = None, factors: tuple[float, ...] = ()) -> float:
     """The baseline's finishing time over this option's, for B sequences of `tokens` new tokens each: `p` the
     drafter's prediction at gamma, `alpha` the chain's acceptance rate, or None to take the chain rate that yields
     p's omega (cost_model.chain_alpha: a tree's, or any drafter whose verification yields a different number of
-    tokens than a chain of gamma would)."""
+    tokens than a chain of gamma would). `factors`: sequence b's rate is that rate times factors[b mod S] (1 at
+    most; a tree's --synthetic_sequence_factors, its rates all scaled alike, taken as its chain rate scaled)."""
     a = cm.chain_alpha(p["omega"], gamma) if alpha is None else alpha
-    n = float(finish_verifications([gamma], spread_alphas(a, spread, B), np.full(B, tokens))[0])
+    alphas = np.clip(a * np.resize(np.asarray(factors, dtype=float), B), 0.0, 1.0) if factors else \
+        spread_alphas(a, spread, B)
+    n = float(finish_verifications([gamma], alphas, np.full(B, tokens))[0])
     return tokens / (n * cm.verification_cost(p, gamma))
 
 

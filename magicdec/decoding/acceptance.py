@@ -24,6 +24,7 @@ drawn per node and verification from a generator seeded once per generation. A n
 from __future__ import annotations
 
 import functools
+import math
 import json
 from pathlib import Path
 
@@ -53,6 +54,8 @@ def source_label(config: dict) -> str | None:
     if config.get("synthetic_siblings"):
         later = " / ".join(f"{x:g}" for x in config["synthetic_siblings"])
         label = f"synthetic per tree level: α {rate:g} for a level's first candidate, {later} for later ones"
+        if config.get("synthetic_sequence_factors"):
+            label += ", per sequence × " + " / ".join(f"{x:.2f}" for x in config["synthetic_sequence_factors"])
     elif config.get("synthetic_positions"):
         label = "synthetic per position: α " + " / ".join(f"{x:g}" for x in config["synthetic_positions"])
     else:
@@ -84,7 +87,8 @@ class Acceptor:
         if s is None or s.synthetic_acceptance is None:
             return Acceptor(sampling)
         replay = load_trace(s.acceptance_trace) if s.acceptance_trace else None
-        return SyntheticAcceptor(sampling, s.synthetic_acceptance, s.synthetic_positions, s.synthetic_siblings, replay)
+        return SyntheticAcceptor(sampling, s.synthetic_acceptance, s.synthetic_positions, s.synthetic_siblings, replay,
+                                 s.synthetic_sequence_factors)
 
     def begin(self, B: int, length: int, device) -> None:
         """A generation of B sequences starts; its committed tokens take `length` columns (generate.Batch.hist)."""
@@ -119,9 +123,10 @@ class SyntheticAcceptor(Acceptor):
     a sampled run's (the next token drawn as the lossless rule draws it), its acceptance the draws'."""
 
     def __init__(self, sampling: Sampling | None, rate: float, positions: tuple[float, ...] = (),
-                 siblings: tuple[float, ...] = (), replay: dict | None = None):
+                 siblings: tuple[float, ...] = (), replay: dict | None = None, factors: tuple[float, ...] = ()):
         super().__init__(sampling)
         self.rate, self.positions, self.siblings, self.replay = rate, tuple(positions), tuple(siblings), replay
+        self.factors = tuple(factors)  # a tree's per-sequence scale of its rates (sequence b: factors[b mod S])
 
     @property
     def tree_rates(self) -> tuple[float, ...]:
@@ -134,6 +139,10 @@ class SyntheticAcceptor(Acceptor):
         else:
             self.landscape = acceptance_landscape(B, length, device, self.seed)
         self.tree_draws = torch.Generator(device=device).manual_seed(self.seed)  # a tree's per-node draws
+        # kept iff draw < rate * factor, i.e. draw / factor < rate: the draws are divided (a factor 0: never kept)
+        self.tree_scale = None if not self.factors else torch.tensor(
+            [1 / f if f > 0 else math.inf for f in (self.factors[b % len(self.factors)] for b in range(B))],
+            device=device)[:, None]
 
     def draws(self, batch, tokens: torch.Tensor, tree: TreeOnDevice | None) -> torch.Tensor:
         """A chain's: the landscape at the hist columns its drafted tokens take (stopped rows read inside it); a
@@ -145,7 +154,7 @@ class SyntheticAcceptor(Acceptor):
                                 "synthetic form; drop --temperature for a tree drafter")
         draws = torch.rand(tokens.shape, device=tokens.device, generator=self.tree_draws)
         node_rates(tree, self.tree_rates)  # made before any capture reads it
-        return draws
+        return draws if self.tree_scale is None else draws * self.tree_scale
 
     def accept(self, verified: torch.Tensor, tokens: torch.Tensor, q, tree: TreeOnDevice | None, draws):
         if tree is not None:

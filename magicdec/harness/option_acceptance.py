@@ -111,6 +111,9 @@ def entry_of(record: dict, trace: str | None) -> dict | str:
         if rates[0] is None:
             return "no tree candidate was tried in the run"
         out = {"alpha": rates[0], "siblings": leading(rates[1:])}
+        factors = sequence_factors(s.get("per_sequence"))
+        if factors:
+            out["sequence_factors"] = factors
     else:
         if s["alpha"] is None:
             return "nothing was drafted in the run (no drafted token examined)"
@@ -121,6 +124,30 @@ def entry_of(record: dict, trace: str | None) -> dict | str:
     if bottom is not None:
         out["bottom"] = bottom
     return out | {"source": source_of(record)}
+
+
+def sequence_factors(per_sequence: dict | None) -> list[float]:
+    """Each sequence's acceptance (kept / reached) over its batch's, the spread a tree's synthetic run inherits
+    (--synthetic_sequence_factors); none where a sequence reached nothing."""
+    kept, reached = (per_sequence or {}).get("kept"), (per_sequence or {}).get("reached")
+    if not kept or not reached or min(reached) == 0 or sum(kept) == 0:
+        return []
+    batch = sum(kept) / sum(reached)
+    return [k / r / batch for k, r in zip(kept, reached)]
+
+
+def with_sequence_factors(entries: dict, runs: Path) -> dict:
+    """Tree entries of an earlier file without their sequence factors, given them from their run records in
+    `runs` (where those are there): a file made before the factors were kept need not be measured again."""
+    out = {}
+    for label, entry in entries.items():
+        record = runs / f"{slug(label)}.json"
+        if isinstance(entry, dict) and "siblings" in entry and "sequence_factors" not in entry and record.is_file():
+            s = json.loads(record.read_text())["metrics"]["speculation"]
+            factors = sequence_factors(s.get("per_sequence"))
+            entry = entry | ({"sequence_factors": factors} if factors else {})
+        out[label] = entry
+    return out
 
 
 def source_of(record: dict) -> str:
@@ -386,8 +413,8 @@ def measure(a) -> dict:
     cfg0 = RunConfig.from_options(base, strict=False)
     cfg0.check()
     point = point_of(cfg0, a)
-    before = measured_before(a.output, point)
     runs = a.output.with_name(f"{a.output.stem}_runs")
+    before = with_sequence_factors(measured_before(a.output, point), runs)
     files.writable_folder(runs, f"--output {a.output} (its runs' records, in {runs})")
     engine = Engine(cfg0)  # the default model is converted here, once, if it is not cached
     engine.check(cfg0)

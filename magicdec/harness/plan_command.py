@@ -58,6 +58,7 @@ class Acceptance:
     bottom: float | None = None
     source: str = IID_LABEL
     trace: Path | None = None  # a record whose acceptance trace a random-weight chain replays
+    sequence_factors: tuple[float, ...] = ()  # a tree's per-sequence acceptance over its batch's, in its real run
 
     def chain_alpha(self, gamma: int) -> float:
         """The iid rate that yields what the per-position rates yield over gamma drafted tokens (positions past the
@@ -77,7 +78,8 @@ class Acceptance:
         trace or positions; without, the rates alone, which is what decides whether the option runs here)."""
         out = {"synthetic_acceptance": self.alpha}
         if tree:
-            return out | ({"synthetic_siblings": list(self.siblings)} if self.siblings else {})
+            return out | ({"synthetic_siblings": list(self.siblings)} if self.siblings else {}) | (
+                {"synthetic_sequence_factors": list(self.sequence_factors)} if shaped and self.sequence_factors else {})
         if shaped and self.trace is not None:
             return out | {"acceptance_trace": str(self.trace)}
         if shaped and self.positions:
@@ -97,7 +99,7 @@ def rates(values, what: str) -> tuple[float, ...]:
     return tuple(rate(v, what) for v in values)
 
 
-ENTRY_KEYS = ("alpha", "siblings", "positions", "bottom", "trace", "source")
+ENTRY_KEYS = ("alpha", "siblings", "positions", "bottom", "trace", "source", "sequence_factors")
 META = "_meta"  # the producer's notes (its command, model, date): not read
 
 
@@ -118,7 +120,16 @@ def acceptance_entry(value, key: str, path: Path, flag: str = "--acceptance") ->
                       rates(value.get("positions", []), where),
                       None if value.get("bottom") is None else rate(value["bottom"], where),
                       value.get("source") or f"{path.name}: {key}",
-                      path.parent / value["trace"] if "trace" in value else None)
+                      path.parent / value["trace"] if "trace" in value else None,
+                      factors(value.get("sequence_factors", []), where))
+
+
+def factors(values, where: str) -> tuple[float, ...]:
+    if not isinstance(values, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not
+                                           (0 <= v < math.inf) for v in values):
+        raise MagicDecError(f"{where}: sequence_factors {values!r}: give a list of numbers >= 0 (each sequence's "
+                            "acceptance over its batch's)")
+    return tuple(float(v) for v in values)
 
 
 def load_acceptance(path: Path | None, flag: str = "--acceptance") -> dict[str, Acceptance]:
@@ -309,8 +320,9 @@ class Planner:
                 n, per_verification = replay_finish(self.trace(a.trace), self.B, g, self.tokens, a.alpha)
                 p = p | {"omega": per_verification}
                 speedup = self.tokens / (n * cm.verification_cost(p, g))
-            else:
-                speedup = finishing_speedup(p, g, self.B, self.tokens)
+            else:  # a tree runs with its real run's spread between sequences where the entry has it
+                speedup = finishing_speedup(p, g, self.B, self.tokens, factors=a.sequence_factors
+                                            if is_tree(option) or kind.verifies_trees else ())
             if best is None or speedup > best["speedup"]:
                 best = {"gamma": g, "T_D_over_T_T": p["T_D_over_T_T"], "T_V_over_T_T": p["T_V_over_T_T"],
                         "omega": p["omega"], "speedup": speedup, "acceptance": a.source}

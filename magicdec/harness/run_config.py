@@ -174,6 +174,12 @@ class Speculation:
                                            "last for every rank past it; rank 0 takes --synthetic_acceptance): "
                                            "Sequoia's acceptance vector, e.g. a real run's per_rank_acceptance",
                                        parse=float, nargs="+")
+    synthetic_sequence_factors: tuple = option((), "random-weight runs with a tree: each sequence's acceptance over "
+                                                   "its batch's in a real run (per_sequence kept / reached, over the "
+                                                   "batch's); sequence b keeps its candidates at the tree's rates "
+                                                   "times factor b mod S (1 at most), so a tree inherits the real "
+                                                   "spread between sequences that --acceptance_trace gives a chain",
+                                               parse=float, nargs="+")
     synthetic_positions: tuple = option((), "random-weight runs: per-position conditional rates (vLLM's convention): "
                                             "the drafted token at position i of a verification is kept with rate r_i "
                                             "once those before it were; positions past the list take "
@@ -251,6 +257,15 @@ class Speculation:
         if any(not 0 <= r <= 1 for r in self.synthetic_siblings):
             raise MagicDecError(f"--synthetic_siblings {' '.join(map(str, self.synthetic_siblings))}: each rate "
                                 "must be in [0, 1]")
+        if self.synthetic_sequence_factors:
+            if self.synthetic_acceptance is None or not (self.tree_width > 1 or self.tree_nodes):
+                raise MagicDecError("--synthetic_sequence_factors spread a random-weight tree's rates over its "
+                                    "sequences: give --synthetic_acceptance and a tree (a chain's spread comes "
+                                    "with --acceptance_trace)")
+            if any(not (f >= 0 and math.isfinite(f)) for f in self.synthetic_sequence_factors):
+                raise MagicDecError(f"--synthetic_sequence_factors "
+                                    f"{' '.join(map(str, self.synthetic_sequence_factors))}: each factor must be a "
+                                    "finite number >= 0")
         if self.tree_width > 1 and self.auto:
             raise MagicDecError("--tree_width with --gamma auto: the planner chooses chains only (give --gamma N)")
         if self.tree_width > 1 and self.nodes + 1 > MAX_NODES:
