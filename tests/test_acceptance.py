@@ -291,6 +291,21 @@ def test_synthetic_tree_mode_keeps_the_nodes_its_sibling_rates_imply():
     assert torch.equal(accepted, tree.depths[path[:, -1]])
 
 
+def test_a_first_candidates_rate_per_level_where_levels_are_given():
+    """Per-level rates (0.9, 0.5, 0.2) for the first candidates of a chain of 3 with a never-kept sibling beside each
+    (Lookahead's guesses): the kept count follows the chain's exact distribution at those rates, not the 0.6 every
+    level would take without them."""
+    B = 40_000
+    tree = Tree.chain_with_siblings(3, 2).on_device("cpu")
+    acceptor = SyntheticAcceptor(Sampling(), 0.6, positions=(0.9, 0.5, 0.2), siblings=(0.0,))
+    acceptor.begin(B, 10, "cpu")
+    tokens = torch.zeros(B, tree.tree.size, dtype=torch.long)
+    accepted, _, _ = acceptor.accept(torch.zeros_like(tokens), tokens, None, tree, acceptor.draws(None, tokens, tree))
+    stat, bound = chi_square(accepted, kept_counts([0.9, 0.5, 0.2], 3))
+    assert stat < bound, (stat, bound)
+    assert chi_square(accepted, kept_counts([0.6] * 3, 3))[0] > 10 * bound
+
+
 def test_per_sequence_factors_scale_each_sequences_tree_rates():
     """Sequence factors (0.5, 1.5, 0): even rows keep the first candidate at 0.6 x 0.5 = 0.3 and the second at
     0.3 x 0.5 = 0.15, rows 1 mod 3 at 0.9 and 0.45, rows 2 mod 3 never (the rows cycle through the factors); each row

@@ -152,7 +152,8 @@ def test_the_margin_puts_the_baseline_over_a_small_predicted_gain():
 
 def test_a_drafter_verifying_trees_draws_its_level_rate_on_its_first_candidate(tmp_path):
     """Lookahead verifies a tree of guesses and its acceptance is measured per level: a synthetic run keeps a level
-    at that rate only if the later guesses are never kept (every rank at the rate would keep a level more often)."""
+    at that level's rate only if the later guesses are never kept (every rank at the rate would keep a level more
+    often), its first guess at the measured rate of each level (one rate for all drew 0.6 where 0.5 was measured)."""
     rates = tmp_path / "acceptance.json"
     rates.write_text(json.dumps({"lookahead": {"alpha": 0.6, "positions": [0.5, 0.7]}}))
     point = {"random_weights": True, "model_name": "JackFram/llama-68m", "B": 2, "prefix_len": 300, "gen_len": 10,
@@ -161,7 +162,12 @@ def test_a_drafter_verifying_trees_draws_its_level_rate_on_its_first_candidate(t
                                                               synthetic=True))
     cfg = planner.config("lookahead", {"ngram_size": 3, "guesses": 2}, 2, shaped=True)
     assert cfg.speculation.synthetic_acceptance == 0.6 and tuple(cfg.speculation.synthetic_siblings) == (0.0,)
-    assert cfg.speculation.synthetic_positions in ((), None)  # a tree draws no per-position chain rates
+    assert cfg.speculation.synthetic_positions == (0.5, 0.7)  # the first guess's rate per level
+    wide = plan_command.Planner(point, plan_command.Inputs(cm.PROFILES / "h100.json", rates, gammas=(4,),
+                                                           synthetic=True))  # a window of 4: still 2 levels
+    ranking = wide.ranking([{"drafter": "lookahead", "ngram_size": 3, "guesses": 2}])["ranking"]
+    row = next(r for r in ranking if r["drafter"] == "lookahead")
+    assert row["omega"] == pytest.approx(1 + 0.5 + 0.5 * 0.7)  # its 2 levels at their rates
     chain = planner.config("lookup", {"ngram_max": 2}, 2, shaped=True)  # a chain keeps what it was given
     assert not chain.speculation.synthetic_siblings
 

@@ -153,12 +153,12 @@ class SyntheticAcceptor(Acceptor):
             raise MagicDecError("--synthetic_acceptance with --temperature: a tree's sampled acceptance has no "
                                 "synthetic form; drop --temperature for a tree drafter")
         draws = torch.rand(tokens.shape, device=tokens.device, generator=self.tree_draws)
-        node_rates(tree, self.tree_rates)  # made before any capture reads it
+        node_rates(tree, self.tree_rates, self.positions)  # made before any capture reads it
         return draws if self.tree_scale is None else draws * self.tree_scale
 
     def accept(self, verified: torch.Tensor, tokens: torch.Tensor, q, tree: TreeOnDevice | None, draws):
-        if tree is not None:
-            path, accepted, nxt = synthetic_tree_verify(verified, tree, self.tree_rates, draws)
+        if tree is not None:  # per-position rates, where given, are a tree's first candidates' per level
+            path, accepted, nxt = synthetic_tree_verify(verified, tree, self.tree_rates, draws, self.positions)
             return accepted, nxt, path
         drafted = tokens[:, 1:]
         rate = position_rates(self.positions, self.rate, drafted.shape[1], str(drafted.device)) \
@@ -326,13 +326,15 @@ def sampling_tree_verify(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.
     return tree.path_to(at), tree.depths[at], sample_from(residual)
 
 
-def synthetic_tree_verify(best: torch.Tensor, tree: TreeOnDevice, rates: tuple[float, ...], uniforms: torch.Tensor):
+def synthetic_tree_verify(best: torch.Tensor, tree: TreeOnDevice, rates: tuple[float, ...], uniforms: torch.Tensor,
+                          levels: tuple[float, ...] = ()):
     """For random-weight speed runs: from the root, each node's children are tried in order and the one of rank r
     is kept with probability rates[r] (the last rate for every rank past it) once the ones before it were not, as
-    Sequoia's acceptance vector says; uniforms [B, N] one draw per node. Returns (path, accepted, next), next the
-    target's argmax at the last kept node."""
+    Sequoia's acceptance vector says; `levels`: a first child at depth d takes levels[d - 1] instead of rates[0]
+    (a drafter measured per level, Lookahead); uniforms [B, N] one draw per node. Returns (path, accepted, next),
+    next the target's argmax at the last kept node."""
     B = best.shape[0]
-    rate = node_rates(tree, tuple(rates))
+    rate = node_rates(tree, tuple(rates), tuple(levels))
     at = torch.zeros(B, dtype=torch.long, device=best.device)
     for d in range(tree.tree.depth):
         moved = torch.zeros(B, dtype=torch.bool, device=best.device)
@@ -346,7 +348,13 @@ def synthetic_tree_verify(best: torch.Tensor, tree: TreeOnDevice, rates: tuple[f
 
 
 @functools.lru_cache(maxsize=64)
-def node_rates(tree: TreeOnDevice, rates: tuple[float, ...]) -> torch.Tensor:
-    """[N]: each node's acceptance rate by its sibling rank, made once: a copy from the host at every verification
-    waits for the GPU, and the walk's launches then run on an idle GPU."""
-    return torch.tensor(rates, device=tree.rank.device)[tree.rank.clamp(max=len(rates) - 1)]
+def node_rates(tree: TreeOnDevice, rates: tuple[float, ...], levels: tuple[float, ...] = ()) -> torch.Tensor:
+    """[N]: each node's acceptance rate by its sibling rank (a first child by its depth where `levels` are given:
+    synthetic_tree_verify), made once: a copy from the host at every verification waits for the GPU, and the walk's
+    launches then run on an idle GPU."""
+    out = torch.tensor(rates, device=tree.rank.device)[tree.rank.clamp(max=len(rates) - 1)]
+    if levels:
+        by_depth = torch.tensor((rates[0], *levels), device=tree.rank.device)
+        first = by_depth[tree.depths.clamp(max=len(levels))]
+        out = torch.where((tree.rank == 0) & (tree.depths > 0), first, out)
+    return out

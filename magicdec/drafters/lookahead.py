@@ -23,6 +23,9 @@ depth, W + N - 3: the window is gamma + 3 - N columns wide.
 """
 from __future__ import annotations
 
+import itertools
+import operator
+
 from dataclasses import dataclass
 
 import torch
@@ -187,9 +190,15 @@ class Lookahead(DrafterKind):
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict:
         """No draft steps: the pass verifies the whole tree (T_V at its node count); the tokens a verification
-        yields taken as a chain of N - 1 guessed at alpha (the window's own paths left out)."""
+        yields taken as a chain of N - 1 guessed at alpha, or at each level's measured rate (--synthetic_positions:
+        what its synthetic run draws), the window's own paths left out."""
         w, d = cfg.workload, cfg.draft
         context, sampled = w.prefix_len + w.gen_len // 2, not cfg.decoding.greedy
+        levels = cfg.speculation.synthetic_positions  # the first guess's rate per level, where measured so
+        if levels:
+            reach = list(itertools.accumulate((levels[i] if i < len(levels) else alpha
+                                               for i in range(d.ngram_size - 1)), operator.mul))
+            alpha = cm.chain_alpha(1 + sum(reach), d.ngram_size - 1)
         p = cm.predict(target, device, w.B, context, d.ngram_size - 1, alpha, 0, None, 0, sampled)
         nodes = (d.ngram_size - 1) * (window_width(gamma, d.ngram_size) + d.guesses)
         t_v = cm.step_time(target, device, w.B, context, nodes, sampled)

@@ -72,14 +72,16 @@ class Acceptance:
             tokens += reach
         return cm.chain_alpha(tokens, gamma)
 
-    def run_options(self, tree: bool, shaped: bool = True) -> dict:
+    def run_options(self, tree: bool, shaped: bool = True, levels: bool = False) -> dict:
         """This acceptance as a random-weight run draws it (synthetic acceptance): a tree's first and later
-        candidates' rates; a chain's trace replayed, else its per-position rates, else its rate (`shaped`: with the
-        trace or positions; without, the rates alone, which is what decides whether the option runs here)."""
+        candidates' rates (`levels`, a drafter measured per level of its guesses: the first's rate per level, its
+        per-position rates); a chain's trace replayed, else its per-position rates, else its rate (`shaped`: with the
+        trace, positions or sequence factors; without, the rates alone, which decide whether the option runs here)."""
         out = {"synthetic_acceptance": self.alpha}
         if tree:
             return out | ({"synthetic_siblings": list(self.siblings)} if self.siblings else {}) | (
-                {"synthetic_sequence_factors": list(self.sequence_factors)} if shaped and self.sequence_factors else {})
+                {"synthetic_sequence_factors": list(self.sequence_factors)} if shaped and self.sequence_factors else {}) | (
+                {"synthetic_positions": list(self.positions)} if shaped and levels and self.positions else {})
         if shaped and self.trace is not None:
             return out | {"acceptance_trace": str(self.trace)}
         if shaped and self.positions:
@@ -258,7 +260,7 @@ class Planner:
         if a is not None:
             if kind.verifies_trees and not a.siblings:  # a level's rate: its first candidate carries it
                 a = replace(a, siblings=(0.0,))
-            extra |= a.run_options(kind.verifies_trees or is_tree(option), shaped)
+            extra |= a.run_options(kind.verifies_trees or is_tree(option), shaped, levels=kind.verifies_trees)
             if a.bottom is not None and "synthetic_bottom" in opt.keys(kind.Config):  # the hierarchy's second level
                 extra["synthetic_bottom"] = a.bottom
         given = self.base | extra | option | {"drafter": name, "gamma": [gamma] if gamma is not None else [3]}
@@ -333,7 +335,8 @@ class Planner:
     def predict(self, kind, cfg, models, a: Acceptance, gamma: int) -> dict | None:
         """kind.predict at this acceptance: a tree's later candidates through the config's synthetic rates (as a
         random-weight run's), the hierarchy's bottom rate as its measured summary."""
-        spec = replace(cfg.speculation, synthetic_siblings=a.siblings)
+        spec = replace(cfg.speculation, synthetic_siblings=a.siblings) if not kind.verifies_trees else \
+            replace(cfg.speculation, synthetic_siblings=a.siblings, synthetic_positions=a.positions)  # its levels
         device = replace(self.device, verify_overhead_s=self.overheads.get(kind.name, 0.0))
         summary = {"alpha_bottom_to_middle": a.bottom} if a.bottom is not None else None
         return kind.predict(replace(cfg, speculation=spec), self.target, models, device, a.chain_alpha(gamma), gamma,

@@ -183,7 +183,9 @@ class Speculation:
     synthetic_positions: tuple = option((), "random-weight runs: per-position conditional rates (vLLM's convention): "
                                             "the drafted token at position i of a verification is kept with rate r_i "
                                             "once those before it were; positions past the list take "
-                                            "--synthetic_acceptance", parse=float, nargs="+")
+                                            "--synthetic_acceptance (a drafter verifying a tree of guesses, "
+                                            "Lookahead: its first guess's rate at each level)",
+                                        parse=float, nargs="+")
     acceptance_trace: Path | None = option(None, "random-weight runs: replay the acceptance of a real run's record "
                                                  "(made with --save_trace): sequence b keeps what the trace's "
                                                  "sequence b mod S kept, verification by verification, so the run "
