@@ -174,7 +174,7 @@ def test_every_point_row_equals_what_its_record_holds(made):
         row = rows[(str(r["B"]), prefix(r["prefix_len"]))]
         entries = [(c["metrics"]["measured_speedup"], c) for c in r["candidates"]] + [(1.0, None)]
         ordered = sorted(entries, key=lambda e: -e[0])
-        (w_speed, winner), (up_speed, runner_up) = ordered[0], ordered[1]
+        (_, winner), (up_speed, runner_up) = ordered[0], ordered[1]
         if winner is None:
             assert row[2].startswith("off") and row[3] == row[4] == "—"
         else:

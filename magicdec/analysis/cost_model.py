@@ -135,6 +135,16 @@ def omega(alpha: float, gamma: int) -> float:
     return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
+def positions_alpha(positions, alpha: float, gamma: int) -> float:
+    """The iid rate that yields what per-position conditional rates yield over gamma drafted tokens (positions past
+    the list at alpha)."""
+    tokens, reach = 1.0, 1.0
+    for i in range(gamma):
+        reach *= positions[i] if i < len(positions) else alpha
+        tokens += reach
+    return chain_alpha(tokens, gamma)
+
+
 def chain_alpha(tokens: float, gamma: int) -> float:
     """The acceptance rate at which a chain of gamma drafted tokens yields `tokens` per verification (omega's
     inverse): how the planner puts a tree's expected yield into its chain model of finishing times."""

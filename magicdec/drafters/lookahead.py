@@ -23,9 +23,6 @@ depth, W + N - 3: the window is gamma + 3 - N columns wide.
 """
 from __future__ import annotations
 
-import itertools
-import operator
-
 from dataclasses import dataclass
 
 import torch
@@ -196,9 +193,7 @@ class Lookahead(DrafterKind):
         context, sampled = w.prefix_len + w.gen_len // 2, not cfg.decoding.greedy
         levels = cfg.speculation.synthetic_positions  # the first guess's rate per level, where measured so
         if levels:
-            reach = list(itertools.accumulate((levels[i] if i < len(levels) else alpha
-                                               for i in range(d.ngram_size - 1)), operator.mul))
-            alpha = cm.chain_alpha(1 + sum(reach), d.ngram_size - 1)
+            alpha = cm.positions_alpha(levels, alpha, d.ngram_size - 1)
         p = cm.predict(target, device, w.B, context, d.ngram_size - 1, alpha, 0, None, 0, sampled)
         nodes = (d.ngram_size - 1) * (window_width(gamma, d.ngram_size) + d.guesses)
         t_v = cm.step_time(target, device, w.B, context, nodes, sampled)

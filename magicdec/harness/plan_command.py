@@ -63,14 +63,7 @@ class Acceptance:
     def chain_alpha(self, gamma: int) -> float:
         """The iid rate that yields what the per-position rates yield over gamma drafted tokens (positions past the
         list at alpha)."""
-        if not self.positions:
-            return self.alpha
-        rates = [self.positions[i] if i < len(self.positions) else self.alpha for i in range(gamma)]
-        tokens, reach = 1.0, 1.0
-        for r in rates:
-            reach *= r
-            tokens += reach
-        return cm.chain_alpha(tokens, gamma)
+        return cm.positions_alpha(self.positions, self.alpha, gamma) if self.positions else self.alpha
 
     def run_options(self, tree: bool, shaped: bool = True, levels: bool = False) -> dict:
         """This acceptance as a random-weight run draws it (synthetic acceptance): a tree's first and later
@@ -294,6 +287,7 @@ class Planner:
         kind = drafters.get(name)
         row = {"drafter": name, "options": flags(option), "label": label(name, option), "config": option}
         a = self.acceptance_of(name, option)
+        tree = is_tree(option) or kind.verifies_trees
         best, reason, error = None, None, None
         for g in self.gammas:
             try:
@@ -318,13 +312,12 @@ class Planner:
                                          if (cfg.speculation.tree_width > 1 or cfg.speculation.tree_nodes)
                                          and not a.siblings else f"the cost model has no model of {name} here")
                 continue
-            if a.trace is not None and not is_tree(option) and not kind.verifies_trees:
+            if a.trace is not None and not tree:
                 n, per_verification = replay_finish(self.trace(a.trace), self.B, g, self.tokens, a.alpha)
                 p = p | {"omega": per_verification}
                 speedup = self.tokens / (n * cm.verification_cost(p, g))
             else:  # a tree runs with its real run's spread between sequences where the entry has it
-                speedup = finishing_speedup(p, g, self.B, self.tokens, factors=a.sequence_factors
-                                            if is_tree(option) or kind.verifies_trees else ())
+                speedup = finishing_speedup(p, g, self.B, self.tokens, factors=a.sequence_factors if tree else ())
             if best is None or speedup > best["speedup"]:
                 best = {"gamma": g, "T_D_over_T_T": p["T_D_over_T_T"], "T_V_over_T_T": p["T_V_over_T_T"],
                         "omega": p["omega"], "speedup": speedup, "acceptance": a.source}

@@ -57,8 +57,6 @@ def planner_of(cfg: RunConfig, engine: Engine) -> Planner:
                                  synthetic=cfg.models.random_weights), engine)
 
 
-
-
 def chosen_rows(cfg: RunConfig, ranking: list[dict]) -> list[dict]:
     """The rows to time: auto's top choice (none where the baseline leads), or confirm's best-ranked option of each
     of the top K families: the variants of one family (n-gram sizes, budgets) rank side by side and differ less than

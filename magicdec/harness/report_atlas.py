@@ -141,6 +141,11 @@ def group_title(g: tuple[str, int, str]) -> str:
     return f"{device}, {'one GPU' if world == 1 else f'TP = {world}'}, {decoding}"
 
 
+def device_name(g: tuple[str, int, str]) -> str:
+    """A table's device column: the GPU, with its tensor-parallel world above one."""
+    return g[0] if g[1] == 1 else f"{g[0]}, TP = {g[1]}"
+
+
 def where(r: dict) -> str:
     return f"{group_title(group(r))}, {prefix_name(r['prefix_len'])} × {r['B']}"
 
@@ -284,7 +289,7 @@ def findings(groups: dict) -> list[str]:
         best = max(timed, key=lambda p: p["ran"]["all"], default=None)
         off = [name(p) for p in timed if p["ran"]["off"]]
         c = checks(points)
-        device = g[0] if g[1] == 1 else f"{g[0]}, TP = {g[1]}"
+        device = device_name(g)
         top = (f"{name(best)}: {x3(best['ran']['all'])} all reach, {x3(best['ran']['first'])} first done "
                f"({best['ran']['family']})" if best else "—")
         lines.append(f"| {device} | {g[2]} | {len(timed)}, {len(points) - len(timed)} | {top} "
@@ -305,7 +310,7 @@ def model_rows(groups: dict) -> list[str]:
                 m = c["metrics"].get("measured_speedup")
                 if number(m) and number(c.get("predicted_speedup")):
                     errors.setdefault(c["drafter"], []).append(c["predicted_speedup"] / m - 1)
-        device = g[0] if g[1] == 1 else f"{g[0]}, TP = {g[1]}"
+        device = device_name(g)
         for drafter, e in sorted(errors.items()):
             e = sorted(e)
             lines.append(f"| {device} | {g[2]} | {drafter} | {share([abs(x) <= MODEL_TOL for x in e])} "
