@@ -785,3 +785,27 @@ def test_a_points_rounds_pair_across_batches_by_hand():
     assert rates == [(75.0, 80.0), (65.0, 80.0), (50.0, 80.0)]  # (150 / 2, 40 / 0.5), (130 / 2, ...), (150 / 3, ...)
     assert sweep.batch_speedup(b1) == 1.6  # ratios 2.0, 1.6, 1.0
     assert sweep.combined([b1, entry([(50, 1.0)])])[4] == [(75.0, None)]  # one round in both; no first-done span
+
+
+def test_shards_split_the_grid_by_group_and_cover_it_once(tmp_path):
+    """--shard I/N: every point in exactly one shard, the points of one (context, batch) together in one shard, and
+    the groups dealt out in turn (here 2 contexts x 2 batches: shard 1 of 2 holds (48, 2) and (96, 2))."""
+    text = CONFIG.replace("B = [2]", "B = [2, 3]") + AUTO
+    whole = make(tmp_path, text).points
+    shards = [sweep.Sweep(sweep.load_config(tmp_path / "sweep.toml"), tmp_path / f"o{i}", "cpu", False,
+                          shard=(i, 2)).points for i in (1, 2)]
+    keys = [sorted(p.key for p in s) for s in shards]
+    assert sorted(keys[0] + keys[1]) == sorted(p.key for p in whole) and not set(keys[0]) & set(keys[1])
+    groups = [{(p.cfg.workload.prefix_len, p.cfg.workload.B) for p in s} for s in shards]
+    assert groups == [{(48, 2), (96, 2)}, {(48, 3), (96, 3)}]
+    with pytest.raises(drafters.MagicDecError, match=r"--shard 5/5: the grid has 4 groups of points"):
+        sweep.Sweep(sweep.load_config(tmp_path / "sweep.toml"), tmp_path / "o", "cpu", False, shard=(5, 5))
+
+
+@pytest.mark.parametrize("shard", ["0/4", "5/4", "2", "a/b"])
+def test_a_shard_that_is_none_is_refused_first(tmp_path, monkeypatch, capsys, shard):
+    monkeypatch.setattr(sweep.Sweep, "run", lambda *a: pytest.fail("the sweep started"))
+    with pytest.raises(SystemExit) as e:
+        sweep.main([str(_write(tmp_path, CONFIG + AUTO)), "--output_dir", str(tmp_path / "o"), "--shard", shard])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"error: --shard {shard}: give I/N"), err

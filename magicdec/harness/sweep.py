@@ -39,7 +39,9 @@ be read (cut short, emptied) is moved to `broken/` and its point run again. One 
 a second is refused. `--max_minutes` stops it cleanly between points once that long has passed since the command
 started (loading the target and probing the device included); every run records at least one point first, so running
 the same command again always resumes further. Ctrl-C or SIGTERM stops it within a point; run the same command again
-to resume.
+to resume. `--shard I/N` runs every N-th group of points (one context and batch), from the I-th: N GPUs of one host
+each run a one-GPU sweep's shard into their own folder (CUDA_VISIBLE_DEVICES=I-1), and `magicdec report` reads the
+folders together.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ import itertools
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -380,7 +383,7 @@ def spread_of(records) -> float | None:
 
 class Sweep:
     def __init__(self, cfg: dict, out_dir: Path, device: str | None = None, progress: bool = True,
-                 path: str = "sweep"):
+                 path: str = "sweep", shard: tuple[int, int] = (1, 1)):
         self.cfg, self.out, self.progress = cfg, Path(out_dir), progress
         # under torchrun every rank runs the sweep (the points' collectives need them all); rank 0 alone holds the
         # folder and writes, and its decisions (the points left, the time limit) are every rank's
@@ -393,6 +396,7 @@ class Sweep:
             if not any(p.method == method for p in self.points):
                 why = next(iter(self.dropped.get(method, {})), "")
                 raise MagicDecError(f"{path}: method {method} has no valid point ({why})")
+        self.points = shard_of(self.points, *shard)
         self.path = path
         self.command, self.config_text = "magicdec sweep", ""
         self.engine: Engine | None = None
@@ -878,6 +882,25 @@ def read_object(f: Path) -> tuple[dict | None, str | None]:
     return (r, None) if isinstance(r, dict) else (None, f"a JSON {type(r).__name__}, not a record")
 
 
+def shard_of(points: list[Point], i: int, n: int) -> list[Point]:
+    """Shard i of n (1-based): every n-th group of points that share a target cache, counted in the grid's order, so
+    that n GPUs of one host each run one shard into their own folder (the report reads the folders together)."""
+    keys = list(dict.fromkeys(map(group_key, points)))
+    if n > len(keys):
+        raise MagicDecError(f"--shard {i}/{n}: the grid has {len(keys)} groups of points (a context and a batch each); "
+                            f"give at most {len(keys)} shards")
+    mine = set(keys[i - 1::n])
+    return [p for p in points if group_key(p) in mine]
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not m or not 1 <= int(m[1]) <= int(m[2]):
+        raise MagicDecError(f"--shard {text}: give I/N with 1 <= I <= N (e.g. --shard 2/4: the second of four "
+                            "shards, each run into its own --output_dir)")
+    return int(m[1]), int(m[2])
+
+
 def is_point_record(f: Path) -> bool:
     r, _ = read_object(f)
     return r is not None and "point" in r
@@ -929,10 +952,15 @@ def main(argv=None) -> int:
                         "least one point is recorded each time (run the same command again to resume)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when a GPU is visible)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.add_argument("--shard", default="1/1",
+                   help="I/N: run only every N-th group of points (the same context and batch), starting at the I-th, "
+                        "into its own --output_dir: N GPUs of one host run a one-GPU sweep in N parts "
+                        "(CUDA_VISIBLE_DEVICES=I-1); report reads the folders together")
     a = p.parse_args(argv)
     with one_line_errors(interrupted=f"interrupted; run the same command again to resume (records in {a.output_dir})"):
         check_minutes(a.max_minutes)
-        sweep = Sweep(load_config(a.config), a.output_dir, a.device, not a.no_progress, str(a.config))
+        shard = parse_shard(a.shard)
+        sweep = Sweep(load_config(a.config), a.output_dir, a.device, not a.no_progress, str(a.config), shard)
         sweep.config_text = a.config.read_text()
         sweep.command = " ".join(["magicdec sweep"] + (argv if argv is not None else sys.argv[1:]))
         left = sweep.run(a.max_minutes)
