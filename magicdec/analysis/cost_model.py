@@ -50,6 +50,9 @@ class Device:
     # tensor-parallel records: not in the bytes and FLOPs that divide by the ranks
     collective_s_per_layer: dict = field(default_factory=dict)
     verify_overhead_s: float = 0.0  # fixed seconds per verification beyond its draft and target steps (T_O)
+    # fixed seconds a token tree's verification takes beyond a chain's of as many tokens (its mask and positions, the
+    # masked attention path) by tensor-parallel ranks, fitted to timed trees (benchmarks/fit_atlas_costs.py)
+    tree_verify_s: dict = field(default_factory=dict)
     sampling_s_per_logit: float = 0.0  # sampled decoding: seconds per logit turned into top-p probabilities
     # draft weight format -> {rows M: a step's matmul time over bf16's}, measured (weight_time_ratio)
     weight_kernels: dict = field(default_factory=dict)
@@ -172,6 +175,7 @@ def predict(target: ModelArgs, d: Device, B: int, prefix: int, gamma: int, alpha
     t_d = step_time(draft or target, d, B, budget + ring_extra if budget else prefix, 1, sampled, draft_kv_per_token,
                     draft_weights, draft_group)
     t_v = step_time(target, d, B, prefix, gamma + 1 if tree is None else tree.size, sampled)
+    t_v += 0.0 if tree is None else tree_verify_seconds(d)
     if tree is None:
         tokens = omega(alpha, gamma)
     else:
@@ -224,6 +228,11 @@ def offloaded_step_time(c: ModelArgs, d: Device, B: int, context: int, T: int, o
     prompt = context if prompt is None else prompt
     copy = (c.n_layers - on_chip) * B * prompt * kv_bytes_per_token(c) / c.n_layers / host_bandwidth
     return max(copy, step_time(c, d, B, context, T))
+
+
+def tree_verify_seconds(d: Device) -> float:
+    """A tree verification's fixed cost beyond a chain's on d's ranks (one GPU's where its ranks were not fitted)."""
+    return d.tree_verify_s.get(d.ranks, d.tree_verify_s.get(1, 0.0))
 
 
 def verification_cost(p: dict, gamma: int) -> float:
@@ -336,6 +345,11 @@ def profiled_weight_kernels(gpu: str | None) -> dict:
     """The measured weight kernel table (Device.weight_kernels) of the committed profile of this GPU model, or {}
     (then the formats' bytes stand in)."""
     return weight_kernels_of(committed_profile(gpu))
+
+
+def tree_verify_of(profile: dict) -> dict:
+    """The profile's tree verification cost by ranks ({ranks: seconds}; JSON keys are strings)."""
+    return {int(k): float(v) for k, v in (profile.get("tree_verify_s") or {}).items()}
 
 
 def head_costs_of(profile: dict) -> dict:

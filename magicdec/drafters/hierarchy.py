@@ -14,9 +14,10 @@ the summary is the middle's verification of the bottom's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from magicdec.analysis import cost_model as cm
@@ -272,10 +273,14 @@ class TriForce(DrafterKind):
                 for p in PLAN_POLICIES for b in plan_budgets(cfg) for g in PLAN_GAMMA_BOTTOM]
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
-        """TriForce's two levels: each middle verification takes gamma_bottom bottom steps and the middle's
-        (gamma_bottom + 1)-token step over its cache, and yields Omega_b middle tokens (at the middle's measured
-        acceptance of the bottom's); a target verification needs gamma of them. No prediction before that
-        acceptance is measured."""
+        """TriForce's two levels. The middle's loop runs until every one of the B sequences holds gamma tokens: the
+        slowest sequence's number of middle verifications (planner.finish_verifications at the middle's measured
+        acceptance of the bottom's tokens), each a (gamma_bottom + 1)-token step over the middle's cache after
+        gamma_bottom bottom steps; plus a fixed cost per target verification (device.verify_overhead_s: the middle's
+        setup, fitted to timed runs), counted in T_D because the run times it inside the draft. No prediction before
+        that acceptance is measured."""
+        from magicdec.analysis.planner import finish_verifications  # the planner imports the drafters
+
         alpha_b = (summary or {}).get("alpha_bottom_to_middle")
         if alpha_b is None:
             return None
@@ -291,9 +296,11 @@ class TriForce(DrafterKind):
             middle_context, kv = d.read_slots(w.prefix_len, w.gen_len, lookahead), None
         middle_verify = cm.step_time(target, device, w.B, middle_context, gb + 1, sampled, kv, d.draft_weights,
                                      d.draft_group)
-        t_d = (gb * t_bottom + middle_verify) / cm.omega(alpha_b, gb)  # seconds per token handed to the target
-        p = cm.predict(target, device, w.B, context, gamma, alpha, 0, None, 0, sampled)
-        p = p | {"T_D": t_d, "T_D_over_T_T": t_d / p["T_T"]}
+        middle_runs = float(finish_verifications([gb], np.full(w.B, alpha_b), np.full(w.B, gamma))[0])
+        t_d = (middle_runs * (gb * t_bottom + middle_verify) + device.verify_overhead_s) / gamma  # per drafted token
+        p = cm.predict(target, replace(device, verify_overhead_s=0.0), w.B, context, gamma, alpha, 0, None, 0,
+                       sampled)
+        p = p | {"T_D": t_d, "T_D_over_T_T": t_d / p["T_T"], "middle_verifications": middle_runs}
         return p | {"speedup": p["omega"] / cm.verification_cost(p, gamma)}
 
 

@@ -196,7 +196,7 @@ class Lookahead(DrafterKind):
             alpha = cm.positions_alpha(levels, alpha, d.ngram_size - 1)
         p = cm.predict(target, device, w.B, context, d.ngram_size - 1, alpha, 0, None, 0, sampled)
         nodes = (d.ngram_size - 1) * (window_width(gamma, d.ngram_size) + d.guesses)
-        t_v = cm.step_time(target, device, w.B, context, nodes, sampled)
+        t_v = cm.step_time(target, device, w.B, context, nodes, sampled) + cm.tree_verify_seconds(device)
         return cm.without_draft_steps(p | {"T_V": t_v, "T_V_over_T_T": t_v / p["T_T"]}, d.ngram_size - 1)
 
 
