@@ -69,7 +69,8 @@ def tree_residuals(records, device) -> dict[int, list[float]]:
 def hierarchy_residuals(records, device) -> list[float]:
     out = []
     for r, c, cfg, m in timed(records):
-        if world(r) != 1 or c["drafter"] != "hierarchy" or cfg.draft.draft != "ngram":
+        if (world(r) != 1 or c["drafter"] != "hierarchy" or cfg.draft.draft != "ngram" or cfg.draft.quantized_kv
+                or cfg.draft.draft_weights != "bf16"):
             continue
         d, w = cfg.draft, cfg.workload
         target, s = ModelArgs.from_name(r["model"]), m["speculation"]
@@ -101,13 +102,15 @@ def main(argv=None) -> int:
     p.add_argument("--write", action="store_true", help="write the fitted terms into the profile")
     a = p.parse_args(argv)
     with one_line_errors():
-        records = [r for r in load(a.dirs) if r.get("skipped") is None]
+        # greedy records alone: the residuals are taken against bf16 steps without the sampler's rows
+        records = [r for r in load(a.dirs) if r.get("skipped") is None and r.get("decoding") == "greedy"]
         device, overheads, profile = load_profile(a.profile)
         base = replace(device, tree_verify_s={})
         where = ", ".join(map(str, a.dirs))
         fits = {}
         if trees := tree_residuals(records, base):
-            fits["tree_verify_s"] = {str(n): statistics.median(v) for n, v in sorted(trees.items())}
+            fits["tree_verify_s"] = (profile.get("tree_verify_s") or {}) | {
+                str(n): statistics.median(v) for n, v in sorted(trees.items())}
             fits["tree_verify_source"] = (f"benchmarks/fit_atlas_costs.py over {where}: per world size, the median "
                                           "over its width >= 2 lookup trees of (verification seconds per iteration - "
                                           "the model's step at the tree's size) (" + ", ".join(

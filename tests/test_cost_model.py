@@ -71,6 +71,45 @@ def test_the_committed_profile_reads_its_all_reduce_figure():
     assert 0 < device.collective_s_per_layer[4] < 1e-3
 
 
+def test_a_trees_verification_pays_its_fixed_cost_by_ranks():
+    """Device.tree_verify_s {ranks: seconds}: a tree's T_V is the step at the tree's size plus the figure for its
+    ranks, one GPU's where its ranks have none (0 where neither); a chain's T_V pays none."""
+    from magicdec.model.tree import Tree
+
+    d = cm.Device(3e12, 7e14, 50e-6, tree_verify_s={1: 1e-3, 4: 3e-3})
+    tree = Tree.branches(5, 2)
+    assert tree.size == 11
+    for ranks, extra in ((1, 1e-3), (4, 3e-3), (2, 1e-3)):
+        dr = replace(d, ranks=ranks)
+        assert cm.tree_verify_seconds(dr) == extra
+        t = cm.predict(L31, dr, 4, 4096, 5, 0.7, 0, tree=tree, sibling_rates=(0.3,))
+        assert t["T_V"] == pytest.approx(cm.step_time(L31, dr, 4, 4096, 11) + extra, rel=1e-12)
+        assert t["T_V_over_T_T"] == pytest.approx(t["T_V"] / t["T_T"])
+        chain = cm.predict(L31, dr, 4, 4096, 5, 0.7, 0)
+        assert chain["T_V"] == cm.step_time(L31, dr, 4, 4096, 6)
+        assert chain == cm.predict(L31, replace(dr, tree_verify_s={}), 4, 4096, 5, 0.7, 0)
+    assert cm.tree_verify_seconds(replace(d, tree_verify_s={4: 3e-3}, ranks=2)) == 0.0
+    assert cm.tree_verify_seconds(cm.Device(3e12, 7e14)) == 0.0
+    bare = replace(d, tree_verify_s={})
+    assert cm.predict(L31, bare, 4, 4096, 5, 0.7, 0, tree=tree, sibling_rates=(0.3,))["T_V"] == cm.step_time(
+        L31, bare, 4, 4096, 11)
+
+
+def test_a_profiles_tree_figures_are_keyed_by_ranks():
+    assert cm.tree_verify_of({"tree_verify_s": {"1": 0.0007, "4": 0.0027}}) == {1: 0.0007, 4: 0.0027}
+    assert all(type(k) is int for k in cm.tree_verify_of({"tree_verify_s": {"2": 1}}))
+    assert cm.tree_verify_of({}) == {} and cm.tree_verify_of({"tree_verify_s": None}) == {}
+
+
+def test_the_committed_profile_reads_its_tree_figures():
+    from magicdec.harness.compare import load_profile
+    device, _, raw = load_profile(cm.PROFILES / "h100.json")
+    assert device.tree_verify_s == {int(k): v for k, v in raw["tree_verify_s"].items()}
+    assert {1, 2, 4} <= set(device.tree_verify_s)
+    assert all(0 < device.tree_verify_s[n] < 10e-3 for n in (1, 2, 4))
+    assert 0 < device.collective_s_per_layer[2] < 1e-3
+
+
 def flops(B, context, T=1):
     """Llama-3.1-8B by hand: 2 FLOPs per weight and token, and QK plus PV over the context (32 layers x 32 heads x 128)."""
     return 2 * B * T * ((8_030_261_248 - 128256 * 4096) + 2 * 32 * 32 * 128 * context)

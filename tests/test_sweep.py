@@ -809,3 +809,17 @@ def test_a_shard_that_is_none_is_refused_first(tmp_path, monkeypatch, capsys, sh
         sweep.main([str(_write(tmp_path, CONFIG + AUTO)), "--output_dir", str(tmp_path / "o"), "--shard", shard])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"error: --shard {shard}: give I/N"), err
+
+
+def test_a_resumed_sweep_whose_first_point_does_not_fit_records_it_as_skipped(tmp_path, monkeypatch):
+    """The target loads for the points left, whatever their size: a sweep resumed (or a shard) whose first point left
+    does not fit records it as skipped, as the first run would have (the load checked that point's whole cache and
+    failed the sweep: the one-GPU atlas stopped so on resuming at 100K x 32)."""
+    gib = 1 << 30
+    monkeypatch.setattr(dev, "memory", lambda d: (int(2.6 * gib), 10 * gib))  # 2 GiB headroom: 0.6 GiB to use
+    text = TINY_SWEEP.replace("batch_sizes = [2]", "batch_sizes = [1, 512]") + 'gamma = [2]\nmethods = ["baseline", "selfspec"]\n'
+    path = _write(tmp_path, text)
+    big = sweep.Sweep(sweep.load_config(path), tmp_path / "out", "cpu", False, shard=(2, 2))
+    assert {p.cfg.workload.B for p in big.points} == {512}
+    assert big.run(None) == 0
+    assert all("skipped" in r for r in records(tmp_path / "out").values()) and len(records(tmp_path / "out")) == 2

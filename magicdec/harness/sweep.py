@@ -479,7 +479,7 @@ class Sweep:
         if not todo:
             return 0
         self.check(todo)
-        self.load(todo[0].cfg)
+        self.load(replace_options(todo[0].cfg, B=1))  # the target alone: a first point too big is fits()' to skip
         keys = from_rank0([p.key for p in todo])  # a rank that saw a record rank 0 was still setting aside
         todo = [p for p in self.points if p.key in keys]
         if max_minutes is not None and time.monotonic() - start > 60 * max_minutes:
