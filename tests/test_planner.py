@@ -188,7 +188,7 @@ def test_auto_gamma_switches_off_when_acceptance_drops_and_stays_off():
         p.observe(kept=8, reached=8)  # even if acceptance recovers, the batch has no draft cache anymore
     assert p.choose() == 0 and p.summary()["switched_off"]
     p.reset()
-    assert not p.off and p.kept == p.reached == 0
+    assert not p.off and p.batch_kept == p.batch_reached == 0
 
 
 def test_auto_gamma_stays_off_near_break_even():
@@ -290,3 +290,98 @@ def test_sequence_factors_spread_a_batch_and_its_slowest_sequence_sets_the_end()
     spread = finishing_speedup(p, 3, 2, 60, factors=(0.5, 1.5))
     n = finish_verifications([3], np.array([0.3, 0.9]), np.full(2, 60))[0]
     assert spread == pytest.approx(60 / (n * cm.verification_cost(p, 3))) and spread < finishing_speedup(p, 3, 2, 60)
+
+
+# --- chain or tree per verification (--gamma auto --tree_width W) ---------------------------------------------------
+def tree_policy(costs, tree_costs, alpha_prior, siblings, weight=32.0, width=2):
+    from magicdec.model.tree import Tree
+
+    p = policy_with(costs, alpha_prior, weight)
+    p.attach_tree(width, lambda g: Tree.chain_with_siblings(g, width), siblings)
+    p.tree_costs = dict(tree_costs)
+    return p
+
+
+def test_a_tree_is_chosen_where_its_siblings_keep_enough_and_a_chain_where_they_keep_nothing():
+    """Trees 5% dearer than chains of the same depth: with siblings kept at 0.9 the tree finishes a long batch
+    sooner (and the choice says its width); with siblings that keep nothing it yields a chain's tokens at a higher
+    cost, and the chain is chosen."""
+    costs = {0: 1.0, 1: 1.2, 2: 1.4, 3: 1.6, 4: 1.8}
+    tree_costs = {g: 1.05 * c for g, c in costs.items() if g}
+    rich = tree_policy(costs, tree_costs, 0.6, (0.9,))
+    g = rich.choose([60] * 8)
+    assert g > 0 and rich.chosen_width == 2
+    poor = tree_policy(costs, tree_costs, 0.6, (0.0,))
+    assert poor.choose([60] * 8) > 0 and poor.chosen_width == 1
+
+
+def test_the_trees_yield_is_taken_as_a_chains_rate():
+    """chain_equivalent: a chain at the returned rate yields what the tree does (omega against expected_tokens,
+    the tree's yield written out by hand for a width-2 chain with siblings of depth 2)."""
+    p = tree_policy({0: 1.0, 1: 1.2, 2: 1.4}, {1: 1.3, 2: 1.5}, 0.7, (0.5,), weight=1e9)
+    a, s = 0.6, 0.5
+    level = a + (1 - a) * s  # a level is kept by the first candidate, or else by its sibling
+    by_hand = 1 + level + a * level  # depth 2: the second level hangs under the chain's token only
+    eq = p.chain_equivalent(2, np.array([a]))[0]
+    assert cm.omega(eq, 2) == pytest.approx(by_hand, rel=2e-3)
+
+
+def test_a_trees_verifications_teach_the_batch_and_sibling_rates_not_a_sequences():
+    """A tree's per-rank counts move the batch's first-candidate rate and the sibling rates by their counts; a
+    sequence's own rate learns from chains only (the path of a tree mixes ranks)."""
+    p = tree_policy({0: 1.0, 1: 1.2}, {1: 1.3}, 0.8, (0.3,), weight=4.0)
+    p.observe_tree([10, 4], [6, 2])
+    assert p.alpha == pytest.approx((6 + 4 * 0.8) / (10 + 4))
+    assert p.siblings == pytest.approx(((2 + 4 * 0.3) / (4 + 4),))
+    assert p.seq_kept.size == 0
+    p.observe([3, 1], [4, 4])
+    assert p.alpha == pytest.approx((6 + 4 + 4 * 0.8) / (10 + 8 + 4)) and p.seq_kept.tolist() == [3, 1]
+
+
+def test_near_a_batchs_end_the_cheaper_chain_wins():
+    """Trees 10% dearer than chains, siblings kept at 0.4: while 8 sequences need 60 tokens each the tree's extra
+    tokens pay for its dearer verification; 4 tokens short each, one verification of either finishes most of
+    them, and the cheaper chain is chosen."""
+    costs = {0: 1.0, 1: 1.15, 2: 1.3, 3: 1.45, 4: 1.6}
+    tree_costs = {g: 1.1 * c for g, c in costs.items() if g}
+    early, late = tree_policy(costs, tree_costs, 0.7, (0.4,)), tree_policy(costs, tree_costs, 0.7, (0.4,))
+    assert early.choose([60] * 8) > 0 and early.chosen_width == 2
+    assert late.choose([4] * 8) > 0 and late.chosen_width == 1
+
+
+class Alternating(AutoGamma):
+    """Chain and tree shapes in turn, whatever the numbers say: every switch the loop can meet."""
+    SHAPES = [(2, 1), (3, 2), (1, 2), (3, 1), (2, 2), (0, 1)]
+
+    def choose(self, remaining=(64,)) -> int:
+        g, self.chosen_width = self.SHAPES[(len(self.history) + len(self.tree_history)) % len(self.SHAPES)]
+        return g
+
+
+@pytest.mark.parametrize("drafting", ["self", "standalone"])
+def test_switching_between_chain_and_tree_equals_plain_greedy(tiny, drafting):
+    """A decoder whose policy verifies chains and width-2 trees in turn (and now and then nothing) gives the
+    target's plain greedy tokens (a hand-written loop is the reference): the chain is a copy of the tree drafter
+    sharing its cache. The tree's per-rank counts reach the policy."""
+    from test_generate_speculative import first_layers
+
+    with torch.inference_mode():
+        a, prompts, n_new = tiny.args, tiny_prompts(), 60
+        B, P = prompts.shape
+        draft = tiny if drafting == "self" else first_layers(tiny, 2)
+        d = draft.args
+        cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + 8, a.head_dim, torch.float32, "cpu")
+        draft_cache = (StreamingCache(d.n_layers, B, d.n_kv_heads, 20, 4, 64, d.head_dim, torch.float32, "cpu")
+                       if drafting == "self" else
+                       KVCache(d.n_layers, B, d.n_kv_heads, P + n_new + 8, d.head_dim, torch.float32, "cpu"))
+        logits = prefill(tiny, cache, prompts, 64)
+        prefill(draft, draft_cache, prompts, 64)
+        policy = Alternating([1, 2, 3], 0.8)
+        policy.costs = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
+        decoder = Decoder(tiny, drafter=ModelDraft(draft, draft_cache).shaped(2), policy=policy, trace=True)
+        out, counts = decode(decoder, cache, logits.argmax(-1), n_new, prev=prompts[:, -1])
+        assert out.tolist() == plain_greedy(tiny, prompts, n_new).tolist()
+        s = decoder.stats.policy
+        assert s["tree_width"] == 2 and sum(s["tree_iterations_per_gamma"].values()) > 3
+        assert sum(n for g, n in s["iterations_per_gamma"].items() if g) > 3
+        assert policy.rank_tried[0] > 0 and policy.rank_tried[1] > 0  # the tree's counts were read

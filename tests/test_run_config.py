@@ -107,6 +107,7 @@ RECORD_KINDS = {  # a command line of each kind of run whose record --replay mus
     "baseline in turns": ["--drafter", "lookup", "--baseline"],
     "gamma sweep": ["--drafter", "selfspec", "--gamma", "2", "3", "4"],
     "auto gamma": ["--drafter", "selfspec", "--gamma", "auto", "--max_gamma", "4"],
+    "auto gamma with a tree": ["--drafter", "selfspec", "--gamma", "auto", "--max_gamma", "4", "--tree_width", "2"],
     "synthetic acceptance": ["--drafter", "selfspec", "--synthetic_acceptance", "0.7"],
     "synthetic positions": ["--drafter", "selfspec", "--synthetic_acceptance", "0.7", "--synthetic_positions", "0.9"],
     "acceptance trace": ["--drafter", "selfspec", "--synthetic_acceptance", "0.7", "--acceptance_trace", "t.json"],

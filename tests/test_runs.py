@@ -619,6 +619,23 @@ def test_auto_gamma_end_to_end(tiny, jsonl, tiny_baseline, draft):
     assert_lossless(record, tiny_baseline)
 
 
+def test_auto_gamma_with_a_tree_width_end_to_end(tiny, jsonl, tiny_baseline):
+    """--gamma auto --tree_width 2: every chain and every width-2 tree of depth 1..max_gamma profiled on the batch,
+    each verification a chain or a tree, no token lost."""
+    record = selfspec_benchmark.run(tiny_args(jsonl, "--model", str(tiny["target"]), "--streamingllm_budget", "24",
+                                              "--sinks", "4", "--gamma", "auto", "--max_gamma", "3", "--tree_width",
+                                              "2", "--baseline"))
+    m = record["metrics"]
+    auto = m["speculation"]["auto_gamma"]
+    assert sorted(map(int, auto["seconds_per_verification"])) == [0, 1, 2, 3]
+    assert sorted(map(int, auto["tree_seconds_per_verification"])) == [1, 2, 3] and auto["tree_width"] == 2
+    assert all(s > 0 for s in auto["tree_seconds_per_verification"].values())
+    used = sum(auto["iterations_per_gamma"].values()) + sum(auto["tree_iterations_per_gamma"].values())
+    assert used == m["iterations"]
+    check_speedup(record, B)
+    assert_lossless(record, tiny_baseline)
+
+
 def test_several_gammas_in_one_run(tiny, jsonl, tiny_baseline):
     """--gamma 1 2 4: each gamma is timed on the same loaded model and caches, in turns with the baseline (its
     speedup is against those baseline runs); the record's metrics are the best measured speedup's, with the

@@ -230,10 +230,16 @@ class AutoGamma:
     of the verification before that one (one verification stale, and no GPU time spent on choosing).
 
     Once on, speculation stays on while it is predicted no slower (hysteresis: a small predicted gain late in a batch
-    is still a gain, and a needless switch-off has lost more than that: results/planner_sweeps)."""
+    is still a gain, and a needless switch-off has lost more than that: results/planner_sweeps).
+
+    With a tree attached (attach_tree: --gamma auto --tree_width W) each verification is a chain or a width-W tree,
+    whichever finishes the batch sooner: the tree's yield at the batch's first-candidate rate and its sibling rates,
+    measured as it runs from its per-rank counts, taken as a chain's rate (chain_equivalent), its seconds per
+    verification profiled like a chain's. A tree pays while many sequences need many tokens and its siblings keep
+    enough; near a batch's end its wider verification can cost more than it saves."""
 
     def __init__(self, gammas, alpha_prior: float = 0.8, prior_weight: float = 32.0, margin: float = 0.03,
-                 spread: float | None = None):
+                 spread: float | None = None, sibling_prior: tuple[float, ...] = ()):
         if not gammas or min(gammas) < 1:
             raise ValueError(f"candidate gammas must be >= 1, got {gammas}")
         self.gammas = sorted(set(gammas))
@@ -241,29 +247,49 @@ class AutoGamma:
         self.spread = spread
         self.costs: dict[int, float] = {}
         self.forced: int | None = None  # profiling (runs.profile_gammas) runs one gamma at a time
+        # a token tree the policy may verify instead of a chain (attach_tree): its width, its shape per depth, the
+        # sibling rates assumed at the start, and its seconds per verification by depth (profiled like costs)
+        self.width, self.tree_of, self.sibling_prior = 1, None, tuple(sibling_prior)
+        self.tree_costs: dict[int, float] = {}
+        self.forced_width = 1
+        self.chosen_width = 1  # the width of the last choice
+        self._equivalent: dict = {}  # (gamma, siblings rounded) -> a chain's rate per tree rate on the grid
+        self.reset()
+
+    def attach_tree(self, width: int, tree_of, sibling_prior=()) -> None:
+        """Let each verification be a width-`width` tree instead of a chain: `tree_of(gamma)` the tree.Tree a
+        proposal gamma deep fills; `sibling_prior` the later candidates' rates assumed at the start (one per
+        rank past the first, the last repeated; default 0.3)."""
+        self.width, self.tree_of = width, tree_of
+        prior = tuple(sibling_prior) or (0.3,)
+        self.sibling_prior = tuple(prior[min(r, len(prior) - 1)] for r in range(width - 1))
         self.reset()
 
     def reset(self) -> None:
         """A new batch: forget its acceptance counts, switch speculation back on."""
         self.seq_kept = self.seq_reached = np.zeros(0)
+        self.batch_kept = self.batch_reached = 0.0  # the first candidates' (a chain's tokens, a tree's rank 0)
+        self.rank_kept = self.rank_tried = np.zeros(max(self.width, 1))
         self.off = self.on = False
         self.history: list[int] = []
+        self.tree_history: list[int] = []
 
     @property
     def max_gamma(self) -> int:
         return self.gammas[-1]
 
     @property
-    def kept(self) -> float:
-        return float(self.seq_kept.sum())
-
-    @property
-    def reached(self) -> float:
-        return float(self.seq_reached.sum())
-
-    @property
     def alpha(self) -> float:
-        return (self.kept + self.prior_weight * self.alpha_prior) / (self.reached + self.prior_weight)
+        """The batch's rate for a first candidate: a chain's tokens, and a tree's rank-0 candidates."""
+        return (self.batch_kept + self.prior_weight * self.alpha_prior) / (self.batch_reached + self.prior_weight)
+
+    @property
+    def siblings(self) -> tuple[float, ...]:
+        """The tree's later candidates' rates (rank r: kept once the ones before it were not), from its
+        verifications so far, starting at the prior."""
+        w = self.prior_weight
+        return tuple(float((self.rank_kept[r] + w * self.sibling_prior[r - 1]) / (self.rank_tried[r] + w))
+                     for r in range(1, self.width))
 
     def sequence_alphas(self, n: int) -> np.ndarray:
         """Each sequence's rate as the finishing times use it (n: the batch's sequences)."""
@@ -287,40 +313,95 @@ class AutoGamma:
             times.update({g: n * self.costs[g] for g, n in zip(gammas, verifications)})
         return times
 
+    def chain_equivalent(self, gamma: int, alphas: np.ndarray) -> np.ndarray:
+        """Each rate of `alphas` (a first candidate's) as the chain rate at which gamma drafted tokens yield what
+        the tree gamma deep yields at it and the current sibling rates (cost_model.chain_alpha): how the finishing
+        times take a tree. A grid per depth, made again when a sibling rate moves by 0.01."""
+        from magicdec.model.tree import expected_tokens
+
+        siblings = tuple(round(r, 2) for r in self.siblings)
+        key = (gamma, siblings)
+        if key not in self._equivalent:
+            tree, grid = self.tree_of(gamma), np.linspace(0, 1, GRID + 1)
+            self._equivalent[key] = np.array([cm.chain_alpha(expected_tokens(tree, (a, *siblings)), gamma)
+                                              for a in grid])
+        return np.interp(alphas, np.linspace(0, 1, GRID + 1), self._equivalent[key])
+
+    def tree_finish_times(self, remaining) -> dict[int, float]:
+        """finish_times for the tree at each profiled depth (none without a tree)."""
+        remaining = np.asarray(remaining, dtype=np.int64).reshape(-1)
+        gammas, active = [g for g in self.gammas if g in self.tree_costs], remaining > 0
+        if self.tree_of is None or not gammas or not active.any():
+            return {}
+        alpha = self.sequence_alphas(remaining.size)[active]
+        out = {}
+        for g in gammas:
+            n = float(finish_verifications([g], self.chain_equivalent(g, alpha), remaining[active])[0])
+            out[g] = n * self.tree_costs[g]
+        return out
+
     def choose(self, remaining=(64,)) -> int:
+        """The next verification's gamma (0: plain decoding); its width in `chosen_width` (1: a chain)."""
+        width = 1
         if self.forced is not None:
-            g = self.forced
+            g, width = self.forced, self.forced_width
         elif self.off or not self.costs:
             g = 0 if self.off else self.max_gamma
         else:
             times = self.finish_times(remaining)
+            trees = self.tree_finish_times(remaining)
             g = min((g for g in times if g), key=times.get, default=0)
-            if g and times[g] > (1 if self.on else 1 - self.margin) * times[0]:
-                g = 0
+            if trees and (not g or min(trees.values()) < times[g]):
+                g = min(trees, key=trees.get)
+                width, best = self.width, trees[g]
+            else:
+                best = times[g] if g else times[0]
+            if g and best > (1 if self.on else 1 - self.margin) * times[0]:
+                g, width = 0, 1
             self.off, self.on = g == 0, g > 0
+        self.chosen_width = width
         return g
 
-    def used(self, gamma: int) -> None:
+    def used(self, gamma: int, width: int = 1) -> None:
         """The decoder ran a verification with this gamma (it may choose one ahead and not use it)."""
-        self.history.append(gamma)
+        (self.tree_history if width > 1 else self.history).append(gamma)
 
     def observe(self, kept, reached) -> None:
-        """Drafted tokens accepted / examined in the last verification, per sequence of the batch."""
+        """A chain's verification: drafted tokens accepted / examined, per sequence of the batch."""
         kept = np.asarray(kept, dtype=np.float64).reshape(-1)
         reached = np.asarray(reached, dtype=np.float64).reshape(-1)
         if self.seq_kept.size != kept.size:
             self.seq_kept, self.seq_reached = np.zeros_like(kept), np.zeros_like(reached)
         self.seq_kept = self.seq_kept + kept
         self.seq_reached = self.seq_reached + reached
+        self.batch_kept += float(kept.sum())
+        self.batch_reached += float(reached.sum())
+
+    def observe_tree(self, tried, kept) -> None:
+        """A tree's verification: candidates tried and kept per sibling rank over the batch (tree.rank_counts).
+        Rank 0 is a chain's token, so it moves the batch's rate; a sequence's own rate learns from chains only (a
+        tree's path mixes ranks)."""
+        tried = np.asarray(tried, dtype=np.float64).reshape(-1)[:self.width]
+        kept = np.asarray(kept, dtype=np.float64).reshape(-1)[:self.width]
+        self.rank_tried = self.rank_tried + np.pad(tried, (0, self.width - tried.size))
+        self.rank_kept = self.rank_kept + np.pad(kept, (0, self.width - kept.size))
+        self.batch_kept += float(kept[0]) if kept.size else 0.0
+        self.batch_reached += float(tried[0]) if tried.size else 0.0
 
     def summary(self) -> dict:
         used = {g: self.history.count(g) for g in sorted(set(self.history))}
         alphas = self.sequence_alphas(self.seq_kept.size) if self.seq_kept.size else None
-        return {"candidates": self.gammas, "seconds_per_verification": self.costs, "alpha_prior": self.alpha_prior,
-                "spread": self.spread, "margin": self.margin,
-                "alpha_estimate": self.alpha, "iterations_per_gamma": used,
-                "sequence_alpha_range": None if alphas is None else [float(alphas.min()), float(alphas.max())],
-                "switched_off": self.off}
+        out = {"candidates": self.gammas, "seconds_per_verification": self.costs, "alpha_prior": self.alpha_prior,
+               "spread": self.spread, "margin": self.margin,
+               "alpha_estimate": self.alpha, "iterations_per_gamma": used,
+               "sequence_alpha_range": None if alphas is None else [float(alphas.min()), float(alphas.max())],
+               "switched_off": self.off}
+        if self.tree_of is not None:
+            out |= {"tree_width": self.width, "tree_seconds_per_verification": self.tree_costs,
+                    "sibling_estimate": list(self.siblings),
+                    "tree_iterations_per_gamma": {g: self.tree_history.count(g)
+                                                  for g in sorted(set(self.tree_history))}}
+        return out
 
 
 def best_tree(predict_tree, rates: tuple[float, ...], max_nodes: int = 64, max_depth: int = 8,

@@ -242,8 +242,8 @@ class GammaSchedule:
     a visible part of a small model's verification (results/planner_sweeps). Those numbers stay on the
     device (`pending`) until the loop's one sync reads them (`read`)."""
 
-    def __init__(self, gamma: int, policy: AutoGamma | None, B: int, n_new: int):
-        self.gamma, self.policy = gamma, policy
+    def __init__(self, gamma: int, width: int, policy: AutoGamma | None, B: int, n_new: int):
+        self.gamma, self.width, self.policy = gamma, width, policy
         self.pending = None  # the last verification's numbers for the policy, on the device
         self.read = None  # ... read by the loop's sync, for the policy to take in
         self.left = [n_new - 1] * B  # tokens each sequence still needs
@@ -251,28 +251,39 @@ class GammaSchedule:
             policy.reset()
         self.upcoming = self._choose()
 
-    def _choose(self) -> int:
-        return self.policy.choose(self.left) if self.policy else self.gamma
+    def _choose(self) -> tuple[int, int]:
+        if not self.policy:
+            return self.gamma, self.width
+        return self.policy.choose(self.left), self.policy.chosen_width
 
-    def next(self) -> int:
+    def next(self) -> tuple[int, int]:
+        """The next verification's (gamma, width): width 1 a chain, above it a token tree."""
         if self.policy:
-            self.policy.used(self.upcoming)
+            self.policy.used(*self.upcoming)
         return self.upcoming
 
-    def stage(self, batch: Batch, taken, examined) -> None:
-        """Per sequence: tokens still needed (0 once done), drafted tokens kept and examined in this verification."""
+    def stage(self, batch: Batch, taken, examined, width: int = 1, ranks=None) -> None:
+        """Per sequence: tokens still needed (0 once done), drafted tokens kept and examined in this verification;
+        then the verification's width and, for a tree, its candidates tried and kept per sibling rank."""
         if self.policy and taken is not None:
-            n = batch.n_new + 1
-            self.pending = torch.stack([n - torch.where(batch.done, n, batch.m), taken.sum(1), examined.sum(1)])
+            n, W, kept_now = batch.n_new + 1, self.policy.width, taken.sum(1)  # counts: long (taken is bool)
+            tried, kept = ranks if ranks is not None else (kept_now.new_zeros(W), kept_now.new_zeros(W))
+            pad = lambda t: torch.cat([t, t.new_zeros(max(W - t.numel(), 0))])[:W]  # noqa: E731
+            self.pending = torch.cat([n - torch.where(batch.done, n, batch.m), kept_now, examined.sum(1),
+                                      kept_now.new_full((1,), width), pad(tried), pad(kept)])
 
     def choose_next(self) -> None:
         """With a policy: take in what the last sync read, and choose the next gamma while the GPU works."""
         if not self.policy:
             return
         if self.read is not None:
-            B = len(self.left)
-            self.left, kept, reached = self.read[:B], self.read[B:2 * B], self.read[2 * B:]
-            self.policy.observe(kept, reached)
+            B, W = len(self.left), self.policy.width
+            self.left, kept, reached = self.read[:B], self.read[B:2 * B], self.read[2 * B:3 * B]
+            width, tried, rank_kept = self.read[3 * B], self.read[3 * B + 1:3 * B + 1 + W], self.read[3 * B + 1 + W:]
+            if width > 1:
+                self.policy.observe_tree(tried, rank_kept)
+            else:
+                self.policy.observe(kept, reached)
             self.read = None
         self.upcoming = self._choose()
 
@@ -307,6 +318,14 @@ class Decoder:
         self.model, self.drafter = model, drafter
         self.acceptor = Acceptor() if acceptor is None else acceptor
         self.width = drafter.width if drafter is not None else 1
+        # the drafter by width: a policy with a tree may verify a chain or a tree each time (AutoGamma.attach_tree);
+        # the chain is a shaped copy sharing the tree drafter's state (its cache), each verification's hooks going
+        # to the copy that proposed it
+        self.drafters = {self.width: drafter}
+        if drafter is not None and policy is not None and self.width > 1 and drafter.shape is None:
+            self.drafters[1] = drafter.shaped(1)
+            width = self.width
+            policy.attach_tree(width, lambda g: drafter.tree_for(g * width), policy.sibling_prior)
         # per verification of the last generation: each sequence's accepted count (-1 once stopped), and the gamma
         self.trace = [] if trace else None
         self.trace_gammas: list[int] = []
@@ -321,7 +340,9 @@ class Decoder:
         else:
             wrap = lambda f: f  # noqa: E731
         self.verify_step = wrap(self._verify_step) if graph_target else self._verify_step
-        self.draft_step = wrap(self._draft_step)
+        # a graph per width too: the same tokens, cache and plan take the argmax, or the `width` likeliest
+        self.draft_step = (GraphedStep(self._draft_step, key=lambda *a: (self.width,))
+                           if step_mode == "cuda_graphs" else wrap(self._draft_step))
         # a tree's acceptance walk and the move of its path's KV: ~200 small launches per verification, as many as
         # a small model's whole step, replayed as one graph (the move must not run twice: no warm-up)
         graphed = step_mode == "cuda_graphs" and graph_target
@@ -344,21 +365,22 @@ class Decoder:
             raise ValueError("speculative generation needs the prompt's last token (prev)")
         B, dev = first.shape[0], first.device
         batch = Batch(first, prev, n_new, self.gamma, eos_ids, cache.lengths - 1)
-        schedule = GammaSchedule(self.gamma, self.policy, B, n_new)
+        schedule = GammaSchedule(self.gamma, self.width, self.policy, B, n_new)
         counts, timer = Counts(B, self.gamma, dev), PhaseTimer(dev)
         bar = Progress(n_new, "decode (speculation)" if self.gamma else "decode (baseline)", progress)
         self.before_loop(batch)
         self.acceptor.begin(B, batch.hist.shape[1], dev)
         drafter = self.drafter if self.gamma else None
-        if drafter is not None:
-            drafter.begin()
+        for d in self.drafters.values() if drafter is not None else ():
+            d.begin()
         self.stamps = []  # wall clock at each of the loop's syncs: the start, then after each verification
         if self.trace is not None:
             self.trace, self.trace_gammas = [], []
         while not self._all_done(batch, schedule):
-            gamma = schedule.next()
+            gamma, self.width = schedule.next()
+            drafter = self.drafters[self.width] if self.gamma else None
             t0 = timer.stamp()
-            drafted, q = self._propose(batch, gamma)  # draft gamma tokens (or a tree gamma deep)
+            drafted, q = self._propose(batch, gamma, drafter)  # draft gamma tokens (or a tree gamma deep)
             gamma = drafted.shape[1]  # a draft may propose fewer (prompt lookup: as many as it found)
             tree = drafter.tree_for(gamma) if gamma else None
             tree = None if tree is None else tree.on_device(dev)  # its tensors, made once per shape
@@ -376,9 +398,10 @@ class Decoder:
             if gamma:
                 drafter.after_commit(cache)
             taken, examined = counts.add(gamma, accepted, active, batch.cols, batch.m - 1, n_new)
-            if tree is not None:
-                counts.add_ranks(*rank_counts(tree, path, accepted, active))
-            schedule.stage(batch, taken, examined)
+            ranks = rank_counts(tree, path, accepted, active) if tree is not None else None
+            if ranks is not None:
+                counts.add_ranks(*ranks)
+            schedule.stage(batch, taken, examined, self.width if tree is not None else 1, ranks)
             if self.trace is not None:  # on the device: no host sync until the generation ends
                 self.trace.append(torch.where(active, accepted, -1))
                 self.trace_gammas.append(gamma)
@@ -393,7 +416,7 @@ class Decoder:
         self.seconds = self.stamps[-1] - self.stamps[0]
         self.stats = counts.stats(self.gamma, timer, n_new, self.policy.summary() if self.policy else None,
                                   self.stamps)
-        self.stats.drafter = drafter.summary() if drafter is not None else None
+        self.stats.drafter = self.drafter.summary() if self.gamma and self.drafter is not None else None
         return batch.output()
 
     def before_loop(self, batch: Batch) -> None:
@@ -440,11 +463,12 @@ class Decoder:
             out = self._distribution(model, tokens, cache, plan)
         return out[:, -1] if plan.logits == "last" else out
 
-    def _propose(self, batch: Batch, gamma: int):
+    def _propose(self, batch: Batch, gamma: int, drafter: Drafter | None = None):
         """The drafter's tokens [B, <= gamma] and distributions q (None when greedy); none for gamma 0."""
         if not gamma:
             return batch.hist[:, :0], None
-        return self.drafter.propose(self.draft_step, batch.hist, batch.m, batch.position(2), gamma)
+        drafter = self.drafter if drafter is None else drafter
+        return drafter.propose(self.draft_step, batch.hist, batch.m, batch.position(2), gamma)
 
     def _verify(self, cache, batch: Batch, drafted: torch.Tensor, q, plan: ForwardPlan = PLAIN):
         """The target's pass over the last committed token and the drafted ones (a chain, or the nodes of plan.tree, a

@@ -168,7 +168,9 @@ class Speculation:
     tree_width: int = option(1, "candidates per drafted position: above 1 a model draft proposes a token tree, its "
                                 "chain of gamma tokens with the draft's next width - 1 candidates beside each "
                                 "(greedy: its likeliest; sampled: drawn without replacement), prompt lookup that many "
-                                "earlier occurrences as branches; verified in one pass (magicdec/model/tree.py)")
+                                "earlier occurrences as branches; verified in one pass (magicdec/model/tree.py); with "
+                                "--gamma auto, each verification a chain or this tree, whichever finishes the batch "
+                                "sooner")
     synthetic_siblings: tuple = option((), "random-weight runs with --tree_width: the rate at which a tree's "
                                            "candidate of rank 1, 2, ... is kept once those before it were not (the "
                                            "last for every rank past it; rank 0 takes --synthetic_acceptance): "
@@ -268,8 +270,6 @@ class Speculation:
                 raise MagicDecError(f"--synthetic_sequence_factors "
                                     f"{' '.join(map(str, self.synthetic_sequence_factors))}: each factor must be a "
                                     "finite number >= 0")
-        if self.tree_width > 1 and self.auto:
-            raise MagicDecError("--tree_width with --gamma auto: the planner chooses chains only (give --gamma N)")
         if self.tree_width > 1 and self.nodes + 1 > MAX_NODES:
             raise MagicDecError(f"--gamma {self.largest} x --tree_width {self.tree_width}: a tree of "
                                 f"{self.nodes + 1} nodes; at most {MAX_NODES} (the attention kernel's mask)")

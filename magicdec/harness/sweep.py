@@ -908,7 +908,7 @@ def is_point_record(f: Path) -> bool:
 
 def planned(cfg: RunConfig, planner: dict) -> RunConfig:
     """An auto point's config at the planner's choice (its budget, and its weight format where it chose one; a
-    token tree at its width and gamma, which then runs fixed: AutoGamma times chains only)."""
+    token tree at its width and gamma, which then runs fixed: the planner chose its shape for the batch)."""
     fmt = planner.get("draft_weights")
     chosen = {"draft_weights": fmt} if fmt else {}
     if fmt == "int4" and planner.get("draft_group"):

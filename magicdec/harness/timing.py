@@ -97,9 +97,10 @@ def timed_as_configured(decoders, cfg, cache, first, prev, eos):
 
 
 def profile_gammas(decoder, cache, first, prev, gen_len: int, eos, tries: int = 3) -> float:
-    """--gamma auto: seconds per verification for every candidate gamma and for the plain step (gamma 0), measured
-    on this batch and context before it is timed, as a server profiles each batch shape once. Rank 0's numbers are
-    everyone's, so all ranks choose alike. Returns the seconds profiling took.
+    """--gamma auto: seconds per verification for every candidate gamma (with a tree, the tree at every depth too)
+    and for the plain step (gamma 0), measured on this batch and context before it is timed, as a server profiles
+    each batch shape once. Rank 0's numbers are everyone's, so all ranks choose alike. Returns the seconds profiling
+    took.
 
     Each run length is timed `tries` times and the fastest kept, with Python's garbage collector off: a host pause
     only ever adds time, and one single timing per length let a sweep's auto point profile a verification well above
@@ -107,9 +108,12 @@ def profile_gammas(decoder, cache, first, prev, gen_len: int, eos, tries: int = 
     policy, prompt_lengths, start = decoder.policy, cache.lengths.clone(), time.perf_counter()
     collecting = gc.isenabled()
     gc.disable()
+    # the plain step, every candidate chain, and with a tree (AutoGamma.attach_tree) the tree at every depth
+    shapes = [(0, 1)] + [(g, 1) for g in policy.gammas] + [(g, policy.width) for g in policy.gammas
+                                                             if policy.tree_of is not None]
     try:
-        for g in [0] + policy.gammas:  # the plain step, then every candidate
-            policy.forced = g
+        for g, width in shapes:
+            policy.forced, policy.forced_width = g, width
             decode(decoder, cache, first, min(gen_len, 4 * (g + 1)), eos, prev=prev)  # warm-up, capture
             cache.rollback(prompt_lengths)
             timings = []
@@ -123,13 +127,14 @@ def profile_gammas(decoder, cache, first, prev, gen_len: int, eos, tries: int = 
             # the difference of a short and a longer run: a generation's fixed costs (setup, final sync) cancel out
             # (where the difference drowns in the noise of a tiny model's runs, the longer run's average)
             (s0, i0), (s1, i1) = timings
-            policy.costs[g] = (s1 - s0) / (i1 - i0) if i1 > i0 and s1 > s0 else s1 / i1
+            (policy.tree_costs if width > 1 else policy.costs)[g] = (
+                (s1 - s0) / (i1 - i0) if i1 > i0 and s1 > s0 else s1 / i1)
     finally:
         if collecting:
             gc.enable()
-    policy.forced = None
+    policy.forced, policy.forced_width = None, 1
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        costs = [policy.costs]
+        costs = [policy.costs, policy.tree_costs]
         torch.distributed.broadcast_object_list(costs, src=0)
-        policy.costs = costs[0]
+        policy.costs, policy.tree_costs = costs
     return time.perf_counter() - start

@@ -139,7 +139,8 @@ class Trial:
                 return Result(baseline, baseline, {}, {}, timed.out, timed.counts)
             by_gamma, traces = {}, {}
             for g in spec.gammas:
-                policy = AutoGamma(range(1, g + 1), spec.alpha_prior) if spec.auto else None
+                policy = AutoGamma(range(1, g + 1), spec.alpha_prior,
+                                   sibling_prior=spec.synthetic_siblings) if spec.auto else None
                 timed, base, profile_s = self.speculate(cfg, self.drafter, g, policy, base_decoder)
                 paired = None if base is None else self.baseline_metrics(base, copy_bw)
                 by_gamma[g] = timed.metrics(B, baseline_given or paired, g)
