@@ -173,8 +173,9 @@ def test_auto_runs_the_baseline_where_nothing_promises_the_margin(small, tmp_pat
 
 def test_auto_runs_the_top_choice_in_turns_with_the_baseline(small, tmp_path):
     rates = acceptance_file(tmp_path, {"lookahead": 0.9})
-    # the H100's fixed cost per lookahead verification (0.7 ms) outweighs this tiny shape's step: a profile without it
-    profile = json.loads((cm.PROFILES / "h100.json").read_text()) | {"verify_overhead_s": {}}
+    # the H100's fixed costs per lookahead verification (0.7 ms, and a tree's 0.7 ms) outweigh this tiny shape's
+    # step: a profile without them
+    profile = json.loads((cm.PROFILES / "h100.json").read_text()) | {"verify_overhead_s": {}, "tree_verify_s": {}}
     (tmp_path / "profile.json").write_text(json.dumps(profile))
     record = cli.run_record([*small, "--plan", "auto", "--plan_acceptance", str(rates),
                              "--plan_profile", str(tmp_path / "profile.json")])
