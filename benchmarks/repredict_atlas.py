@@ -37,7 +37,9 @@ def repredict(record: dict, acceptance: Path, profile: Path) -> list[dict]:
         measured = (c.get("metrics") or {}).get("measured_speedup")
         if not measured:
             continue
-        planner = Planner(point, Inputs(profile, acceptance, gammas=(c["gamma"],), synthetic=True, ranks=world))
+        # a timed candidate fit where it ran (its target's weights already loaded there): memory is not checked again
+        planner = Planner(point, Inputs(profile, acceptance, gammas=(c["gamma"],), synthetic=True, ranks=world,
+                                        memory_gib=1e6))
         ranked = planner.ranking([{"drafter": c["drafter"]} | options[c["label"]]])["ranking"]
         now = next((r["speedup"] for r in ranked if r["label"] == c["label"]), None)
         rows.append({"B": record["B"], "prefix_len": record["prefix_len"], "world": world, "label": c["label"],
