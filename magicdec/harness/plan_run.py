@@ -29,7 +29,7 @@ from magicdec.analysis import cost_model as cm
 from magicdec.errors import MagicDecError, out_of_memory
 from magicdec.harness.engine import Engine
 from magicdec.harness.plan_command import NEVER_LOSES_MARGIN, Inputs, Planner, family, load_acceptance, read_profile
-from magicdec.harness.run import from_rank0
+from magicdec.model.tp import from_rank0
 from magicdec.harness.run_config import SECTIONS, RunConfig
 from magicdec.harness.trial import Trial
 

@@ -101,16 +101,6 @@ def writes_records() -> bool:
     return not (torch.distributed.is_initialized() and torch.distributed.get_rank() != 0)
 
 
-def from_rank0(value):
-    """Rank 0's value on every rank of a tensor-parallel run (what the ranks then do must pair: their collectives
-    meet in the same order); the value itself where there is one process."""
-    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
-        return value
-    box = [value]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def make_record(cfg: RunConfig, built, metrics: dict, baseline: dict | None, sweep: dict) -> dict:
     engine, spec = built.engine, cfg.speculation
     offload = None

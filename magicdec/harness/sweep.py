@@ -71,7 +71,7 @@ from magicdec import drafters
 from magicdec import files
 from magicdec.harness import metrics as met
 from magicdec.harness import plan_run
-from magicdec.harness.run import from_rank0
+from magicdec.model.tp import from_rank0
 from magicdec import options as opt
 from magicdec.harness import timing
 from magicdec.harness.engine import activation_rows, Engine, memory_needed

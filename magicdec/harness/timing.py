@@ -9,6 +9,7 @@ import time
 import torch
 
 from magicdec.decoding.generate import decode
+from magicdec.model.tp import from_rank0
 
 MAX_ROUNDS = 50  # timed rounds at most, whatever min_seconds asks
 
@@ -133,8 +134,5 @@ def profile_gammas(decoder, cache, first, prev, gen_len: int, eos, tries: int = 
         if collecting:
             gc.enable()
     policy.forced, policy.forced_width = None, 1
-    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        costs = [policy.costs, policy.tree_costs]
-        torch.distributed.broadcast_object_list(costs, src=0)
-        policy.costs, policy.tree_costs = costs
+    policy.costs, policy.tree_costs = from_rank0([policy.costs, policy.tree_costs])
     return time.perf_counter() - start

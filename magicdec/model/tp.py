@@ -193,6 +193,16 @@ def vocab_argmax(local: torch.Tensor, shard: Shard | None) -> torch.Tensor:
     return torch.stack(indices).gather(0, best)[0]
 
 
+def from_rank0(value):
+    """Rank 0's value on every rank of a tensor-parallel run (what the ranks then do must pair: their collectives
+    meet in the same order); the value itself where there is one process."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def init_distributed(device: torch.device) -> tuple[int, int]:
     """Join the torchrun job (rank, world size); plain `python` stays a single process (0, 1)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
