@@ -96,9 +96,9 @@ def test_a_trees_verification_pays_its_fixed_cost_by_ranks():
 
 
 def test_a_profiles_tree_figures_are_keyed_by_ranks():
-    assert cm.tree_verify_of({"tree_verify_s": {"1": 0.0007, "4": 0.0027}}) == {1: 0.0007, 4: 0.0027}
-    assert all(type(k) is int for k in cm.tree_verify_of({"tree_verify_s": {"2": 1}}))
-    assert cm.tree_verify_of({}) == {} and cm.tree_verify_of({"tree_verify_s": None}) == {}
+    assert cm.by_ranks({"tree_verify_s": {"1": 0.0007, "4": 0.0027}}, "tree_verify_s") == {1: 0.0007, 4: 0.0027}
+    assert all(type(k) is int for k in cm.by_ranks({"tree_verify_s": {"2": 1}}, "tree_verify_s"))
+    assert cm.by_ranks({}, "tree_verify_s") == {} and cm.by_ranks({"tree_verify_s": None}, "tree_verify_s") == {}
 
 
 def test_the_committed_profile_reads_its_tree_figures():

@@ -347,9 +347,10 @@ def profiled_weight_kernels(gpu: str | None) -> dict:
     return weight_kernels_of(committed_profile(gpu))
 
 
-def tree_verify_of(profile: dict) -> dict:
-    """The profile's tree verification cost by ranks ({ranks: seconds}; JSON keys are strings)."""
-    return {int(k): float(v) for k, v in (profile.get("tree_verify_s") or {}).items()}
+def by_ranks(profile: dict, key: str) -> dict:
+    """A profile's table by tensor-parallel ranks ({ranks: seconds}; JSON keys are strings): tree_verify_s,
+    collective_s_per_layer."""
+    return {int(k): float(v) for k, v in (profile.get(key) or {}).items()}
 
 
 def head_costs_of(profile: dict) -> dict:

@@ -92,9 +92,8 @@ def load_profile(path: Path) -> tuple[cm.Device, dict, dict]:
         device = cm.Device(p["bandwidth"], p["matmul_flops"], p.get("layer_overhead_s", 0.0),
                            sampling_s_per_logit=p.get("sampling_s_per_logit", 0.0),
                            weight_kernels=cm.weight_kernels_of(p), attention_flops=p.get("attention_flops", 0.0),
-                           tree_verify_s=cm.tree_verify_of(p),
-                           collective_s_per_layer={int(k): float(v) for k, v in
-                                                   (p.get("collective_s_per_layer") or {}).items()},
+                           tree_verify_s=cm.by_ranks(p, "tree_verify_s"),
+                           collective_s_per_layer=cm.by_ranks(p, "collective_s_per_layer"),
                            **cm.head_costs_of(p))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise MagicDecError(f"--profile {path}: cannot read it as a device profile ({type(e).__name__}: {e}); give a "

@@ -544,7 +544,7 @@ class Sweep:
         # bytes where none)
         profile = cm.committed_profile(self.env.get("gpu"))
         self.cost_device = replace(cm.measure_device(device, dtype), weight_kernels=cm.weight_kernels_of(profile),
-                                   tree_verify_s=cm.tree_verify_of(profile), **cm.head_costs_of(profile))
+                                   tree_verify_s=cm.by_ranks(profile, "tree_verify_s"), **cm.head_costs_of(profile))
         prefix, n = PROBE
         step = self.probe(replace_options(cfg, B=1, prefix_len=prefix, gen_len=n, drafter="baseline"))
         overhead = cm.fit_layer_overhead(self.engine.target_config, self.cost_device, 1, prefix + n // 2, step)
