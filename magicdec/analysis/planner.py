@@ -256,12 +256,12 @@ class AutoGamma:
         self._equivalent: dict = {}  # (gamma, siblings rounded) -> a chain's rate per tree rate on the grid
         self.reset()
 
-    def attach_tree(self, width: int, tree_of, sibling_prior=()) -> None:
+    def attach_tree(self, width: int, tree_of, sibling_prior=None) -> None:
         """Let each verification be a width-`width` tree instead of a chain: `tree_of(gamma)` the tree.Tree a
         proposal gamma deep fills; `sibling_prior` the later candidates' rates assumed at the start (one per
-        rank past the first, the last repeated; default 0.3)."""
+        rank past the first, the last repeated; default: the policy's own, else 0.3)."""
         self.width, self.tree_of = width, tree_of
-        prior = tuple(sibling_prior) or (0.3,)
+        prior = tuple(self.sibling_prior if sibling_prior is None else sibling_prior) or (0.3,)
         self.sibling_prior = tuple(prior[min(r, len(prior) - 1)] for r in range(width - 1))
         self.reset()
 

@@ -325,7 +325,7 @@ class Decoder:
         if drafter is not None and policy is not None and self.width > 1 and drafter.shape is None:
             self.drafters[1] = drafter.shaped(1)
             width = self.width
-            policy.attach_tree(width, lambda g: drafter.tree_for(g * width), policy.sibling_prior)
+            policy.attach_tree(width, lambda g: drafter.tree_for(g * width))
         # per verification of the last generation: each sequence's accepted count (-1 once stopped), and the gamma
         self.trace = [] if trace else None
         self.trace_gammas: list[int] = []
