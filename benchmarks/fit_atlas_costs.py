@@ -105,9 +105,13 @@ def main(argv=None) -> int:
         # greedy records alone: the residuals are taken against bf16 steps without the sampler's rows
         records = [r for r in load(a.dirs) if r.get("skipped") is None and r.get("decoding") == "greedy"]
         device, overheads, profile = load_profile(a.profile)
-        base = replace(device, tree_verify_s={})
         where = ", ".join(map(str, a.dirs))
         fits = {}
+        # the all-reduces first: a tree's residual at a world size is taken over its step with them, so one pass
+        # gives what a second would (a profile without a world's figure gave that world's trees its all-reduces)
+        coll = collective_residuals(records, replace(device, tree_verify_s={}))
+        collectives = device.collective_s_per_layer | {n: statistics.median(v) for n, v in coll.items()}
+        base = replace(device, tree_verify_s={}, collective_s_per_layer=collectives)
         if trees := tree_residuals(records, base):
             fits["tree_verify_s"] = (profile.get("tree_verify_s") or {}) | {
                 str(n): statistics.median(v) for n, v in sorted(trees.items())}
@@ -122,9 +126,9 @@ def main(argv=None) -> int:
                                               f"fit_atlas_costs.py over {where}: the median over {len(hier)} runs on "
                                               "one GPU of (draft seconds per iteration - predicted middle "
                                               "verifications x the middle's step)")
-        if coll := collective_residuals(records, base):
+        if coll:
             fits["collective_s_per_layer"] = (profile.get("collective_s_per_layer") or {}) | {
-                str(n): statistics.median(v) for n, v in sorted(coll.items())}
+                str(n): collectives[n] for n in sorted(coll)}
             fits["collective_source"] = (f"benchmarks/fit_atlas_costs.py over {where}: per world size, the median "
                                          "over its baselines of (measured step - the model's step without "
                                          "all-reduces) / layers (" + ", ".join(f"{n} ranks: {len(v)}" for n, v in
