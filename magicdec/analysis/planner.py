@@ -19,6 +19,7 @@ import torch
 
 from magicdec.analysis import cost_model as cm
 GRID = 100  # acceptance rates are looked up at steps of 1 / GRID
+RATES = np.linspace(0, 1, GRID + 1)  # the grid's rates
 EXACT = 32  # up to this many tokens left, the distribution of N is used itself, not a normal approximation
 
 
@@ -34,7 +35,7 @@ class Verifications:
         self.cdf = np.zeros((1, GRID + 1, EXACT + 1, EXACT + 1))  # [gamma, alpha, r, k]: P(N_r <= k)
 
     def _build(self, max_gamma: int, r_max: int) -> None:
-        alpha = np.linspace(0, 1, GRID + 1)[:, None]
+        alpha = RATES[:, None]
         first = np.zeros((max_gamma + 1, GRID + 1, r_max + 1))
         second = np.zeros_like(first)
         pmf = np.zeros((max_gamma + 1, GRID + 1, EXACT + 1, EXACT + 1))  # [gamma, alpha, r, k]: P(N_r = k)
@@ -322,10 +323,10 @@ class AutoGamma:
         siblings = tuple(round(r, 2) for r in self.siblings)
         key = (gamma, siblings)
         if key not in self._equivalent:
-            tree, grid = self.tree_of(gamma), np.linspace(0, 1, GRID + 1)
+            tree = self.tree_of(gamma)
             self._equivalent[key] = np.array([cm.chain_alpha(expected_tokens(tree, (a, *siblings)), gamma)
-                                              for a in grid])
-        return np.interp(alphas, np.linspace(0, 1, GRID + 1), self._equivalent[key])
+                                              for a in RATES])
+        return np.interp(alphas, RATES, self._equivalent[key])
 
     def tree_finish_times(self, remaining) -> dict[int, float]:
         """finish_times for the tree at each profiled depth (none without a tree)."""
