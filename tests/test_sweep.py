@@ -531,7 +531,8 @@ def test_planner_chooses_chain_or_tree(tmp_path, sibling, wins):
     """An auto point listing tree widths plans over (budget, width) with gamma: a tree whose later candidates are
     never kept yields what its chain yields at a higher verification cost, and loses at every gamma; one whose later
     candidates are always kept yields gamma + 1 per verification and wins (a GPU-like device, where the extra nodes
-    cost next to nothing at this size). A planned tree then runs at its gamma, without AutoGamma."""
+    cost next to nothing at this size). A planned width tree then runs under AutoGamma (gamma auto: a chain or the
+    tree per verification)."""
     text = (TINY_SWEEP + 'gamma = [1, 2, 3]\nmethods = ["baseline", "auto"]\nsynthetic_acceptance = 0.8\n' + AUTO
             + f"tree_width = [1, 3]\nsynthetic_siblings = [{sibling}]\n")
     sw = make(tmp_path, text)
@@ -549,7 +550,7 @@ def test_planner_chooses_chain_or_tree(tmp_path, sibling, wins):
     else:
         assert all(tree[g] > chain[g] for g in chain) and planned["tree_width"] == 3
         cfg = sweep.planned(point.cfg, planned)
-        assert cfg.speculation.tree_width == 3 and cfg.speculation.gamma == (planned["gamma"],)
+        assert cfg.speculation.tree_width == 3 and cfg.speculation.auto
         assert sweep.room_ahead(point) >= cfg.lookahead
 
 
@@ -584,8 +585,9 @@ def test_chain_alpha_inverts_omega():
 
 @pytest.mark.parametrize("kind", ["tree_width", "tree_nodes"])
 def test_a_planned_tree_runs(tmp_path, monkeypatch, kind):
-    """An auto point whose planner chose a tree (forced here: which wins depends on the CPU's measured costs) runs it
-    at the planned width (or Sequoia's nodes) and gamma, and its record says so."""
+    """An auto point whose planner chose a tree (forced here: which wins depends on the CPU's measured costs) runs it:
+    a width tree under AutoGamma, which verifies the tree or a chain each time (its use per width recorded), a
+    Sequoia tree fixed at its nodes and planned gamma; the record says which."""
     real = sweep.Sweep.plan_budget
     size = 3 if kind == "tree_width" else 9
 
@@ -597,9 +599,14 @@ def test_a_planned_tree_runs(tmp_path, monkeypatch, kind):
             + f"{kind} = [{1 if kind == 'tree_width' else 0}, {size}]\nsynthetic_siblings = [0.6]\n")
     assert make(tmp_path, text).run(None) == 0
     auto = next(r for r in records(tmp_path / "out").values() if r["method"] == "auto")
-    assert auto["config"][kind] == size and auto["gamma"] == 2 and auto["planner"][kind] == size
+    assert auto["config"][kind] == size and auto["planner"][kind] == size
     check_counts(auto, B=2, gen_len=8)
-    assert len(auto["metrics"]["speculation"]["per_rank"]["reached"]) >= 2
+    if kind == "tree_nodes":
+        assert auto["gamma"] == 2 and len(auto["metrics"]["speculation"]["per_rank"]["reached"]) >= 2
+    else:
+        policy = auto["metrics"]["speculation"]["auto_gamma"]
+        used = sum(policy["iterations_per_gamma"].values()) + sum(policy["tree_iterations_per_gamma"].values())
+        assert auto["gamma"] is None and auto["config"]["gamma"] == ["auto"] and used >= 1
 
 
 # ------------------------------------------------------------------ faults: a second writer, broken records, SIGTERM

@@ -96,12 +96,17 @@ class Stats:
                                sum(d[k] for d in summaries))
                            for k in summaries[0] if all(isinstance(d.get(k), (int, float)) for d in summaries)}
         if first.policy is not None:
-            used = {}
-            for s in batches:
-                for g, n in s.policy["iterations_per_gamma"].items():
-                    used[g] = used.get(g, 0) + n
-            out.policy = first.policy | {"iterations_per_gamma": used, "batches": [s.policy for s in batches],
+            def summed(key):  # verifications per gamma over the batches (a tree's apart from the chains')
+                used = {}
+                for s in batches:
+                    for g, n in (s.policy.get(key) or {}).items():
+                        used[g] = used.get(g, 0) + n
+                return used
+            out.policy = first.policy | {"iterations_per_gamma": summed("iterations_per_gamma"),
+                                         "batches": [s.policy for s in batches],
                                          "switched_off": any(s.policy.get("switched_off") for s in batches)}
+            if "tree_iterations_per_gamma" in first.policy:
+                out.policy["tree_iterations_per_gamma"] = summed("tree_iterations_per_gamma")
         return out
 
     def to_dict(self) -> dict:

@@ -21,7 +21,7 @@ a table named after a method holds what applies to it alone:
     synthetic_acceptance = 0.5                    # a drafter's own acceptance rate
     [auto]
     drafter = "selfspec"                          # what the planner drafts with; budgets: the draft_budget axis
-    tree_width = [1, 3]                           # optional: chain or token tree (a tree runs at its planned gamma)
+    tree_width = [1, 3]                           # optional: chain or token tree (a tree: chain <-> tree per verification)
     tree_nodes = [0, 20, 32]                      # optional: Sequoia trees of these many nodes too (0: none)
     [plan]                                        # every drafter's options ranked, as `magicdec run --plan`
     confirm = 3                                   # time the top 3, keep the measured best (0 or absent: auto)
@@ -292,7 +292,7 @@ def points_of(cfg: dict, path: str = "") -> tuple[list[Point], dict[str, dict[st
                 candidates["formats"] = formats
                 if values["draft_weights"] != "int4" and "draft_group" in values:  # int4's, applied if chosen
                     candidates["draft_group"] = values.pop("draft_group")
-            if "tree_width" in values:  # the planner chooses chain or tree (a tree runs at the planned gamma)
+            if "tree_width" in values:  # the planner chooses chain or tree (a tree: AutoGamma switches chain <-> tree)
                 widths = values.pop("tree_width")
                 candidates["widths"] = sorted(set(widths if isinstance(widths, list) else [widths]))
             if "tree_nodes" in values:  # ... or a Sequoia tree of so many nodes, as deep as the planned gamma
@@ -662,8 +662,11 @@ class Sweep:
                         if "planner" not in partial:
                             partial["planner"] = self.plan_budget(point)
                         cfg = planned(cfg, partial["planner"])
-                        policy = None if cfg.speculation.tree_width > 1 or cfg.speculation.tree_nodes else AutoGamma(
-                            self.gammas(point), partial["planner"]["alpha"], spread=partial["planner"]["spread"])
+                        # a width-W tree runs under AutoGamma too (a chain or the tree per verification); a
+                        # Sequoia tree, shaped for its depth, runs fixed at its planned gamma
+                        policy = None if cfg.speculation.tree_nodes else AutoGamma(
+                            self.gammas(point), partial["planner"]["alpha"], spread=partial["planner"]["spread"],
+                            sibling_prior=cfg.speculation.synthetic_siblings)
                     else:
                         policy = None
                     key = self.drafter_key(cfg)
@@ -908,13 +911,14 @@ def is_point_record(f: Path) -> bool:
 
 def planned(cfg: RunConfig, planner: dict) -> RunConfig:
     """An auto point's config at the planner's choice (its budget, and its weight format where it chose one; a
-    token tree at its width and gamma, which then runs fixed: the planner chose its shape for the batch)."""
+    width-W tree at its width, AutoGamma then choosing a chain or the tree and its depth per verification; a Sequoia
+    tree at its nodes and gamma, which then runs fixed: the planner chose its shape for the batch)."""
     fmt = planner.get("draft_weights")
     chosen = {"draft_weights": fmt} if fmt else {}
     if fmt == "int4" and planner.get("draft_group"):
         chosen["draft_group"] = planner["draft_group"]
     if (planner.get("tree_width") or 1) > 1:
-        chosen |= {"tree_width": planner["tree_width"], "gamma": [planner["gamma"]]}
+        chosen["tree_width"] = planner["tree_width"]
     if planner.get("tree_nodes"):
         chosen |= {"tree_nodes": planner["tree_nodes"], "gamma": [planner["gamma"]]}
     return replace_options(cfg, draft_budget=planner["budget"], **chosen)
