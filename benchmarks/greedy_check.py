@@ -27,6 +27,7 @@ from magicdec.cli import run_record  # noqa: E402
 from magicdec.device import environment  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
 from magicdec.options import as_flags  # noqa: E402
+from magicdec.harness.sweep import parse_shard  # noqa: E402
 
 SHAPED = ["--tree_nodes", "12", "--tree_rates", "0.8", "0.5", "0.4"]
 # forwards that only these options make: (drafter, options)
@@ -89,6 +90,8 @@ def main(argv=None) -> int:
     p.add_argument("--datastore", help="a REST datastore (magicdec datastore) for the rest drafter")
     p.add_argument("--only", choices=["compositions"], default=None,
                    help="compositions: only the self-draft's low-bit weight and KV compositions (COMPOSED)")
+    p.add_argument("--shard", default="1/1",
+                   help="I/N: every N-th configuration from the I-th (N GPUs each check a part, into its own --output)")
     p.add_argument("--output", type=Path, required=True,
                    help="the JSON, rewritten after each configuration (a run cut short keeps what it checked)")
     a = p.parse_args(argv)
@@ -97,8 +100,10 @@ def main(argv=None) -> int:
               a.step_mode, "--save_tokens", "--no_progress", "--ignore_eos"]
     try:
         todo, skipped = cases(a.datastore, a.only == "compositions")
+        shard, shards = parse_shard(a.shard)
+        todo = todo[shard - 1::shards]
         reference = quietly(common)["generated_ids"]
-        out = {"environment": environment(torch.device(a.device)), "options": " ".join(common), "gamma": a.gamma,
+        out = {"environment": environment(torch.device(a.device)), "options": " ".join(common), "gamma": a.gamma, "shard": a.shard,
                "rows": [], "planned": len(todo), "not_run": skipped, "all_same": True}
         for name, extra in todo:
             record = quietly(common + ["--gamma", str(a.gamma)] + extra)
