@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from magicdec import device as dev
 from magicdec.model import draft_weights as dw
 from magicdec import files
+from magicdec.analysis import cost_model as cm
 from magicdec.config import ModelArgs
 
 
@@ -132,6 +133,7 @@ def write_profile(path: Path, rows: list[dict], model: str, sources: list[str], 
         "note": "a draft step's linear layers and LM head at M rows, each with the kernel the run picks at M, "
                 "timed in CUDA graphs, over bf16 F.linear at the same M (benchmarks/draft_weight_kernels.py)",
         "matmul_time_vs_bf16": step_table(rows, ModelArgs.from_name(model).n_layers)}
+    profile = cm.measured_here(profile, ["weight_kernels"])
     files.write_text(path, json.dumps(profile, indent=1) + "\n")
     print(json.dumps(profile["weight_kernels"]["matmul_time_vs_bf16"], indent=1))
     return 0

@@ -136,7 +136,9 @@ def main(argv=None) -> int:
         for k, v in fits.items():
             print(f"{k}: {v}")
         if a.write and fits:
-            files.write_json(a.profile, profile | fits)
+            terms = [f"tree_verify_s[{n}]" for n in trees] + (["verify_overhead_s[hierarchy]"] if hier else []) + [
+                f"collective_s_per_layer[{n}]" for n in coll]
+            files.write_json(a.profile, cm.measured_here(profile | fits, terms))
             print(f"written into {a.profile}")
     return 0
 

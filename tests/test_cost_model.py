@@ -309,3 +309,14 @@ def test_logit_rows_and_linear_time_by_hand():
     assert q["T_D_over_T_T"] == pytest.approx(1e-3 / p["T_T"])
     assert q["speedup"] == pytest.approx(p["omega"] / cm.verification_cost(q, 3))
     assert cm.without_draft_steps(p, 3) == cm.with_draft_step(p, 3, 0.0)
+
+
+def test_a_term_measured_on_a_derived_profiles_gpu_is_no_longer_listed_as_copied():
+    """measured_here: a whole term leaves derived_from's copied terms, a part (term[key]) is listed as measured here
+    and its term stays copied; a profile measured on its own GPU (no derived_from) is left as it is."""
+    derived = {"bandwidth": 1.0, "derived_from": {"device": "A", "terms": ["weight_kernels", "tree_verify_s"]}}
+    after = cm.measured_here(derived, ["weight_kernels", "tree_verify_s[4]"])
+    assert after["derived_from"]["terms"] == ["tree_verify_s"]
+    assert after["derived_from"]["measured_here"] == ["tree_verify_s[4]", "weight_kernels"]
+    assert derived["derived_from"]["terms"] == ["weight_kernels", "tree_verify_s"]  # not mutated
+    assert cm.measured_here({"bandwidth": 1.0}, ["weight_kernels"]) == {"bandwidth": 1.0}

@@ -77,3 +77,22 @@ def test_the_committed_h200_profile_is_the_h200_sweeps_measurement():
                                   json.loads((cm.PROFILES / "h100.json").read_text()), p["derived_from"]["profile"])
     assert {k: again[k] for k in ("device", "bandwidth", "matmul_flops", "layer_overhead_s")} == \
         {k: p[k] for k in ("device", "bandwidth", "matmul_flops", "layer_overhead_s")}
+
+
+def test_a_kernel_table_measured_on_the_new_gpu_is_its_own(tmp_path):
+    """The kernel table written into a derived profile (benchmarks/draft_weight_kernels.py --profile, here from a
+    committed probe's rows) is no longer listed among the base GPU's terms."""
+    baseline(tmp_path / "a", "b1", "NVIDIA H200", 4.0e12, 8.0e14, 5.0e-5)
+    out = tmp_path / "h200.json"
+    derive_profile.main([str(tmp_path / "a"), "--base", str(cm.PROFILES / "h100.json"), "--output", str(out)])
+    assert "weight_kernels" in json.loads(out.read_text())["derived_from"]["terms"]
+    kernels_spec = importlib.util.spec_from_file_location("draft_weight_kernels",
+                                                          SCRIPT.parent / "draft_weight_kernels.py")
+    kernels = importlib.util.module_from_spec(kernels_spec)
+    kernels_spec.loader.exec_module(kernels)
+    probe = Path(__file__).resolve().parents[1] / "results/draft_weights/probe/kernels_h100_all.json"
+    assert kernels.main(["--from_probe", str(probe), "--profile", str(out)]) == 0
+    p = json.loads(out.read_text())
+    assert "weight_kernels" not in p["derived_from"]["terms"]
+    assert p["derived_from"]["measured_here"] == ["weight_kernels"]
+    assert p["weight_kernels"]["source"] == [str(probe)]

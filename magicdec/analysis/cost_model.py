@@ -358,6 +358,18 @@ def head_costs_of(profile: dict) -> dict:
     return {k: dict(profile.get(k) or {}) for k in ("head_level_s", "pick_s")}
 
 
+def measured_here(profile: dict, terms: list[str]) -> dict:
+    """A profile after `terms` were measured on its own GPU (a whole term by name, a part as `term[key]`): where the
+    profile was derived from another GPU's (benchmarks/derive_profile.py), a whole term leaves the list of copied
+    ones and every one is listed as measured here."""
+    derived = profile.get("derived_from")
+    if not derived:
+        return profile
+    copied = [t for t in derived.get("terms", []) if t not in terms]
+    here = sorted(set(derived.get("measured_here", [])) | set(terms))
+    return profile | {"derived_from": derived | {"terms": copied, "measured_here": here}}
+
+
 def weight_kernels_of(profile: dict) -> dict:
     """A profile's weight kernel table with integer row counts."""
     table = (profile.get("weight_kernels") or {}).get("matmul_time_vs_bf16") or {}

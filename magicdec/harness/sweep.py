@@ -540,11 +540,14 @@ class Sweep:
         self.engine.load_target()
         device, dtype = self.engine.device, self.engine.dtype
         self.env = dev.environment(device)
-        # the draft weight kernels' times and the heads' fixed costs: this GPU model's committed profile (the formats'
-        # bytes where none)
+        # the draft weight kernels' times, a tree's and the all-reduces' fixed costs, the heads' fixed costs: this GPU
+        # model's committed profile (the formats' bytes where none); the work divides over the tensor-parallel ranks,
+        # and the probe's fitted overhead per layer is what is left beside the all-reduces
         profile = cm.committed_profile(self.env.get("gpu"))
         self.cost_device = replace(cm.measure_device(device, dtype), weight_kernels=cm.weight_kernels_of(profile),
-                                   tree_verify_s=cm.by_ranks(profile, "tree_verify_s"), **cm.head_costs_of(profile))
+                                   tree_verify_s=cm.by_ranks(profile, "tree_verify_s"),
+                                   collective_s_per_layer=cm.by_ranks(profile, "collective_s_per_layer"),
+                                   ranks=len(cfg.runtime.rank_group), **cm.head_costs_of(profile))
         prefix, n = PROBE
         step = self.probe(replace_options(cfg, B=1, prefix_len=prefix, gen_len=n, drafter="baseline"))
         overhead = cm.fit_layer_overhead(self.engine.target_config, self.cost_device, 1, prefix + n // 2, step)
