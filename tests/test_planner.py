@@ -385,3 +385,71 @@ def test_switching_between_chain_and_tree_equals_plain_greedy(tiny, drafting):
         assert s["tree_width"] == 2 and sum(s["tree_iterations_per_gamma"].values()) > 3
         assert sum(n for g, n in s["iterations_per_gamma"].items() if g) > 3
         assert policy.rank_tried[0] > 0 and policy.rank_tried[1] > 0  # the tree's counts were read
+
+
+@pytest.mark.parametrize("first", ["chain", "tree"])
+def test_switching_between_chain_and_tree_keeps_the_targets_distribution(tiny, first, monkeypatch):
+    """Sampled (T 0.6, top-p 0.9), a policy with a 3-wide tree verifies a chain and then the tree, or the tree and
+    then a chain, each one token deep, over N copies of one prompt with the first generated token fixed: the next
+    two tokens follow the target's exact joint distribution p(x) p(y | x) (chi-square below its 1 - 3e-7
+    quantile). The first verification drew x; the second, of the other kind and over the first's committed tokens,
+    drew y wherever the first kept nothing (elsewhere y is the first's bonus). Without the correction in the second
+    kind's acceptance only (a chain's next token drawn from p after a rejection, a tree's next candidate tried
+    against p, not the residual), x is drawn as before and the same check fails.
+
+    The target is the tiny model with its head scaled 2.5x: its next token at T 0.6 / top-p 0.9 then spreads over
+    13 tokens, not ~120, so the pair has cells enough for the chi-square; the draft is its first two layers. A chain
+    after the tree draws y for only the ~30% of sequences the tree kept nothing of, and a chain's missing
+    correction shows less than a tree's: 4x as many copies."""
+    import copy
+    import functools
+
+    from conftest import chi_square, fixed_first_token, prefill_copies
+    from magicdec.decoding import acceptance
+    from magicdec.decoding.acceptance import Acceptor
+    from magicdec.decoding.sampling import Sampling, probabilities
+    from test_generate_speculative import first_layers
+
+    class InTurn(Alternating):
+        SHAPES = [(1, 1), (1, 3)] if first == "chain" else [(1, 3), (1, 1)]
+
+    N, W, n_new = 4_000 if first == "chain" else 16_000, 3, 3
+    with torch.no_grad():
+        target = copy.deepcopy(tiny)
+        target.output.weight.mul_(2.5)
+    draft = first_layers(target, 2)
+    a, d, V = target.args, draft.args, target.args.vocab_size
+    with torch.inference_mode():
+        prompt, fixed, p = fixed_first_token(target, N)
+        P, prompts = prompt.shape[1], prompt.expand(N, -1)
+        cache = KVCache(a.n_layers, V, a.n_kv_heads, P + 2, a.head_dim, torch.float32, "cpu")
+        prefill_copies(target, cache, prompt.expand(V, -1), 64)
+        after = target(torch.stack([fixed[:1].expand(V), torch.arange(V)], 1), cache)[:, -1]  # after each x
+        joint = (p[:, None] * probabilities(after, 0.6, 0.9).double()).flatten()
+
+        def run():
+            length = P + n_new + W + 2
+            cache = KVCache(a.n_layers, N, a.n_kv_heads, length, a.head_dim, torch.float32, "cpu")
+            draft_cache = KVCache(d.n_layers, N, d.n_kv_heads, length, d.head_dim, torch.float32, "cpu")
+            prefill_copies(target, cache, prompts, 64)
+            prefill_copies(draft, draft_cache, prompts, 64)
+            policy = InTurn([1])
+            decoder = Decoder(target, Acceptor(Sampling(0.6, 0.9)), ModelDraft(draft, draft_cache).shaped(W),
+                              policy=policy)
+            torch.manual_seed(0)
+            out, _ = decode(decoder, cache, fixed, n_new, prev=prompts[:, -1])
+            return out, policy, decoder.stats.alpha
+
+        out, policy, alpha = run()
+        assert policy.history == [1] and policy.tree_history == [1], (policy.history, policy.tree_history)
+        stat, bound = chi_square(out[:, 1] * V + out[:, 2], joint)
+        assert stat < bound and 0.3 < alpha < 0.9, (stat, bound, alpha)
+
+        second = "sampling_tree_verify" if first == "chain" else "speculative_sampling_verify"
+        wrong = functools.partial(getattr(acceptance, second), correct=False)  # the original, unpatched
+        monkeypatch.setattr(acceptance, second, wrong)
+        broken, policy, _ = run()
+        assert policy.history == [1] and policy.tree_history == [1]
+        assert torch.equal(broken[:, 1], out[:, 1])  # the first verification's draws, as before
+        stat, bound = chi_square(broken[:, 1] * V + broken[:, 2], joint)
+        assert stat > 2 * bound, (stat, bound)
