@@ -32,7 +32,6 @@ from magicdec.analysis import cost_model as cm  # noqa: E402
 from magicdec.analysis.planner import finish_verifications  # noqa: E402
 from magicdec.config import ModelArgs  # noqa: E402
 from magicdec.errors import one_line_errors  # noqa: E402
-from magicdec.harness.compare import load_profile  # noqa: E402
 from magicdec.harness.report_atlas import load  # noqa: E402
 from magicdec.harness.run_config import RunConfig  # noqa: E402
 
@@ -104,7 +103,7 @@ def main(argv=None) -> int:
     with one_line_errors():
         # greedy records alone: the residuals are taken against bf16 steps without the sampler's rows
         records = [r for r in load(a.dirs) if r.get("skipped") is None and r.get("decoding") == "greedy"]
-        device, overheads, profile = load_profile(a.profile)
+        device, overheads, profile = cm.load_profile(a.profile)
         where = ", ".join(map(str, a.dirs))
         fits = {}
         # the all-reduces first: a tree's residual at a world size is taken over its step with them, so one pass

@@ -28,7 +28,6 @@ from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
-from magicdec.harness import compare
 from magicdec.analysis import cost_model as cm
 from magicdec import drafters, files
 from magicdec.harness import sweep
@@ -143,7 +142,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     fitted = ""
     if a.fit:
-        levels, picks, fit_rows = fit(a.fit, compare.load_profile(a.profile)[0])
+        levels, picks, fit_rows = fit(a.fit, cm.load_profile(a.profile)[0])
         prof = json.loads(a.profile.read_text())
         prof["head_level_s"], prof["pick_s"] = levels, picks
         prof["head_costs_source"] = ("benchmarks/head_cost_check.py --fit " + " ".join(str(f) for f in a.fit) +

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from magicdec.analysis import cost_model as cm
 from magicdec import files
-from magicdec.harness.compare import PROFILES, load_profile
+from magicdec.analysis.cost_model import PROFILES, load_profile
 from magicdec.config import ModelArgs
 from magicdec.analysis.planner import best_tree
 from magicdec.model.tree import Tree

@@ -16,6 +16,7 @@ import re
 import secrets
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -265,3 +266,23 @@ def locked(lock, busy: Callable[[str], str] | None = None):
         except OSError:
             pass
         os.close(fd)
+
+
+def write_record(path: Path | None, record: dict) -> None:
+    """A run's record at `path`, written whole or not at all (write_json). Where it cannot be written (a disk that
+    filled during the run), the measurement is not lost: it goes to the system's temporary folder (or, failing that,
+    to stdout) and the one-line error names where."""
+    if path is None:
+        return
+    try:
+        write_json(path, record)
+    except MagicDecError as e:
+        kept = Path(tempfile.gettempdir()) / f"magicdec-record-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        try:
+            write_json(kept, record)
+            where = f"the record is kept in {kept}: move it to {path} once there is room"
+        except MagicDecError:
+            print(json.dumps(record, indent=1, default=str))
+            where = "the record is printed above (the temporary folder could not take it either)"
+        raise MagicDecError(f"{e}; {where}") from None
+    print(f"wrote {path}")

@@ -65,8 +65,7 @@ def test_tensor_parallel_steps_pay_their_all_reduces_per_layer():
 
 
 def test_the_committed_profile_reads_its_all_reduce_figure():
-    from magicdec.harness.compare import load_profile
-    device, _, raw = load_profile(cm.PROFILES / "h100.json")
+    device, _, raw = cm.load_profile(cm.PROFILES / "h100.json")
     assert device.collective_s_per_layer == {int(k): v for k, v in raw["collective_s_per_layer"].items()}
     assert 0 < device.collective_s_per_layer[4] < 1e-3
 
@@ -102,8 +101,7 @@ def test_a_profiles_tree_figures_are_keyed_by_ranks():
 
 
 def test_the_committed_profile_reads_its_tree_figures():
-    from magicdec.harness.compare import load_profile
-    device, _, raw = load_profile(cm.PROFILES / "h100.json")
+    device, _, raw = cm.load_profile(cm.PROFILES / "h100.json")
     assert device.tree_verify_s == {int(k): v for k, v in raw["tree_verify_s"].items()}
     assert {1, 2, 4} <= set(device.tree_verify_s)
     assert all(0 < device.tree_verify_s[n] < 10e-3 for n in (1, 2, 4))
@@ -280,9 +278,8 @@ def test_attention_dots_overlap_the_reads_once_their_rate_is_measured():
 
 def test_the_h100_profile_predicts_its_measured_verifications_within_15_percent():
     """The committed profile against the committed measurements it was fitted to (chains of 1-64 tokens)."""
-    from magicdec.harness.compare import load_profile
 
-    d = load_profile(cm.PROFILES / "h100.json")[0]
+    d = cm.load_profile(cm.PROFILES / "h100.json")[0]
     rows = [r for f in sorted((RESULTS.parents[2] / "results" / "trees").glob("verify_cost_h100*.json"))
             for r in json.loads(f.read_text())["points"] if r["tree"] is None and r["max_t"] == 64]
     assert len(rows) >= 20

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from magicdec.analysis import cost_model as cm
-from magicdec.harness.compare import load_profile
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "derive_profile.py"
 spec = importlib.util.spec_from_file_location("derive_profile", SCRIPT)
@@ -47,7 +46,7 @@ def test_the_measured_terms_are_the_sweeps_medians_and_the_rest_the_base_profile
     assert {"weight_kernels", "tree_verify_s", "collective_s_per_layer", "attention_flops"} <= set(
         p["derived_from"]["terms"])
     assert not {"bandwidth", "matmul_flops", "layer_overhead_s"} & set(p["derived_from"]["terms"])
-    device = load_profile(out)[0]  # the planner reads it
+    device = cm.load_profile(out)[0]  # the planner reads it
     assert device.bandwidth == 4.2e12 and device.layer_overhead_s == 5.0e-5
 
 

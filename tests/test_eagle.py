@@ -197,8 +197,7 @@ def test_eagle_draft_step_is_a_small_part_of_a_target_step_at_llama31_8b_32k(B, 
     """Llama-3.1-8B's shapes at 32K on the committed H100 profile (its fitted head costs included): a draft step
     (one layer, the LM head, fc, its fixed cost) costs about a tenth of a target step of 32 layers at B = 1 (0.12
     measured, results/heads) and less as the batch's KV grows, at every batch size a small part."""
-    from magicdec.harness.compare import load_profile
 
-    device = load_profile(Path(__file__).resolve().parents[1] / "magicdec" / "analysis" / "profiles" / "h100.json")[0]
+    device = cm.load_profile(Path(__file__).resolve().parents[1] / "magicdec" / "analysis" / "profiles" / "h100.json")[0]
     p = predicted(run_config("eagle", B=B, prefix_len=32768, head_kv=head_kv), device)
     assert 0 < p["T_D_over_T_T"] < (0.15 if B == 1 else 0.08) and p["speedup"] > 1

@@ -14,7 +14,6 @@ import pytest
 from conftest import benchmark_script
 from magicdec.analysis import cost_model as cm
 from magicdec.config import ModelArgs
-from magicdec.harness.compare import load_profile
 from magicdec.harness.run_config import RunConfig
 from magicdec.model.tree import Tree
 
@@ -74,7 +73,7 @@ def atlas(tmp_path):
     its baseline alone)."""
     profile = tmp_path / "h100.json"
     shutil.copy(cm.PROFILES / "h100.json", profile)
-    device, _, _ = load_profile(profile)
+    device, _, _ = cm.load_profile(profile)
     base = replace(device, tree_verify_s={})
     B, P = 4, 4096
     one = [candidate(f"lookup tree {g}", "lookup", g, options(B, P, "lookup", g, tree_width=2,
@@ -116,12 +115,12 @@ def test_the_fit_writes_back_the_constants_the_records_were_made_with(atlas, cap
 
 def test_the_fitted_profile_predicts_the_records_it_was_fitted_to(atlas):
     folders, profile = atlas
-    device, _, _ = load_profile(profile)
+    device, _, _ = cm.load_profile(profile)
     verify = tree_step(replace(device, tree_verify_s={}), 4, 4096, 5, 2) + TREE_S
     draft = hierarchy_draft(replace(device, tree_verify_s={}), 4, 4096, 8, 2, 0.6) + HIERARCHY_S
     tp4 = cm.step_time(L31, replace(device, ranks=4, collective_s_per_layer={}), 16, 32768 + 32, 1) + 32 * COLLECTIVE_S
     fit.main([*folders, "--profile", str(profile), "--write"])
-    device, overheads, _ = load_profile(profile)
+    device, overheads, _ = cm.load_profile(profile)
     cfg = RunConfig.from_options(options(4, 4096, "lookup", 5, tree_width=2, synthetic_siblings=[0.2]), strict=False)
     assert cfg.drafter.predict(cfg, L31, {}, device, 0.7, 5, cfg.lookahead)["T_V"] == pytest.approx(verify)
     assert hierarchy_draft(replace(device, verify_overhead_s=overheads["hierarchy"]), 4, 4096, 8, 2,

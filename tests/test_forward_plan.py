@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from magicdec.decoding import generate
-from magicdec.model.forward_plan import LAST_LOGITS, NO_LOGITS, PLAIN, ForwardPlan
-from magicdec.model.heads import FeatureRequest
+from magicdec.model.forward_plan import FeatureRequest, LAST_LOGITS, NO_LOGITS, PLAIN, ForwardPlan
 from magicdec.model.kv_cache import KVCache
 from magicdec.model.tree import Tree, optimal_tree
 from test_tree import BRANCHY, reference_attention

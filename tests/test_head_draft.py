@@ -114,9 +114,8 @@ def test_trees_medusa_shares_its_features_hydra_runs_every_path():
 def test_head_draft_step_is_a_small_part_of_a_target_step_at_llama31_8b_32k(drafter, B):
     """Llama-3.1-8B's shapes at 32K on the committed H100 profile: a head's step (a ResBlock and a 128256-word LM
     head) costs well under a tenth of a target step, at every batch size."""
-    from magicdec.harness.compare import load_profile
 
-    device = load_profile(Path(__file__).resolve().parents[1] / "magicdec" / "analysis" / "profiles" / "h100.json")[0]
+    device = cm.load_profile(Path(__file__).resolve().parents[1] / "magicdec" / "analysis" / "profiles" / "h100.json")[0]
     p = predicted(run_config(drafter, B=B, prefix_len=32768), device)
     assert 0 < p["T_D_over_T_T"] < 0.1 and p["speedup"] > 1
 

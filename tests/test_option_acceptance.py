@@ -12,6 +12,7 @@ import pytest
 
 from conftest import BOOKS, STORIES, needs_smollm2
 from magicdec import cli
+from magicdec.analysis import acceptance_inputs
 from magicdec.config import KNOWN_MODELS, ModelArgs
 from magicdec.harness import option_acceptance as oa
 from magicdec.harness import plan_command
@@ -66,7 +67,7 @@ def entries(path: Path) -> dict:
 
 def test_the_file_is_what_the_planner_reads_at_this_point(measured, stories):
     """Every label is one `magicdec plan` lists at the same point, with this file's entry as its acceptance."""
-    given = plan_command.load_acceptance(measured)
+    given = acceptance_inputs.load_acceptance(measured)
     assert len(given) == 8
     result = plan_command.plan(plan_command.parser().parse_args(
         ["--model", str(stories), "--B", str(B), "--prefix_len", str(PREFIX), "--gen_len", str(GEN), "--temperature",
@@ -174,7 +175,7 @@ def test_the_sensitivity_copy_moves_every_rate(measured, tmp_path):
     for delta in (-0.3, 0.25):
         path = oa.shifted(source, delta)
         assert path == tmp_path / f"acc.shift{delta:+g}.json"
-        plan_command.load_acceptance(path)  # the planner reads it
+        acceptance_inputs.load_acceptance(path)  # the planner reads it
         moved = entries(path)
         assert set(moved) == set(given)
         for label, e in given.items():

@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 
 from magicdec import cli, drafters
-from magicdec.analysis import cost_model as cm
+from magicdec.analysis import acceptance_inputs, cost_model as cm
 from magicdec.analysis.planner import finish_verifications, spread_alphas
 from magicdec.config import ModelArgs
 from magicdec.errors import MagicDecError
 from magicdec.harness import plan_command
-from magicdec.harness.compare import load_profile
 from magicdec.harness.run_config import RunConfig
 
 POINT = ["--B", "4", "--prefix_len", "32768", "--gen_len", "32", "--alpha", "0.8", "--siblings", "0.6", "0.5",
@@ -34,7 +33,7 @@ def test_ranking_is_sorted_and_its_top_is_what_the_cost_model_gives(whole):
     top = whole["ranking"][0]
     assert top["drafter"] != "baseline" and whole["choice"] == top["label"]
     # independently: the option's run config, its drafter's prediction, the batch's finishing time at each gamma
-    device, overheads, _ = load_profile(cm.PROFILES / "h100.json")
+    device, overheads, _ = cm.load_profile(cm.PROFILES / "h100.json")
     device = cm.Device(**(vars(device) | {"verify_overhead_s": overheads.get(top["drafter"], 0.0)}))
     target, B, tokens = ModelArgs.from_name("meta-llama/Meta-Llama-3.1-8B"), 4, 31
     best = 0.0
@@ -108,12 +107,12 @@ def test_acceptance_file_source_trace_and_meta(tmp_path, capsys):
     (rates.parent / "t" / "run.json").write_text(json.dumps({"acceptance_trace": {"gammas": [3], "accepted": [[1]]}}))
     assert cli.main(["plan", "--gammas", "3", "--acceptance", str(rates), "--only", "drafter=lookup"]) == 0
     assert "acceptance: SmolLM2, 8K prompt" in capsys.readouterr().out
-    entry = plan_command.load_acceptance(rates)["lookup"]
+    entry = acceptance_inputs.load_acceptance(rates)["lookup"]
     assert entry.source == "SmolLM2, 8K prompt" and entry.trace == rates.parent / "t" / "run.json"
     assert entry.run_options(tree=False) == {"synthetic_acceptance": 0.5, "acceptance_trace": str(entry.trace)}
     rates.write_text(json.dumps({"lookup": {"alpha": 0.5, "colour": "blue"}}))
     with pytest.raises(MagicDecError, match="'lookup': give a rate or .*, not 'colour'$"):
-        plan_command.load_acceptance(rates)
+        acceptance_inputs.load_acceptance(rates)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -199,4 +198,4 @@ def test_a_trees_sequence_factors_reach_its_synthetic_run_and_not_a_chains(tmp_p
     assert planner.config("lookup", {"ngram_max": 2}, 2, shaped=True).speculation.synthetic_sequence_factors == ()
     rates.write_text(json.dumps({"lookup": {"alpha": 0.6, "sequence_factors": [0.5, -1]}}))
     with pytest.raises(MagicDecError, match=r"'lookup': sequence_factors \[0.5, -1\]: give a list of numbers >= 0"):
-        plan_command.load_acceptance(rates)
+        acceptance_inputs.load_acceptance(rates)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import BOOKS, STORIES, needs_smollm2, one_line_error, run_cli, run_here
-from magicdec import drafters, options
+from magicdec import drafters, files, options
 from magicdec.cli import run_record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -934,7 +934,7 @@ def test_a_full_disk_at_the_end_of_a_run_loses_no_measurement(tmp_path, monkeypa
     assert not out.exists() and temporaries(out.parent) == []
     faulty_disk(monkeypatch, tmp_path / "tmp", errno.ENOSPC, room=0)
     with pytest.raises(run.MagicDecError, match="the record is printed above"):
-        run.write_record(out, {"metrics": {"decode_tokens_per_s": 12.5}})
+        files.write_record(out, {"metrics": {"decode_tokens_per_s": 12.5}})
     assert json.loads(capsys.readouterr().out) == {"metrics": {"decode_tokens_per_s": 12.5}}
 # ------------------------------------------------------------------ --replay, and what --no_progress shows
 

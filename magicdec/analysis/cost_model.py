@@ -36,6 +36,7 @@ import numpy as np
 
 from magicdec.model import draft_weights as dw
 from magicdec.config import ModelArgs
+from magicdec.errors import MagicDecError
 
 PROFILES = Path(__file__).parent / "profiles"
 
@@ -356,6 +357,22 @@ def by_ranks(profile: dict, key: str) -> dict:
 def head_costs_of(profile: dict) -> dict:
     """A profile's fitted head terms as Device fields (head_level_s, pick_s; empty where it has none)."""
     return {k: dict(profile.get(k) or {}) for k in ("head_level_s", "pick_s")}
+
+
+def load_profile(path: Path, flag: str = "--profile") -> tuple[Device, dict, dict]:
+    """(the profiled device, its fixed cost per verification by drafter, what the profile says of itself); a file
+    that is no profile, one line naming `flag`."""
+    try:
+        p = json.loads(Path(path).read_text())
+        device = Device(p["bandwidth"], p["matmul_flops"], p.get("layer_overhead_s", 0.0),
+                        sampling_s_per_logit=p.get("sampling_s_per_logit", 0.0),
+                        weight_kernels=weight_kernels_of(p), attention_flops=p.get("attention_flops", 0.0),
+                        tree_verify_s=by_ranks(p, "tree_verify_s"),
+                        collective_s_per_layer=by_ranks(p, "collective_s_per_layer"), **head_costs_of(p))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise MagicDecError(f"{flag} {path}: cannot read it as a device profile ({type(e).__name__}: {e}); give a "
+                            f"profile such as {PROFILES / 'h100.json'}") from None
+    return device, p.get("verify_overhead_s", {}), p
 
 
 def measured_here(profile: dict, terms: list[str]) -> dict:

@@ -48,7 +48,7 @@ def prefill_features(model: Transformer, cache, prompts: torch.Tensor, chunk: in
     """prefill() that also keeps the target's hidden states `taps` (heads.py) at the prompt positions `keep` (an
     ascending [n] tensor; None: every position) for a head: (last logits [B, V], features [B, n, F]). Only the
     kept rows are held, so a window's features cost a window, not the prompt."""
-    from magicdec.model.heads import FeatureRequest
+    from magicdec.model.forward_plan import FeatureRequest
 
     B, P = prompts.shape
     keep = torch.arange(P, device=prompts.device) if keep is None else keep.to(prompts.device)

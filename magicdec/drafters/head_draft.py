@@ -15,7 +15,7 @@ from magicdec.model import heads
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import PLAN_TREES, tree_of, without_replacement
 from magicdec.errors import MagicDecError
-from magicdec.model.forward_plan import ForwardPlan
+from magicdec.model.forward_plan import FeatureRequest, ForwardPlan
 from magicdec.decoding.generate import Drafter, GraphedStep, prefill_features
 from magicdec.model.kv_cache import KVCache
 from magicdec.options import option
@@ -136,7 +136,7 @@ class FeatureTap:
     puts back what `start` kept, so every generation from the prompt starts alike."""
 
     def __init__(self, taps: tuple[int, ...], B: int, longest: int, width: int, dtype, device):
-        self.request = heads.FeatureRequest(tuple(taps), torch.zeros(B, longest, width, dtype=dtype, device=device))
+        self.request = FeatureRequest(tuple(taps), torch.zeros(B, longest, width, dtype=dtype, device=device))
         self.kept = torch.zeros(B, longest, width, dtype=dtype, device=device)
         self.root = torch.zeros(B, dtype=torch.long, device=device)
         self.rows = self.kept[:, :1]

@@ -13,7 +13,6 @@ memory-bound only on a GPU; on a CPU verification is compute-bound).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -23,13 +22,12 @@ from tqdm import tqdm
 
 from magicdec.analysis import cost_model as cm
 from magicdec import device as dev
-from magicdec import drafters
+from magicdec import drafters, files
 from magicdec import options as opt
 from magicdec.harness import timing
 from magicdec.config import check_context, ModelArgs
 from magicdec.harness.engine import Engine
 from magicdec.errors import MagicDecError
-from magicdec.harness.run import write_record
 from magicdec.harness.run_config import RunConfig, writable_folder
 from magicdec.harness.trial import Timed, Trial
 
@@ -85,25 +83,9 @@ def variants(base: dict, engine: Engine, heads: dict[str, Path], given: dict) ->
     return out
 
 
-def load_profile(path: Path) -> tuple[cm.Device, dict, dict]:
-    """(the profiled device, its fixed cost per verification by drafter, what the profile says of itself)."""
-    try:
-        p = json.loads(Path(path).read_text())
-        device = cm.Device(p["bandwidth"], p["matmul_flops"], p.get("layer_overhead_s", 0.0),
-                           sampling_s_per_logit=p.get("sampling_s_per_logit", 0.0),
-                           weight_kernels=cm.weight_kernels_of(p), attention_flops=p.get("attention_flops", 0.0),
-                           tree_verify_s=cm.by_ranks(p, "tree_verify_s"),
-                           collective_s_per_layer=cm.by_ranks(p, "collective_s_per_layer"),
-                           **cm.head_costs_of(p))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise MagicDecError(f"--profile {path}: cannot read it as a device profile ({type(e).__name__}: {e}); give a "
-                            f"profile such as {PROFILES / 'h100.json'}") from None
-    return device, p.get("verify_overhead_s", {}), p
-
-
 def prediction(options: dict, summary: dict | None, alpha: float | None, gamma: int, a, profile) -> dict:
     """The cost model's speedup for this drafter config at the prediction shape (random weights: shapes only), on
-    the profiled device (load_profile's)."""
+    the profiled device (cost_model.load_profile's)."""
     if not alpha:
         return {"none": "no acceptance measured" if alpha is None else "no drafted token was kept (alpha 0)"}
     device, overheads, _ = profile
@@ -150,7 +132,7 @@ def compare(a) -> dict:
     target.check()
     if a.output:
         writable_folder(a.output.parent, f"--output {a.output}")
-    profile = load_profile(a.profile)
+    profile = cm.load_profile(a.profile)
     heads = trained_heads(a.heads)
     engine = Engine(target)
     engine.check(target)  # the baseline's own shape and memory: every row is timed beside it
@@ -215,7 +197,7 @@ def side_by_side(a, base: dict, target: RunConfig, engine: Engine, profile, foun
                     bar, emit)
             dev.release_memory(engine.device)
     print(table.legend)
-    write_record(a.output, record)
+    files.write_record(a.output, record)
     return record
 
 

@@ -47,6 +47,7 @@ from magicdec.analysis import cost_model as cm
 from magicdec.config import ModelArgs, check_context
 from magicdec.drafters.model_draft import DraftWeightOptions
 from magicdec.errors import MagicDecError
+from magicdec.analysis.acceptance_inputs import load_acceptance
 from magicdec.harness import compare, plan_command
 from magicdec.harness.plan_command import SHAPING_PLACEHOLDER, is_tree
 from magicdec.harness.engine import Engine
@@ -174,7 +175,7 @@ def shifted(path: Path, delta: float, output: Path | None = None) -> Path:
     `delta` and clipped to [0, 1], each source labelled "sensitivity: alpha shifted by D", and no trace (its counts
     are the unshifted run's). Written whole beside it (default FILE.shift+D.json); returns its path."""
     path = Path(path)
-    plan_command.load_acceptance(path)  # a file the planner reads, or its one-line error
+    load_acceptance(path)  # a file the planner reads, or its one-line error
     given = json.loads(path.read_text())
     label = f"sensitivity: alpha shifted by {delta:+g}"
     out = {}
@@ -250,7 +251,7 @@ def options_here(a, base: dict, cfg0: RunConfig, engine: Engine, heads_found: di
                  datastore: str | None) -> list[Option]:
     """Every option of the plan's grid for the wanted drafters at this point, with its run config, or why it cannot
     run here; filtered by --only."""
-    device = compare.load_profile(cm.PROFILES / "h100.json")[0]  # what the plan's grids are given (none reads it)
+    device = cm.load_profile(cm.PROFILES / "h100.json")[0]  # what the plan's grids are given (none reads it)
     target, only = engine.target_config, [plan_command.parse_only(o) for o in a.only or []]
     out = []
     for name in wanted(a):

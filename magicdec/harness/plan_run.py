@@ -24,11 +24,13 @@ from pathlib import Path
 import torch
 
 from magicdec import device as dev
+from magicdec import files
 from magicdec import options as opt
 from magicdec.analysis import cost_model as cm
+from magicdec.analysis.acceptance_inputs import load_acceptance
 from magicdec.errors import MagicDecError, out_of_memory
 from magicdec.harness.engine import Engine
-from magicdec.harness.plan_command import NEVER_LOSES_MARGIN, Inputs, Planner, family, load_acceptance, read_profile
+from magicdec.harness.plan_command import NEVER_LOSES_MARGIN, Inputs, Planner, family
 from magicdec.model.tp import from_rank0
 from magicdec.harness.run_config import SECTIONS, RunConfig
 from magicdec.harness.trial import Trial
@@ -194,7 +196,6 @@ def plan_record(cfg: RunConfig, engine: Engine, planner: Planner, result: dict, 
 
 def run(cfg: RunConfig) -> dict:
     """`magicdec run --plan ...`: the plan record, its table printed and the record written (rank 0)."""
-    from magicdec.harness.run import write_record
 
     engine = Engine(cfg)
     engine.check(cfg)  # the baseline's prompts, shapes and memory, before anything large is allocated
@@ -203,7 +204,7 @@ def run(cfg: RunConfig) -> dict:
     record, _ = measure(engine, cfg)
     if engine.rank == 0:
         print(table(record))
-        write_record(cfg.output.output, record)
+        files.write_record(cfg.output.output, record)
     return record
 
 
@@ -254,7 +255,7 @@ def table_options(path, table: dict) -> dict:
                                 + (" (the options to time; 0: auto, the top choice)" if key == "confirm" else ""))
         return n
     k, _ = count("confirm", 0), count("top", 1)
-    for key, read in (("acceptance", load_acceptance), ("profile", read_profile)):
+    for key, read in (("acceptance", load_acceptance), ("profile", cm.load_profile)):
         if key in table:
             if not isinstance(table[key], str):
                 raise MagicDecError(f"{path}: [plan] {key} = {table[key]!r}: give a file's path")

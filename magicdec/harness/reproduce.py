@@ -34,7 +34,7 @@ from pathlib import Path
 
 from magicdec.decoding.acceptance import source_label
 from magicdec.errors import MagicDecError
-from magicdec.files import write_text
+from magicdec.files import write_record, write_text
 from magicdec.harness.run_config import RunConfig, writable_folder
 
 KEYS = {"claim", "paper", "device", "record", "metric", "expected", "tolerance", "acceptance",
@@ -163,7 +163,7 @@ def reproduce(exp: dict, output: Path | None, anywhere: bool = False) -> tuple[b
     record["reproduce"] = {"experiment": str(exp["path"]), "verdict": line, "pass": ok if comparable else None,
                            "device": here, "comparable": comparable, "overrides": overrides}
     if output:
-        run.write_record(output, record)
+        write_record(output, record)
     print(f"{exp['claim']}: {line}")
     return ok, record
 

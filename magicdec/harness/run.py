@@ -3,11 +3,8 @@ read against it), its trial (magicdec.harness.trial: prefill, drafter, the basel
 written and its summary printed."""
 from __future__ import annotations
 
-import json
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -92,7 +89,7 @@ def run(cfg: RunConfig) -> dict:
     if cfg.output.printoutput and batch.tokenizer is not None:
         for b in range(w.B):
             print(f"--- sequence {b}:", batch.tokenizer.decode(out[b, :counts[b]].tolist()))
-    write_record(cfg.output.output, record)
+    files.write_record(cfg.output.output, record)
     return record
 
 
@@ -130,26 +127,6 @@ def make_record(cfg: RunConfig, built, metrics: dict, baseline: dict | None, swe
     if len(sweep) > 1:
         record["gamma_sweep"] = {str(g): m for g, m in sweep.items()}
     return record
-
-
-def write_record(path: Path | None, record: dict) -> None:
-    """The record at `path`, written whole or not at all (magicdec.files). Where it cannot be written (a disk that
-    filled during the run), the measurement is not lost: it goes to the system's temporary folder (or, failing that,
-    to stdout) and the one-line error names where."""
-    if path is None:
-        return
-    try:
-        files.write_json(path, record)
-    except MagicDecError as e:
-        kept = Path(tempfile.gettempdir()) / f"magicdec-record-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        try:
-            files.write_json(kept, record)
-            where = f"the record is kept in {kept}: move it to {path} once there is room"
-        except MagicDecError:
-            print(json.dumps(record, indent=1, default=str))
-            where = "the record is printed above (the temporary folder could not take it either)"
-        raise MagicDecError(f"{e}; {where}") from None
-    print(f"wrote {path}")
 
 
 def print_table(rows: list[tuple[str, object]]) -> None:

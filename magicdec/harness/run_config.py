@@ -467,10 +467,11 @@ class Plan:
         if kept:
             raise MagicDecError(f"{kept[0]} with --plan: a plan's record keeps no tokens or traces; run the chosen "
                                 "option itself (its flags are in the record) to keep them")
-        from magicdec.harness.plan_command import load_acceptance, read_profile
+        from magicdec.analysis.acceptance_inputs import load_acceptance
+        from magicdec.analysis.cost_model import load_profile
 
         if self.plan_profile is not None:
-            read_profile(self.plan_profile, "--plan_profile")
+            load_profile(self.plan_profile, "--plan_profile")
         load_acceptance(self.plan_acceptance, "--plan_acceptance")  # readable, before anything is allocated
 
 

@@ -413,7 +413,7 @@ class TargetPass:
 @torch.no_grad()
 def target_pass(model, tokens: torch.Tensor, taps=()) -> TargetPass:
     """One prefill of the windows through a fresh full cache, the taps caught by hooks on the layers (the same
-    values the target's forward hands a drafter: heads.py's FeatureRequest)."""
+    values the target's forward hands a drafter: forward_plan.py's FeatureRequest)."""
     from magicdec.model.kv_cache import KVCache
 
     B, T = tokens.shape

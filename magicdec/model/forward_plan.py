@@ -10,10 +10,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from magicdec.model.heads import FeatureRequest
     from magicdec.model.tree import TreeLevel, TreeOnDevice
 
 LOGITS = ("all", "last", "none")
+
+
+@dataclass(frozen=True, eq=False)
+class FeatureRequest:
+    """What a drafter asks the target's forward to copy (a forward plan's `features`): the taps, in
+    order, concatenated along the last axis into `out` [B, S, F] at rows 0..T-1 of a T-token forward (S: the
+    longest forward it covers). A static buffer: a CUDA graph captured with the request writes the same memory."""
+    taps: tuple[int, ...]
+    out: torch.Tensor
 
 
 @dataclass(frozen=True, eq=False)

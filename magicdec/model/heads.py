@@ -3,7 +3,7 @@ checkpoint formats. The drafters (magicdec/drafters/{eagle,medusa,hydra}.py) run
 them. Nothing here knows the generation loop.
 
 Features: what a head reads of the target, named by their index in transformers' `output_hidden_states` tuple of the
-target (`Transformer.forward` copies them when its cache asks, see `FeatureRequest`): tap i < n_layers is the
+target (`Transformer.forward` copies them when its cache asks, see forward_plan.FeatureRequest): tap i < n_layers is the
 residual stream entering layer i; tap n_layers is the final norm's output (the hidden the LM head reads, HF's
 `last_hidden_state`). Medusa, Hydra and EAGLE-1/2 read tap n_layers, as their code reads `outputs[0]`; EAGLE-3
 reads three taps concatenated (default 2, n_layers // 2, n_layers - 3, the inputs of those layers as its modified
@@ -76,7 +76,6 @@ exactly but training unties them. Medusa's `[ResBlock] * n` likewise.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -101,15 +100,6 @@ def final_tap(n_layers: int) -> int:
 def eagle3_default_taps(n_layers: int) -> tuple[int, ...]:
     """EAGLE-3's modified Llama collects the inputs of layers 2, n // 2 and n - 3, in layer order."""
     return tuple(sorted({2, n_layers // 2, n_layers - 3}))
-
-
-@dataclass(frozen=True, eq=False)
-class FeatureRequest:
-    """What a drafter asks the target's forward to copy (a forward plan's `features`): the taps, in
-    order, concatenated along the last axis into `out` [B, S, F] at rows 0..T-1 of a T-token forward (S: the
-    longest forward it covers). A static buffer: a CUDA graph captured with the request writes the same memory."""
-    taps: tuple[int, ...]
-    out: torch.Tensor
 
 
 def embedding_of(embed, ids: torch.Tensor) -> torch.Tensor:

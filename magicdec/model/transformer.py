@@ -209,7 +209,7 @@ class Transformer(nn.Module):
         if self.rope_scale != 1.0:  # YaRN
             cos, sin = cos * self.rope_scale, sin * self.rope_scale
         x, delta = self.tok_embeddings(tokens), None
-        want = plan.features  # a drafter's FeatureRequest (heads.py): hidden states it reads
+        want = plan.features  # a drafter's FeatureRequest (forward_plan.py): hidden states it reads
         taps = {}
         for i, layer in enumerate(self.layers):
             if want is not None and i in want.taps:
