@@ -27,7 +27,7 @@ from magicdec.cli import run_record  # noqa: E402
 from magicdec.device import environment  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
 from magicdec.options import as_flags  # noqa: E402
-from magicdec.harness.sweep import parse_shard  # noqa: E402
+from magicdec.harness.sweep_grid import parse_shard  # noqa: E402
 
 SHAPED = ["--tree_nodes", "12", "--tree_rates", "0.8", "0.5", "0.4"]
 # forwards that only these options make: (drafter, options)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from magicdec.analysis import cost_model as cm
 from magicdec import drafters, files
-from magicdec.harness import sweep
+from magicdec.harness import sweep_grid
 from magicdec.config import ModelArgs
 from magicdec.harness.run_config import RunConfig
 
@@ -87,9 +87,9 @@ def seconds_by(rows: list[dict], key, field: str) -> dict:
 
 
 def points_by_name(d: Path) -> dict:
-    cfg = sweep.load_config(d / "sweep.toml")
+    cfg = sweep_grid.load_config(d / "sweep.toml")
     cfg["step_mode"] = "eager"  # what a prediction reads does not depend on it; a CPU refuses graphs
-    points, _ = sweep.points_of(cfg, str(d))
+    points, _ = sweep_grid.points_of(cfg, str(d))
     return {(p.cfg.describe(), p.cfg.workload.prefix_len, p.cfg.workload.B): p for p in points}
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import signal
 import subprocess
@@ -198,14 +197,6 @@ def test_verification_probe_fits_the_fixed_cost_per_verification(tmp_path, monke
     assert set(sw.verify_overhead) == {"selfspec", "standalone", "lookup"} and set(seen.values()) == {(1,)}
     for name, t_o in sw.verify_overhead.items():
         assert t_o == pytest.approx(0.3e-3), name
-
-
-def test_synthetic_alpha_interpolates_in_log_prefix():
-    table = {"4096": 0.84, "100000": 0.79}
-    assert sweep.synthetic_alpha(table, 1000) == 0.84 and sweep.synthetic_alpha(table, 200_000) == 0.79
-    mid = round(math.exp((math.log(4096) + math.log(100_000)) / 2))
-    assert sweep.synthetic_alpha(table, mid) == pytest.approx(0.815, abs=1e-4)
-    assert sweep.synthetic_alpha(0.8, 123) == 0.8 and sweep.synthetic_alpha(None, 123) is None
 
 
 def sweep_cli(tmp_path, text, *extra):
@@ -504,15 +495,6 @@ def test_every_registered_drafter_runs_in_a_sweep(tmp_path):
             assert r["gamma"] == 2 and r["label"].startswith(r["method"]), r["label"]
             cost = r["metrics"]["cost_model"]
             assert "speedup" in cost or "none" in cost, r["label"]
-
-
-@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("experiments/sweeps/*.toml")),
-                         ids=lambda p: p.stem)
-def test_committed_sweep_configs_load_and_name_no_private_paths(path):
-    """Every committed sweep config is a valid grid, with no machine-private path (/tmp) in it."""
-    assert "/tmp" not in path.read_text()
-    points, _ = sweep.points_of(sweep.load_config(path) | {"step_mode": "eager", "device": "cpu"}, str(path))
-    assert points
 
 
 def test_interrupt_says_how_to_resume(tmp_path, monkeypatch):
