@@ -3,7 +3,7 @@ run option the command line has.
 
     magicdec sweep experiments/sweeps/smollm2_cpu.toml --output_dir results/sweeps/smollm2_cpu --max_minutes 8
 
-The file's format and its grid: magicdec/harness/sweep_grid.py (and `magicdec sweep --help`).
+The file's format: magicdec/harness/sweep_grid.py (printed after this by `magicdec sweep --help`).
 
 Per (prefix, B) the target is loaded once and each batch of prompts prefilled once; each drafter is prepared once
 per batch and decoding mode; every speculative point is timed in turns with the baseline of the same mode, and its
