@@ -402,3 +402,11 @@ def test_cost_model_per_drafter_counts_every_timed_candidate(made):
         assert rows[key][0].startswith(f"{within}/{len(errors)} ")
         low, _, high = rows[key][1].split(", ")
         assert (low, high) == (f"{min(errors):+.1%}", f"{max(errors):+.1%}")
+
+
+def test_a_committed_profile_is_named_as_the_repository_names_it():
+    """A record made on another machine holds its absolute path; the page names the committed profile by its path in
+    the repository, and any other profile as the record gives it."""
+    assert atlas.profile_name("/elsewhere/repo/magicdec/analysis/profiles/h200.json") == \
+        "magicdec/analysis/profiles/h200.json"
+    assert atlas.profile_name("/tmp/mine.json") == "/tmp/mine.json" and atlas.profile_name(None) is None

@@ -394,7 +394,14 @@ def about(points: list[dict]) -> str:
     weights = values(lambda r: "random weights" if r.get("random_weights") else "real weights")
     return (f"{values(lambda r: r.get('model'))} ({weights}); plan mode {values(lambda r: r['plan'].get('mode'))}, "
             f"selection: {values(lambda r: r['plan'].get('selection'))}; device profile "
-            f"{values(lambda r: r['plan'].get('profile'))}; acceptance {values(lambda r: r['plan'].get('acceptance'))}")
+            f"{values(lambda r: profile_name(r['plan'].get('profile')))}; acceptance "
+            f"{values(lambda r: r['plan'].get('acceptance'))}")
+
+
+def profile_name(path: str | None) -> str | None:
+    """A committed profile as the repository names it (a record made elsewhere holds that machine's absolute path)."""
+    where = "magicdec/analysis/profiles/"
+    return path[path.index(where):] if path and where in path else path
 
 
 def parse_point(text: str) -> tuple[int, str]:
