@@ -355,3 +355,16 @@ def test_a_two_rank_sweep_records_each_point_once_and_resumes(tmp_path):
     assert (out / "commands.txt").read_text().count("magicdec sweep") == 1
     again = run_cli("sweep", str(path), "--output_dir", str(out), "--device", "cpu", "--no_progress", launcher=launcher)
     assert again.returncode == 0 and again.stdout.count("0 of 2 points to run") == 2, again.stderr[-3000:]
+
+
+def test_a_device_without_a_committed_profile_is_planned_with_the_h100s_and_says_so(capsys):
+    """No committed profile names this device (a CPU here): the plan takes the H100's and says so in one line, with
+    how to make one; --plan_profile is taken as given, silently."""
+    cfg = RunConfig.from_options({"random_weights": True, "model_name": "JackFram/llama-68m", "device": "cpu",
+                                  "plan": "auto", "synthetic_acceptance": 0.8}, strict=False)
+    assert plan_run.profile_path(cfg, torch.device("cpu")) == cm.PROFILES / "h100.json"
+    err = capsys.readouterr().err.strip()
+    assert "no committed device profile for cpu" in err and "derive_profile.py" in err and len(err.splitlines()) == 1
+    given = RunConfig.from_options(cfg.options() | {"plan_profile": str(cm.PROFILES / "h200.json")}, strict=False)
+    assert plan_run.profile_path(given, torch.device("cpu")) == cm.PROFILES / "h200.json"
+    assert capsys.readouterr().err == ""
