@@ -22,7 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from magicdec import files  # noqa: E402
+from magicdec.analysis import cost_model as cm  # noqa: E402
 from magicdec.errors import MagicDecError  # noqa: E402
+from magicdec.harness.sweep import read_object  # noqa: E402
 
 MEASURED = ("bandwidth", "matmul_flops", "layer_overhead_s")  # what a sweep measures on its own GPU
 
@@ -34,11 +36,8 @@ def device_models(folders: list[Path]) -> list[tuple[Path, dict]]:
         if not folder.is_dir():
             raise MagicDecError(f"{folder}: no such folder; give folders of sweep records (a sweep's --output_dir)")
         for f in sorted(folder.glob("*.json")):
-            try:
-                r = json.loads(f.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-                continue
-            if isinstance(r, dict) and r.get("method") == "baseline" and isinstance(r.get("device_model"), dict):
+            r, _ = read_object(f)
+            if r is not None and r.get("method") == "baseline" and isinstance(r.get("device_model"), dict):
                 found.append((f, r))
     if not found:
         raise MagicDecError(f"{' '.join(map(str, folders))}: no baseline record with a device_model (a sweep's "
@@ -82,11 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--output", type=Path, required=True, help="the new profile (written to a temp file, renamed)")
     a = p.parse_args(argv)
     try:
-        base = json.loads(a.base.read_text())
-        out = derive(a.folders, base, str(a.base))
-    except (OSError, json.JSONDecodeError) as e:
-        print(f"error: --base {a.base}: cannot read it as a device profile ({e})", file=sys.stderr)
-        return 2
+        out = derive(a.folders, cm.load_profile(a.base, "--base")[2], str(a.base))
     except MagicDecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

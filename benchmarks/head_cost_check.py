@@ -45,7 +45,7 @@ def device_of(records: list[dict]) -> cm.Device:
         dm = ((r.get("metrics") or {}).get("cost_model") or {}).get("device_model")
         if dm:
             gpu = (r.get("environment") or {}).get("gpu")
-            return cm.Device(**(cm.head_costs_of(cm.committed_profile(gpu)) | {k: v for k, v in dm.items() if v}))
+            return cm.Device(**(cm.head_costs_of(cm.device_profile(gpu)) | {k: v for k, v in dm.items() if v}))
     raise SystemExit("no record of these sweeps carries the measured device (cost_model.device_model)")
 
 

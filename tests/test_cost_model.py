@@ -256,7 +256,7 @@ def test_committed_profile_holds_the_measured_weight_kernels():
     table = cm.weight_kernels_of(profile)
     assert set(table) == {"int8", "fp8", "int4"} and all({1, 13} <= set(t) for t in table.values())
     assert {fmt: max(t) for fmt, t in table.items()} == {fmt: k[-1][0] for fmt, k in dw.KERNELS.items()}
-    assert cm.profiled_weight_kernels(profile["device"]) == table and cm.profiled_weight_kernels("a CPU") == {}
+    assert cm.weight_kernels_of(cm.device_profile(profile["device"])) == table
 
 
 def test_attention_dots_overlap_the_reads_once_their_rate_is_measured():
@@ -317,3 +317,15 @@ def test_a_term_measured_on_a_derived_profiles_gpu_is_no_longer_listed_as_copied
     assert after["derived_from"]["measured_here"] == ["tree_verify_s[4]", "weight_kernels"]
     assert derived["derived_from"]["terms"] == ["weight_kernels", "tree_verify_s"]  # not mutated
     assert cm.measured_here({"bandwidth": 1.0}, ["weight_kernels"]) == {"bandwidth": 1.0}
+
+
+def test_each_gpu_finds_its_own_profile_and_an_unknown_one_the_h100s_said_once(capsys):
+    """One rule for the plan and the sweep: a GPU whose committed profile names it gets that file, any other the
+    H100's, with a one-line note the first time only."""
+    for path in sorted(cm.PROFILES.glob("*.json")):
+        assert cm.device_profile_path(json.loads(path.read_text())["device"]) == path
+    cm.say_no_profile.cache_clear()
+    assert cm.device_profile_path("NVIDIA A100-SXM4-80GB") == cm.PROFILES / "h100.json"
+    assert cm.device_profile_path("NVIDIA A100-SXM4-80GB") == cm.PROFILES / "h100.json"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no committed device profile for NVIDIA A100-SXM4-80GB" in err[0]

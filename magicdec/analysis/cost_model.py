@@ -27,8 +27,10 @@ times it per logit.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -336,16 +338,26 @@ def committed_profile_path(gpu: str | None) -> Path | None:
     return None
 
 
-def committed_profile(gpu: str | None) -> dict:
-    """The committed device profile (PROFILES) of this GPU model, or {}."""
-    path = committed_profile_path(gpu)
-    return json.loads(path.read_text()) if path else {}
+def device_profile_path(gpu: str | None) -> Path:
+    """This GPU model's committed profile, else the H100's: the one rule by which a plan and a sweep's own cost model
+    find a device's costs (said once per process where there is none: its costs are not this GPU's)."""
+    found = committed_profile_path(gpu)
+    if found is None:
+        say_no_profile(gpu or "this device")
+    return found or PROFILES / "h100.json"
 
 
-def profiled_weight_kernels(gpu: str | None) -> dict:
-    """The measured weight kernel table (Device.weight_kernels) of the committed profile of this GPU model, or {}
-    (then the formats' bytes stand in)."""
-    return weight_kernels_of(committed_profile(gpu))
+def device_profile(gpu: str | None) -> dict:
+    """The profile device_profile_path finds, read."""
+    return json.loads(device_profile_path(gpu).read_text())
+
+
+@functools.cache
+def say_no_profile(device: str) -> None:
+    """Once per process (a sweep plans many points, each rank of a tensor-parallel run its own)."""
+    print(f"note: no committed device profile for {device}: its costs are taken from the H100's "
+          f"({PROFILES / 'h100.json'}); make one from a sweep run here with benchmarks/derive_profile.py",
+          file=sys.stderr)
 
 
 def by_ranks(profile: dict, key: str) -> dict:

@@ -43,17 +43,10 @@ TABLE_KEYS = {"confirm": "plan", "acceptance": "plan_acceptance", "profile": "pl
 
 
 def profile_path(cfg: RunConfig, device: torch.device) -> Path:
-    """--plan_profile, else this GPU's committed profile, else the H100's (said in one line: its costs are not this
-    GPU's, and its predictions will not be either)."""
+    """--plan_profile, else this GPU's committed profile, else the H100's (cost_model.device_profile_path)."""
     if cfg.plan.plan_profile is not None:
         return cfg.plan.plan_profile
-    gpu = dev.environment(device).get("gpu")
-    found = cm.committed_profile_path(gpu)
-    if found is None:
-        print(f"note: no committed device profile for {gpu or device.type}: the plan uses the H100's "
-              f"({cm.PROFILES / 'h100.json'}); make one from a sweep run here with benchmarks/derive_profile.py",
-              file=sys.stderr)
-    return found or cm.PROFILES / "h100.json"
+    return cm.device_profile_path(dev.environment(device).get("gpu") or device.type)
 
 
 def planner_of(cfg: RunConfig, engine: Engine) -> Planner:

@@ -264,9 +264,9 @@ class Sweep:
         device, dtype = self.engine.device, self.engine.dtype
         self.env = dev.environment(device)
         # the draft weight kernels' times, a tree's and the all-reduces' fixed costs, the heads' fixed costs: this GPU
-        # model's committed profile (the formats' bytes where none); the work divides over the tensor-parallel ranks,
-        # and the probe's fitted overhead per layer is what is left beside the all-reduces
-        profile = cm.committed_profile(self.env.get("gpu"))
+        # model's committed profile (the H100's where none: cost_model.device_profile_path); the work divides over
+        # the tensor-parallel ranks, and the probe's fitted overhead per layer is what is left beside the all-reduces
+        profile = cm.device_profile(self.env.get("gpu") or device.type)
         self.cost_device = replace(cm.measure_device(device, dtype), weight_kernels=cm.weight_kernels_of(profile),
                                    tree_verify_s=cm.by_ranks(profile, "tree_verify_s"),
                                    collective_s_per_layer=cm.by_ranks(profile, "collective_s_per_layer"),
@@ -623,7 +623,8 @@ def check_minutes(max_minutes: float | None) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="magicdec sweep", description=__doc__ + "\n" + sweep_grid.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="magicdec sweep", description=__doc__ + "\n" + sweep_grid.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", type=Path, help="the sweep's TOML file")
     p.add_argument("--output_dir", type=Path, required=True, help="where its records go (one JSON per point)")
     p.add_argument("--max_minutes", type=float, default=None,
