@@ -1,0 +1,49 @@
+"""benchmarks/verify_attention_probe.py on the CPU: every candidate that runs here (the split-KV kernel interpreted,
+FlexAttention's reference path, SDPA) agrees with float64 attention over the mask written out by hand, the check
+catches a candidate that ignores the tree, and bad input is one line."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import verify_attention_probe as probe  # noqa: E402
+
+
+def test_every_candidate_matches_float64_attention_for_chains_and_trees(tmp_path):
+    out = tmp_path / "probe.json"
+    assert probe.main(["--device", "cpu", "--shapes", "2x160", "--tokens", "1", "5", "9", "--rounds", "1",
+                       "--output", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    seen = {(r["T"], r["layout"], r["candidate"]) for r in rec["rows"]}
+    for name in ("triton", "flex", "sdpa"):
+        assert {(1, "chain", name), (5, "chain", name), (5, "tree", name), (9, "tree", name)} <= seen
+    assert all(r["max_abs_error"] < 1e-4 for r in rec["rows"]), [r for r in rec["rows"] if r["max_abs_error"] >= 1e-4]
+    assert rec["timing"].startswith("wall clock") and rec["environment"]
+
+
+def test_the_hand_mask_is_a_tree_not_a_chain_and_a_kernel_without_it_fails_the_check():
+    T, S = 9, 64
+    tree = probe.tree_of(T)
+    assert tree.parents == (-1, 0, 0, 0, 0, 1, 1, 1, 1)  # two depths of four candidates
+    mask = probe.hand_mask(T, S, tree)
+    assert mask[5, S - T + 1] and not mask[5, S - T + 2] and not mask[2, S - T + 1]  # node 5's parent is 1, not 2
+    q, k, v, q_pos = probe.inputs(1, S, T, torch.device("cpu"), torch.float32)
+    want = probe.reference(q, k, v, mask)
+    as_chain = probe.candidates(q_pos, S, None, torch.device("cpu"))["sdpa"](q, k, v)[0].double()
+    as_tree = probe.candidates(q_pos, S, probe.tree_mask(tree, q_pos), torch.device("cpu"))["sdpa"](q, k, v)[0].double()
+    assert (as_tree - want).abs().max() < 1e-5 and (as_chain - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("args, says", [(["--shapes", "4by100"], "--shapes 4by100: give BxS"),
+                                        (["--tokens", "65"], "1 to 64 query tokens"),
+                                        (["--rounds", "0"], "--rounds 0: at least 1")])
+def test_bad_input_is_one_line(args, says):
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "verify_attention_probe.py"), "--device", "cpu",
+                        *args], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
