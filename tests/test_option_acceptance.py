@@ -239,6 +239,8 @@ def test_the_default_model_runs_end_to_end(smol_dir, tmp_path, monkeypatch):
     (["--gamma", "0"], "--gamma 0: give a draft length of at least 1"),
     (["--prefix_len", "500"], "prefix_len + gen_len + gamma + 1 = 539 exceeds stories260K's context of 512"),
     (["--output", "FILE/acc.json"], "--output FILE/acc.json: cannot write to FILE"),
+    (["--draft", "ngram"], "--draft ngram: the hierarchy's prompt-lookup bottom is measured without it"),
+    (["--draft", "nowhere/model.pth"], "--draft nowhere/model.pth: no such checkpoint"),
     (["--model", None, "--prefix_len", "8190"], "prefix_len + gen_len + gamma + 1 = 8229 exceeds HuggingFaceTB/SmolLM2-135M's context of 8192"),
 ])
 def test_bad_input_is_one_line_before_anything_loads(argv, message, stories, tmp_path, monkeypatch, capsys):

@@ -344,6 +344,10 @@ def check_args(a) -> None:
         raise MagicDecError(f"--datastore {a.datastore}: no such file; build one with `magicdec datastore --books DIR "
                             f"--tokenizer DIR --exclude PROMPT_BOOKS --output FILE`, or give {OTHER_BOOKS} (the "
                             "dataset folder's books the prompts do not come from, built here)")
+    if a.draft is not None and str(a.draft) == "ngram":  # what a run's --draft takes for the hierarchy's bottom
+        raise MagicDecError("--draft ngram: the hierarchy's prompt-lookup bottom is measured without it (its options "
+                            "are labelled hierarchy --draft ngram ...); --draft gives a draft model's model.pth (the "
+                            "standalone draft, the hierarchy's model bottom)")
     if a.draft is not None and not a.draft.exists():
         raise MagicDecError(f"--draft {a.draft}: no such checkpoint; give a draft's model.pth (sharing the target's "
                             "tokenizer)")
