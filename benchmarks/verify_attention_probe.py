@@ -121,17 +121,23 @@ def pinned_sdpa(q_pos, S: int, tree: TreeMask | None, backend: str):
     return run
 
 
+def runs_here(backend: str, device) -> bool:
+    """Whether magicdec.model.attention's backend runs on this device (its own check)."""
+    try:
+        attention.resolve_backend(backend, device)
+    except MagicDecError:
+        return False
+    return True
+
+
 def candidates(q_pos, S: int, tree: TreeMask | None, device, wanted=CANDIDATES) -> dict:
     """name -> attend(q, k, v) for every wanted candidate that runs here."""
     out = {}
     for name in (n for n in ("triton", "flex", "sdpa", "flash") if n in wanted):
         if name == "flash" and tree is not None:
             continue  # flash-attn's kernel takes no tree mask
-        try:
-            attention.resolve_backend(name, device)
-        except MagicDecError:
-            continue
-        out[name] = attention.make_attend(name, q_pos, None, S, tree=tree)
+        if runs_here(name, device):
+            out[name] = attention.make_attend(name, q_pos, None, S, tree=tree)
     for name, backend in SDPA_PINNED.items():
         if device.type == "cuda" and name in wanted:
             out[name] = pinned_sdpa(q_pos, S, tree, backend)
@@ -158,14 +164,15 @@ def probe_shape(B: int, S: int, tokens, layouts, rounds: int, device, dtype, lim
     """Every (T, layout, candidate) at B x S: checked against float64, then timed in turns with the decode step."""
     rows = []
     q1, k, v, pos1 = inputs(B, S, 1, device, dtype)
-    decode = attention.make_attend("triton" if "triton" in candidates(pos1, S, None, device) else "sdpa", pos1, None, S)
+    decode = attention.make_attend("triton" if runs_here("triton", device) else "sdpa", pos1, None, S)
     kv_bytes = 2 * k.numel() * k.element_size()
     for T in tokens:
         for layout in layouts if T > 1 else ("chain",):
             q, _, _, q_pos = inputs(B, S, T, device, dtype, seed=T)
-            tree = tree_mask(tree_of(T), q_pos) if layout == "tree" else None
+            shape = tree_of(T) if layout == "tree" else None
+            tree = tree_mask(shape, q_pos) if shape is not None else None
             found = candidates(q_pos, S, tree, device, wanted)
-            want = reference(q, k, v, hand_mask(T, S, tree_of(T) if layout == "tree" else None).to(device))
+            want = reference(q, k, v, hand_mask(T, S, shape).to(device))
             errors, failed = {}, {}
             for n, f in found.items():
                 try:
@@ -190,7 +197,7 @@ def probe_shape(B: int, S: int, tokens, layouts, rounds: int, device, dtype, lim
             for n in found:
                 t = statistics.median(times[n])
                 rows.append({"B": B, "S": S, "T": T, "layout": layout, "candidate": n,
-                             "tree": list(tree_of(T).parents) if layout == "tree" else None,
+                             "tree": list(shape.parents) if shape is not None else None,
                              "max_abs_error": errors[n], "matches_float64": errors[n] <= TOLERANCE[dtype],
                              "seconds": t, "seconds_rounds": times[n],
                              "decode_steps": statistics.median(ratios[n]),

@@ -196,7 +196,6 @@ def plan_record(cfg: RunConfig, engine: Engine, planner: Planner, result: dict, 
 
 def run(cfg: RunConfig) -> dict:
     """`magicdec run --plan ...`: the plan record, its table printed and the record written (rank 0)."""
-
     engine = Engine(cfg)
     engine.check(cfg)  # the baseline's prompts, shapes and memory, before anything large is allocated
     for warning in cfg.warnings():
