@@ -24,6 +24,10 @@ p.add_argument("--tree_tiles", action="store_true",
                help="instead: the Triton kernel alone over a token tree's many query rows (16-64 nodes) at 32K x 1, "
                     "32K x 13 and 100K x 4, each launch setting (rows per program, warps, stages, KV block) in turns, 3 rounds, "
                     "in a CUDA graph, against the 1-token decode's time")
+p.add_argument("--tile_shapes", nargs="+", default=["1x32768", "13x32768", "4x100000"],
+               help="with --tree_tiles: the BxS points (batch x cached tokens)")
+p.add_argument("--tile_tokens", type=int, nargs="+", default=[1, 16, 17, 24, 32, 64],
+               help="with --tree_tiles: query tokens per sequence (17 and 24: rows 68 and 96 take a 128-row tile)")
 args = p.parse_args()
 dev = torch.device("cuda")
 copy = copy_bandwidth(dev)
@@ -33,10 +37,10 @@ rows, H, Hkv, D = [], 32, 8, 128
 def tree_tiles():
     from magicdec.model.tree import Tree, TreeMask
     settings = [(rb, nw, ns, bn) for rb in (64, 128) for nw in (4, 8) for ns in (2, 3) for bn in (64, 128)]
-    for B, S in [(1, 32768), (13, 32768), (4, 100000)]:
+    for B, S in (tuple(int(x) for x in shape.split("x")) for shape in args.tile_shapes):
         k = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16)
         v = torch.randn_like(k)
-        for T in (1, 16, 17, 24, 32, 64):  # 17 and 24: rows 68 and 96 take a 128-row tile
+        for T in args.tile_tokens:
             q = torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16)
             q_pos = (S - T + torch.arange(T, device=dev))[None].expand(B, T).contiguous()
             width = 3 if T == 16 else 1 if T == 1 else (T - 1) // 7 if T == 64 else 1
@@ -52,7 +56,6 @@ def tree_tiles():
                                  "ms": ms})
                     print(f"B={B} S={S} T={T:2d} rows/program {rb:3d} warps {nw} stages {ns} block {bn:3d} "
                           f"round {r} {ms:8.3f} ms", flush=True)
-
 
 
 if args.tree_tiles:

@@ -21,6 +21,7 @@ the candidates, not a measurement.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import statistics
 import sys
@@ -130,9 +131,24 @@ def runs_here(backend: str, device) -> bool:
     return True
 
 
-def candidates(q_pos, S: int, tree: TreeMask | None, device, wanted=CANDIDATES) -> dict:
-    """name -> attend(q, k, v) for every wanted candidate that runs here."""
+def load_before(root: Path):
+    """The split-KV kernel module of another checkout (ROOT/magicdec/model/triton_attention.py), under its own name:
+    a kernel change's before, timed in the same rounds as its after."""
+    path = root / "magicdec" / "model" / "triton_attention.py"
+    if not path.is_file():
+        raise MagicDecError(f"--before {root}: no {path.relative_to(root)} there; give a checkout of magicdec")
+    spec = importlib.util.spec_from_file_location("triton_attention_before", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def candidates(q_pos, S: int, tree: TreeMask | None, device, wanted=CANDIDATES, before=None) -> dict:
+    """name -> attend(q, k, v) for every wanted candidate that runs here (`before`: load_before's module, as
+    triton_before)."""
     out = {}
+    if before is not None:
+        out["triton_before"] = lambda q, k, v, layer=None: before.split_kv_attention(q, k, v, q_pos, None, tree=tree)
     for name in (n for n in ("triton", "flex", "sdpa", "flash") if n in wanted):
         if name == "flash" and tree is not None:
             continue  # flash-attn's kernel takes no tree mask
@@ -160,7 +176,8 @@ def seconds(fn, device) -> float:
     return time.perf_counter() - start
 
 
-def probe_shape(B: int, S: int, tokens, layouts, rounds: int, device, dtype, limits, wanted=CANDIDATES) -> list[dict]:
+def probe_shape(B: int, S: int, tokens, layouts, rounds: int, device, dtype, limits, wanted=CANDIDATES,
+                before=None) -> list[dict]:
     """Every (T, layout, candidate) at B x S: checked against float64, then timed in turns with the decode step."""
     rows = []
     q1, k, v, pos1 = inputs(B, S, 1, device, dtype)
@@ -171,7 +188,7 @@ def probe_shape(B: int, S: int, tokens, layouts, rounds: int, device, dtype, lim
             q, _, _, q_pos = inputs(B, S, T, device, dtype, seed=T)
             shape = tree_of(T) if layout == "tree" else None
             tree = tree_mask(shape, q_pos) if shape is not None else None
-            found = candidates(q_pos, S, tree, device, wanted)
+            found = candidates(q_pos, S, tree, device, wanted, before)
             want = reference(q, k, v, hand_mask(T, S, shape).to(device))
             errors, failed = {}, {}
             for n, f in found.items():
@@ -230,6 +247,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=CANDIDATES,
                    help="which kernels (flex compiles once per shape: minutes over the whole grid)")
+    p.add_argument("--before", type=Path, metavar="CHECKOUT",
+                   help="also time another checkout's split-KV kernel (triton_before) in the same rounds")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--output", type=Path, help="the probe's JSON (written to a temp file, renamed)")
     a = p.parse_args(argv)
@@ -241,6 +260,7 @@ def main(argv=None) -> int:
             raise MagicDecError(f"--rounds {a.rounds}: at least 1")
         if a.output is not None:
             files.writable_folder(a.output.parent, "--output")
+        before = load_before(a.before) if a.before is not None else None
     except MagicDecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -249,11 +269,11 @@ def main(argv=None) -> int:
     limits = cm.measure_device(device, dtype)
     rows = []
     for B, S in shapes:
-        rows += probe_shape(B, S, a.tokens, a.layouts, a.rounds, device, dtype, limits, a.candidates)
+        rows += probe_shape(B, S, a.tokens, a.layouts, a.rounds, device, dtype, limits, a.candidates, before)
         dev.release_memory(device)
     record = {"environment": dev.environment(device), "heads": {"H": H, "Hkv": HKV, "D": D},
               "copy_GBps": limits.bandwidth / 1e9, "matmul_TFLOPs": limits.matmul_flops / 1e12,
-              "rounds": a.rounds, "timing": "cuda graph" if device.type == "cuda" else "wall clock (not a measurement)",
+              "rounds": a.rounds, "before": str(a.before) if a.before is not None else None, "timing": "cuda graph" if device.type == "cuda" else "wall clock (not a measurement)",
               "rows": rows}
     if a.output is not None:
         files.write_json(a.output, record)

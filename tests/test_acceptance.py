@@ -10,7 +10,7 @@ from conftest import chi_square
 from magicdec.decoding.acceptance import (Acceptor, SyntheticAcceptor, greedy_tree_verify, greedy_verify, leading_true,
                                  sampling_tree_verify, speculative_sampling_verify, synthetic_tree_verify,
                                  synthetic_verify)
-from magicdec.decoding.generate import Batch
+from magicdec.decoding.generate import Batch, GraphedStep
 from magicdec.decoding.sampling import Sampling
 from magicdec.model.tree import Tree, path_tokens, rank_counts
 
@@ -158,10 +158,25 @@ def without(q, taken):
     return q / q.sum(-1, keepdim=True)
 
 
-def sampled_tree_run(seed, correct=True, deterministic=False, B=40_000):
+# where the tree's sampled acceptance runs: here, and on a GPU replayed from a CUDA graph, as the decoder runs it
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def graphed_tree_verify(p, q, tokens, tree, correct):
+    """sampling_tree_verify captured once into a CUDA graph and replayed twice: the replays must draw afresh (the
+    device generator advances), so the two outputs differ; the second is returned."""
+    step = GraphedStep(lambda p, q, tokens: sampling_tree_verify(p, q, tokens, tree, correct), warm_up=False)
+    first = [t.clone() for t in step(p, q, tokens)]
+    second = step(p, q, tokens)
+    assert any(not torch.equal(a, b) for a, b in zip(first, second)), "a replay drew the same numbers"
+    return second
+
+
+def sampled_tree_run(seed, correct=True, deterministic=False, B=40_000, device="cpu"):
     """Root with three children, each with two: candidates drawn without replacement from the draft's q (or, with
     `deterministic`, the draft's three / two likeliest, q one-hot). The target's p at the root is p1, at a child
-    with token x p2[x]; returns (first token, second token or -1 where only one was produced)."""
+    with token x p2[x]; returns (first token, second token or -1 where only one was produced). On "cuda" the
+    acceptance is replayed from a CUDA graph."""
     torch.manual_seed(seed)
     tree = Tree((-1, 0, 0, 0, 1, 1, 2, 2, 3, 3))
     p1, p2, q1, q2 = tables(seed)
@@ -183,18 +198,24 @@ def sampled_tree_run(seed, correct=True, deterministic=False, B=40_000):
     p[:, 0] = p1
     for i in range(1, tree.size):
         p[:, i] = p2[tokens[:, i]] if tree.depths[i] == 1 else p1  # depth 2: the third token, not checked
-    path, accepted, nxt = sampling_tree_verify(p, None if deterministic else q, tokens, tree.on_device("cpu"),
-                                               correct)
+    q = None if deterministic else q
+    if device == "cpu":
+        path, accepted, nxt = sampling_tree_verify(p, q, tokens, tree.on_device("cpu"), correct)
+    else:
+        p, tokens, q = p.to(device), tokens.to(device), None if q is None else q.to(device)
+        path, accepted, nxt = (t.cpu() for t in graphed_tree_verify(p, q, tokens, tree.on_device(device), correct))
+        tokens = tokens.cpu()
     kept = path_tokens(tokens, path)  # the drafted tokens kept (padded past them), then the next one
     first = torch.where(accepted >= 1, kept[:, 0], nxt)
     second = torch.where(accepted >= 2, kept[:, 1], torch.where(accepted == 1, nxt, -1))
     return first, second, p1, p2
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_tree_sampling_keeps_the_targets_distribution(seed, deterministic):
-    first, second, p1, p2 = sampled_tree_run(seed, deterministic=deterministic)
+def test_tree_sampling_keeps_the_targets_distribution(seed, deterministic, device):
+    first, second, p1, p2 = sampled_tree_run(seed, deterministic=deterministic, device=device)
     stat, bound = chi_square(first, p1)
     assert stat < bound, (stat, bound)
     x = int(torch.bincount(first[second >= 0]).argmax())  # the first token most often followed by a kept one
@@ -202,9 +223,10 @@ def test_tree_sampling_keeps_the_targets_distribution(seed, deterministic):
     assert stat < bound, (stat, bound)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_tree_sampling_check_fails_without_the_correction(deterministic):
-    first, _, p1, _ = sampled_tree_run(0, correct=False, deterministic=deterministic)
+def test_tree_sampling_check_fails_without_the_correction(deterministic, device):
+    first, _, p1, _ = sampled_tree_run(0, correct=False, deterministic=deterministic, device=device)
     stat, bound = chi_square(first, p1)
     assert stat > 5 * bound, (stat, bound)
 

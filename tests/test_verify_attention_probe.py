@@ -53,9 +53,26 @@ def test_a_candidate_that_fails_is_recorded_and_the_others_are_timed(monkeypatch
     assert timed["matches_float64"] and timed["seconds"] > 0
 
 
+def test_another_checkouts_kernel_is_checked_and_timed_beside_this_ones(tmp_path):
+    """--before: a copy of this checkout's kernel file stands for an older checkout; it is loaded under its own name
+    (not this package's module) and checked against float64 like every candidate."""
+    old = tmp_path / "old" / "magicdec" / "model"
+    old.mkdir(parents=True)
+    (old / "triton_attention.py").write_text((ROOT / "magicdec" / "model" / "triton_attention.py").read_text())
+    module = probe.load_before(tmp_path / "old")
+    assert module.__file__ == str(old / "triton_attention.py") and module is not probe.attention
+    out = tmp_path / "probe.json"
+    assert probe.main(["--device", "cpu", "--shapes", "1x160", "--tokens", "5", "--layouts", "tree", "--rounds", "1",
+                       "--candidates", "triton", "--before", str(tmp_path / "old"), "--output", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["candidate"] for r in rows} == {"triton", "triton_before"}
+    assert all(r["matches_float64"] for r in rows), rows
+
+
 @pytest.mark.parametrize("args, says", [(["--shapes", "4by100"], "--shapes 4by100: give BxS"),
                                         (["--tokens", "65"], "1 to 64 query tokens"),
-                                        (["--rounds", "0"], "--rounds 0: at least 1")])
+                                        (["--rounds", "0"], "--rounds 0: at least 1"),
+                                        (["--before", "/nonexistent"], "--before /nonexistent: no magicdec/model")])
 def test_bad_input_is_one_line(args, says):
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "verify_attention_probe.py"), "--device", "cpu",
                         *args], capture_output=True, text=True, cwd=ROOT)

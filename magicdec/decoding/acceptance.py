@@ -311,7 +311,8 @@ def sampling_tree_verify(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.
             trying = ~done & ~moved & (child >= 0)
             c = child.clamp(min=0)
             tok = tokens[rows, c]
-            q_c = torch.nn.functional.one_hot(tok, V).to(p.dtype) if q is None else q[rows, c]
+            # a deterministic candidate's q: a one-hot at its token (scattered: one_hot checks its ids on the host)
+            q_c = torch.zeros_like(residual).scatter_(1, tok[:, None], 1.0) if q is None else q[rows, c]
             p_tok, q_tok = residual[rows, tok], q_c[rows, tok]
             keep = trying & (torch.rand(B, device=p.device) * q_tok < p_tok)
             if correct:

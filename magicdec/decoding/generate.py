@@ -495,18 +495,19 @@ class Decoder:
         tree = plan.tree
         verified = self.verify_step(tokens, cache, plan).clone()
         ranks = dist.get_world_size() if dist.is_initialized() else 1
-        if verified.dim() == 2 and ranks == 1:  # argmax ids: the acceptance and the move graphed
-            accepted, nxt, path = self.accept_tree(verified, tokens, draws, cache, tree)
+        if ranks == 1:  # the acceptance, greedy or sampled, and the move graphed
+            accepted, nxt, path = self.accept_tree(verified, tokens, q, draws, cache, tree)
         else:
             accepted, nxt, path = self.acceptor.accept(verified, tokens, q, tree, draws)
-            for t in (path, accepted, nxt) if ranks > 1 else ():
+            for t in (path, accepted, nxt):
                 dist.broadcast(t, src=0)
             cache.keep_path(path)
         return accepted, nxt, verified, path_tokens(tokens, path), path
 
-    def _accept_tree(self, verified, tokens, draws, cache, tree):
-        """A tree's acceptance over argmax ids, then the accepted path's KV moved (one graph under cuda_graphs)."""
-        accepted, nxt, path = self.acceptor.accept(verified, tokens, None, tree, draws)
+    def _accept_tree(self, verified, tokens, q, draws, cache, tree):
+        """A tree's acceptance, then the accepted path's KV moved: one graph under cuda_graphs. Sampled, its draws
+        come from the device's generator, which a replay advances (no host round trip)."""
+        accepted, nxt, path = self.acceptor.accept(verified, tokens, q, tree, draws)
         cache.keep_path(path)
         return accepted, nxt, path
 

@@ -16,12 +16,15 @@ Set TRITON_INTERPRET=1 before import to run it on the CPU (the tests do).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from magicdec.model import fused
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": an empty split must give weight 0, not NaN
+LN2 = tl.constexpr(0.6931471805599453)
 ROW_BLOCK = 128  # rows per program: more (a 64-node tree's) go to more programs, each reading its split's K/V
 
 
@@ -39,17 +42,27 @@ def _halves(base, offs, stride, in_range, DH: tl.constexpr, KV_BITS: tl.constexp
 
 
 @triton.jit
+def _store_scores(SCORES, s, pid_bh, rows, row_ok, offs, in_range, n_slots, T: tl.constexpr, ROWS: tl.constexpr):
+    """The first query's scaled logits, one row per query head (rows h*G*T + g*T), for --refresh."""
+    head = pid_bh * (ROWS // T) + rows // T
+    first = row_ok & (rows % T == 0)
+    tl.store(SCORES + head[:, None] * n_slots + offs[None, :], s, mask=first[:, None] & in_range[None, :])
+
+
+@triton.jit
 def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, TREE_BITS, TREE_BASE,
                      stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                      stride_zb, stride_zh, n_kv_heads, n_slots, split_len, sinks, window, n_tree,
-                     SCALE: tl.constexpr, T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
+                     SCALE: tl.constexpr, SCALE_LOG2: tl.constexpr, T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KPOS: tl.constexpr, N_SPLITS: tl.constexpr,
-                     HAS_SCORES: tl.constexpr, KV_BITS: tl.constexpr, TREE: tl.constexpr):
-    pid_bh = tl.program_id(0)
+                     HAS_SCORES: tl.constexpr, KV_BITS: tl.constexpr, TREE: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    # the row blocks of one (sequence, head, split) are neighbours in the launch order, so they run together and
+    # the second reads its K/V from L2, not from memory
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # this program's block of the G * T rows
     split = tl.program_id(1)
+    pid_bh = tl.program_id(2)
     b = pid_bh // n_kv_heads
     h = pid_bh % n_kv_heads
-    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # this program's block of the G * T rows
     dims = tl.arange(0, D)
     DH: tl.constexpr = D // 2
     half = tl.arange(0, DH)
@@ -78,12 +91,32 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
     elif not HAS_KPOS:  # full cache: slots past the last query position are never visible
         end = tl.minimum(end, tl.load(QPOS + b * T + T - 1) + 1)
 
-    m_i = tl.full([BLOCK_M], NEG, tl.float32)
+    m_i = tl.full([BLOCK_M], NEG, tl.float32)  # the running maximum, in log2 units (scores * SCALE * log2 e)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     z_base = b * stride_zb + h * stride_zh  # scale and zero point of slot s at 2s, 2s + 1
-    for n in range(start, end, BLOCK_N):
+    clear = start  # the blocks before `clear` are whole and visible to every row: no mask, no bounds, no where
+    if KV_BITS == 16 and not HAS_KPOS and not HAS_WINDOW:
+        if TREE:
+            shown = base  # the committed slots before the tree's root
+        else:
+            shown = tl.load(QPOS + b * T)  # the slots before the first query's position
+        clear = start + tl.maximum(tl.minimum(end, shown) - start, 0) // BLOCK_N * BLOCK_N
+        for n in range(start, clear, BLOCK_N):
+            offs = n + tl.arange(0, BLOCK_N)
+            k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :])
+            s = tl.dot(q, tl.trans(k))
+            if HAS_SCORES:
+                _store_scores(SCORES, s * SCALE, pid_bh, rows, row_ok, offs, offs < end, n_slots, T, ROWS)
+            m_new = tl.maximum(m_i, tl.max(s, axis=1) * SCALE_LOG2)
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s * SCALE_LOG2 - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :])
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+    for n in range(clear, end, BLOCK_N):
         offs = n + tl.arange(0, BLOCK_N)
         in_range = offs < end
         if KV_BITS == 16:
@@ -95,7 +128,6 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
             k_scale = tl.load(KSZ + z_base + 2 * offs, mask=in_range, other=0.0).to(tl.float32)
             k_zero = tl.load(KSZ + z_base + 2 * offs + 1, mask=in_range, other=0.0).to(tl.float32)
             s = s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]
-        s = s * SCALE  # constexpr: a float argument turns fp64 under torch.compile
         if HAS_KPOS:
             k_pos = tl.load(KPOS + b * n_slots + offs, mask=in_range, other=0)
         else:
@@ -113,16 +145,14 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
                 visible = in_range[None, :] & (rows[:, None] >= 0)
         else:
             visible = in_range[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        if window > 0:  # StreamingLLM: sink tokens plus the most recent `window` positions
+        if HAS_WINDOW:  # StreamingLLM: sink tokens plus the most recent `window` positions
             visible = visible & ((k_pos[None, :] < sinks) | (k_pos[None, :] > q_pos[:, None] - window))
         s = tl.where(visible, s, float("-inf"))
-        if HAS_SCORES:  # the first query's logits, one row per query head (rows h*G*T + g*T), for --refresh
-            head = pid_bh * (ROWS // T) + rows // T
-            first = row_ok & (rows % T == 0)
-            tl.store(SCORES + head[:, None] * n_slots + offs[None, :], s, mask=first[:, None] & in_range[None, :])
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        if HAS_SCORES:
+            _store_scores(SCORES, s * SCALE, pid_bh, rows, row_ok, offs, in_range, n_slots, T, ROWS)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * SCALE_LOG2)
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s * SCALE_LOG2 - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if KV_BITS == 16:
             v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :], mask=in_range[:, None], other=0.0)
@@ -136,6 +166,7 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
             acc_a = acc_a * alpha[:, None] + tl.dot(pv, v_a.to(q_a.dtype)) + shift
             acc_b = acc_b * alpha[:, None] + tl.dot(pv, v_b.to(q_a.dtype)) + shift
         m_i = m_new
+    m_i = m_i * LN2  # the merge takes natural-log maxima
 
     out = (pid_bh * N_SPLITS + split) * ROWS + rows
     if KV_BITS == 16:
@@ -196,14 +227,14 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     if scores is not None:
         scores.fill_(float("-inf"))  # a full cache's blocks past the last query are never read
     block_m = min(max(16, triton.next_power_of_2(rows)), row_block)
-    _split_kv_kernel[(B * Hkv, n_splits, -(-rows // block_m))](
+    _split_kv_kernel[(-(-rows // block_m), n_splits, B * Hkv)](
         q, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l, scores if scores is not None else m,
         *zeros, *((tree.bits, tree.base) if tree is not None else (q_pos, q_pos)), q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), zeros[0].stride(0), zeros[0].stride(1), Hkv, S, split_len, sinks, window,
         tree.size if tree is not None else 0,
-        SCALE=D ** -0.5, T=T, ROWS=rows, D=D, BLOCK_M=block_m, BLOCK_N=block_n,
+        SCALE=D ** -0.5, SCALE_LOG2=D ** -0.5 * math.log2(math.e), T=T, ROWS=rows, D=D, BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_KPOS=key_pos is not None, N_SPLITS=n_splits, HAS_SCORES=scores is not None, KV_BITS=kv_bits,
-        TREE=tree is not None,
+        TREE=tree is not None, HAS_WINDOW=window > 0,
         num_warps=num_warps,
         num_stages=num_stages)
     return merge_splits(acc, m, l, q.dtype, T)
