@@ -46,8 +46,8 @@ def shapes(nodes: list[int]) -> list[tuple[str, int, Tree | None]]:
     return out
 
 
-def fixed_launch(rows: int) -> tuple[int, int]:
-    return 128, 4  # (KV block, warps): a decode's, for every tile (the kernel's setting before it was tuned)
+def fixed_launch(rows: int) -> tuple[int, int, int]:
+    return 128, 4, 2  # (KV block, warps, stages): a decode's, for every tile (the kernel's setting before tuning)
 
 
 LAUNCH = {"tuned": triton_attention.launch_settings, "fixed": fixed_launch}
@@ -194,27 +194,34 @@ def plot(paths: list[Path], out: Path) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [r for f in paths for r in json.loads(f.read_text())["points"]]
-    gpu = json.loads(paths[0].read_text())["environment"].get("gpu", "")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    key = lambda r: (r["prefix"], r["B"], r["tree"] is not None, r["max_t"], r.get("launch", "tuned"))  # noqa: E731
+    records = [json.loads(f.read_text()) for f in paths]
+    # each point's code commit: outputs of several checkouts (a kernel's before and after) draw as their own lines
+    points = [r | {"code": rec["environment"].get("code", {}).get("commit", "")} for rec in records
+              for r in rec["points"]]
+    codes = list(dict.fromkeys(r["code"] for r in points))
+    gpu = records[0]["environment"].get("gpu", "")
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
+    key = lambda r: (r["prefix"], r["B"], r["tree"] is not None, r["max_t"], r.get("launch", "tuned"),  # noqa: E731
+                     codes.index(r["code"]))
     keys = sorted({key(r) for r in points})
     groups = sorted({k[:2] for k in keys})
-    for prefix, B, is_tree, max_t, launch in keys:
-        at = sorted((r["tokens"], r["T_V_over_T_T"]) for r in points if key(r) == (prefix, B, is_tree, max_t, launch))
+    for prefix, B, is_tree, max_t, launch, code in keys:
+        at = sorted((r["tokens"], r["T_V_over_T_T"]) for r in points
+                    if key(r) == (prefix, B, is_tree, max_t, launch, code))
         if len(at) < 2 and not max_t < 64:
             continue
         label = f"{prefix // 1000}K x {B}, {'tree' if is_tree else 'chain'}" + (f", flex past {max_t}" if max_t < 64
                                                                                  else "") + (
-            ", decode's launch" if launch == "fixed" else "")
-        style = ("s" if max_t < 64 else "x" if launch == "fixed" else "o") + (":" if launch == "fixed" else "--"
-                                                                              if is_tree else "-")
-        ax.plot(*zip(*at), style, color=f"C{groups.index((prefix, B))}", label=label)
+            ", decode's launch" if launch == "fixed" else "") + (f", code {codes[code]}" if len(codes) > 1 else "")
+        style = ("s" if max_t < 64 else "x" if launch == "fixed" else "o") + (":" if launch == "fixed" or code
+                                                                              else "--" if is_tree else "-")
+        ax.plot(*zip(*at), style, color=f"C{groups.index((prefix, B))}", label=label,
+                alpha=0.5 if code else 1.0)
     ax.set_xlabel("tokens verified per sequence (chain length or tree nodes)")
     ax.set_ylabel("verification / decode step")
     ax.set_yscale("log")
     ax.set_title(f"Verification cost, random-weight Llama-3.1-8B, {gpu}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the curves, never over them
     fig.tight_layout()
     files.save_figure(out, fig, dpi=120)
     return 0

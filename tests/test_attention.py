@@ -130,6 +130,20 @@ def test_triton_ignores_stale_slots():
     torch.testing.assert_close(split_kv_attention(q, k, v, q_pos, None, n_splits=2, block_n=32), clean)
 
 
+@pytest.mark.parametrize("room, block_n, want", [(232448, 128, 3),   # an H100's / H200's shared memory: 3 stages fit
+                                                  (166912, 128, 2),   # an A100's: 224 KB do not, 2 stages
+                                                  (166912, 64, 3)])   # 64-key blocks fit there too
+def test_pipeline_stages_fit_the_gpus_shared_memory(monkeypatch, room, block_n, want):
+    """Three stages of K and V blocks at head dim 128 in bf16, a 128-row q tile: 3 * 2 * block_n * 256 + 128 * 256
+    bytes, against the device's opt-in shared memory per block (a stand-in for Triton's figure: no GPU here)."""
+    from magicdec.model import triton_attention
+    from magicdec.model.triton_attention import fitting_stages
+
+    monkeypatch.setattr(triton_attention, "shared_memory", lambda device: room)
+    assert fitting_stages(3, 128, block_n, 256, 256, torch.device("cuda")) == want
+    assert fitting_stages(3, 128, block_n, 256, 256, torch.device("cpu")) == 3  # the interpreter: no limit
+
+
 def test_backend_choice():
     assert resolve_backend("auto", torch.device("cpu")) == "sdpa"
     with pytest.raises(MagicDecError, match="unknown attention backend"):

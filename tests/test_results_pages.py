@@ -90,6 +90,10 @@ def test_rounds_paired_with_the_baselines_rounds(tmp_path):
     assert page_with(tmp_path, stored, "| a | 1.4× [1.1–2.0] |") == []
     assert page_with(tmp_path, {"results/p/r.json": {"a_and_b": {"per_round": [1.1, 1.4, 2.0]}}},
                      "| a | 1.4× [1.1–2.0] |") == ["1.4 [1.1–2.0]"]  # rounds under a key that names no ratio
+    beside = {"results/p/r.json": {"points": [{"T_V_over_T_T": 1.4, "rounds": [1.1, 1.4, 2.0], "tokens": 16}]}}
+    assert page_with(tmp_path, beside, "| a | 1.4× [1.1–2.0] |") == []  # a verification's cost beside its rounds
+    assert page_with(tmp_path, {"results/p/r.json": {"points": [{"tokens": 16, "rounds": [1.1, 1.4, 2.0]}]}},
+                     "| a | 1.4× [1.1–2.0] |") == ["1.4 [1.1–2.0]"]  # rounds beside no ratio
 
 
 def test_a_figure_is_a_stored_speedup_at_its_printed_precision(tmp_path):

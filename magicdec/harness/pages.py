@@ -7,7 +7,8 @@ must equal, at its printed precision, what its records hold or derive by the pro
   run over its baseline of the same round (`metrics` over `baseline_metrics`: `round_tokens_per_s`, else the
   baseline's `round_s` over the run's, rounds that decoded the same tokens); the runs of one interleaved call
   (sibling entries each with a `tokens_per_s` list of its rounds), each one's rates and any two's ratios round by
-  round; a ratio stored with its rounds (`{"per_round": [...]}` under a key naming a ratio). A range is such a
+  round; a ratio stored with its rounds (`{"per_round": [...]}` under a key naming a ratio, or a `rounds` list
+  beside a key naming a ratio: `{"T_V_over_T_T": 1.2, "rounds": [...]}`). A range is such a
   list's min and max, and a figure written just before it is the same list's median;
 - a single figure: a number under a key naming a speedup or another ratio (`T_V_over_T_T`, `vs_bf16`; not a
   prediction's), or any round, median, min or max above.
@@ -67,6 +68,8 @@ def rounds(record) -> list[list[float]]:
         runs = [numbers(v.get("tokens_per_s")) for v in record.values() if isinstance(v, dict)]
         runs = [r for r in runs if r and len(r) > 1]
         out += runs + [r for a, b in itertools.permutations(runs, 2) if (r := paired(a, b))]
+        if any(RATIO.search(str(k).lower()) for k in record) and len(numbers(record.get("rounds")) or []) > 1:
+            out.append(numbers(record["rounds"]))  # a ratio beside its rounds ({"T_V_over_T_T": ..., "rounds": [...]})
         for key, value in record.items():
             if "speedup" in str(key).lower() and numbers(value) and len(value) > 1:
                 out.append(numbers(value))

@@ -187,17 +187,36 @@ def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
     return max(1, min(want, n_slots // (2 * block_n)))
 
 
-def launch_settings(rows: int) -> tuple[int, int]:
-    """(KV block, warps) for a program's query rows (query heads per KV head x tokens): a decode's few rows keep the
-    small tile; a token tree's many rows need more warps for their dots, and mid-sized tiles a shorter KV block
-    (each the fastest, or within a few percent of it, of the settings timed in results/trees)."""
-    if rows >= ROW_BLOCK:
-        return 128, 8
-    return (64, 4) if rows > 32 else (128, 4)
+def launch_settings(rows: int) -> tuple[int, int, int]:
+    """(KV block, warps, pipeline stages) for a program's query rows (query heads per KV head x tokens): a decode's
+    few rows keep the small tile; more rows (a verification's, a token tree's) take three stages, and a 128-row tile
+    eight warps (the fastest of 16 settings timed in the same rounds, results/verify_attention)."""
+    if rows > 64:
+        return 128, 8, 3
+    return (64, 4, 3) if rows > 32 else (128, 4, 2)
+
+
+def shared_memory(device) -> int:
+    """A block's shared memory on this GPU (opt-in), in bytes: what Triton checks a launch against."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+
+
+def fitting_stages(stages: int, block_m: int, block_n: int, key_bytes: int, query_bytes: int, device) -> int:
+    """The most pipeline stages, up to `stages` and at least 2, whose K and V blocks (`key_bytes` a row) and q tile
+    (`query_bytes` a row) fit the GPU's shared memory: three 128-key stages at head dim 128 take 224 KB, which a
+    Hopper has and an A100 (164 KB) has not."""
+    if device.type != "cuda":
+        return stages
+    room = shared_memory(device)
+    while stages > 2 and stages * 2 * block_n * key_bytes + block_m * query_bytes > room:
+        stages -= 1
+    return stages
 
 
 def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int = 0, n_splits: int | None = None,
-                       block_n: int | None = None, num_warps: int | None = None, num_stages: int = 2, scores=None,
+                       block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                       scores=None,
                        k_scale_zero=None, v_scale_zero=None, kv_bits: int = 16, tree=None, row_block: int = ROW_BLOCK):
     """q [B, H, T, D]; k, v [B, Hkv, S, D] (each last dim contiguous); q_pos [B, T] (increasing in T);
     key_pos [B, S] or None (slot s holds position s); window > 0 limits each query to the `sinks` first positions
@@ -210,7 +229,7 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rows = H // Hkv * T
-    tuned_block, tuned_warps = launch_settings(rows)
+    tuned_block, tuned_warps, tuned_stages = launch_settings(rows)
     block_n, num_warps = block_n or tuned_block, num_warps or tuned_warps
     assert q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1
     assert kv_bits == 16 or (k.shape[3] * 8 == D * kv_bits and k_scale_zero.is_contiguous()
@@ -227,6 +246,8 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     if scores is not None:
         scores.fill_(float("-inf"))  # a full cache's blocks past the last query are never read
     block_m = min(max(16, triton.next_power_of_2(rows)), row_block)
+    num_stages = num_stages or fitting_stages(tuned_stages, block_m, block_n, k.shape[3] * k.element_size(),
+                                              D * q.element_size(), q.device)
     _split_kv_kernel[(-(-rows // block_m), n_splits, B * Hkv)](
         q, k, v, q_pos, key_pos if key_pos is not None else q_pos, acc, m, l, scores if scores is not None else m,
         *zeros, *((tree.bits, tree.base) if tree is not None else (q_pos, q_pos)), q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
