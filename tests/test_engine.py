@@ -43,8 +43,8 @@ def test_checkpoint_contents_are_checked_before_prompts_or_weights(tiny_hf, tmp_
 @pytest.mark.parametrize("name", drafters.names())
 def test_every_drafter_declares_its_memory(name, tmp_path):
     """The target's cache plus what the drafter adds: a model draft's cache slots (and a standalone draft's
-    weights), none for prompt lookup, REST and Lookahead (its n-gram pool: kilobytes per sequence), a Medusa or Hydra
-    head's weights only, an EAGLE head's weights and its own KV; the cache holds the prompt and what a verification
+    weights), none for prompt lookup, REST and Lookahead (its n-gram pool: kilobytes per sequence), Token Recycling's
+    matrix, a Medusa or Hydra head's weights only, an EAGLE head's weights and its own KV; the cache holds the prompt and what a verification
     reaches past gen_len."""
     from magicdec import options as opt
     store = tmp_path / "store.npz"
@@ -61,6 +61,8 @@ def test_every_drafter_declares_its_memory(name, tmp_path):
         assert not extra
     elif name in ("medusa", "hydra"):  # a head's weights over the target's hidden state, no KV of its own
         assert extra and all(p.slots == 0 and p.extra_bytes > 0 for p in extra)
+    elif name == "recycling":  # its matrix of candidate ids: bytes, no weights, no KV
+        assert [(p.weights, p.slots) for p in extra] == [(False, 0)] and extra[0].extra_bytes > 8 * 32000
     else:
         assert extra and all(0 < p.slots < 512 + 64 for p in extra)
     assert any(p.weights for p in extra) == (name in ("standalone", "hierarchy"))  # a draft model (a bottom one)

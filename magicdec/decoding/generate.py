@@ -446,11 +446,17 @@ class Decoder:
         return self.sampling.greedy
 
     def _distribution(self, model, tokens, cache, plan: ForwardPlan):
-        """Greedy: argmax ids (across vocabulary shards without gathering them); sampling: probabilities."""
-        s = self.sampling
-        if self._greedy:
+        """Greedy: argmax ids (across vocabulary shards without gathering them); sampling: probabilities. A plan's
+        candidate request also gets each position's likeliest ids (over the gathered vocabulary)."""
+        s, wanted = self.sampling, plan.candidates
+        if self._greedy and wanted is None:
             return tp.vocab_argmax(model(tokens, cache, plan.sharded()), model.shard)
-        return probabilities(model(tokens, cache, plan), s.temperature, s.top_p, s.top_k)
+        logits = model(tokens, cache, plan)
+        if wanted is not None:
+            wanted.out[:, :logits.shape[1]] = torch.topk(logits, wanted.k).indices
+        if self._greedy:
+            return logits.argmax(-1)
+        return probabilities(logits, s.temperature, s.top_p, s.top_k)
 
     def _verify_step(self, tokens, cache, plan: ForwardPlan):
         return self._distribution(self.model, tokens, cache, plan)

@@ -25,18 +25,29 @@ class FeatureRequest:
 
 
 @dataclass(frozen=True, eq=False)
+class CandidateRequest:
+    """What a drafter asks of a verification besides its tokens (a forward plan's `candidates`): each position's `k`
+    likeliest ids, written into `out` [B, S, k] at rows 0..T-1 of a T-token forward (S: the longest it covers), over
+    the whole vocabulary. A static buffer, as FeatureRequest's."""
+    k: int
+    out: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
 class ForwardPlan:
     """logits: "all" [B, T, V], "last" [B, 1, V], or "none" (prefill chunks before the last). gather: under tensor
     parallelism, the vocabulary slices gathered (False leaves each rank its slice: tp.vocab_argmax). tree: a
     verified token tree (its nodes' positions and mask; the root is the next token). level: one level of a token
     tree a draft drafts (the root is the last token held). features: hidden states copied out for a head. scores:
-    per layer [B, H, max_len] fp32 buffers the attention writes its first query's logits to (--refresh)."""
+    per layer [B, H, max_len] fp32 buffers the attention writes its first query's logits to (--refresh).
+    candidates: each position's likeliest ids copied out for a drafter that recycles them (Token Recycling)."""
     logits: str = "all"
     gather: bool = True
     tree: TreeOnDevice | None = None
     level: TreeLevel | None = None
     features: FeatureRequest | None = None
     scores: list[torch.Tensor] | None = None
+    candidates: CandidateRequest | None = None
 
     def __post_init__(self):
         if self.logits not in LOGITS:
@@ -48,9 +59,9 @@ class ForwardPlan:
     def key(self) -> tuple:
         """What changes a forward's work beyond its tensors' shapes (a CUDA graph each): the logits asked for, the
         tree (its shape: its tensors are made once per shape), the level and feature request (their identities: each
-        is a static buffer a graph bakes in), and whether scores are written."""
+        is a static buffer a graph bakes in), whether scores are written, and the candidate request (its identity)."""
         return (self.logits, self.gather, None if self.tree is None else self.tree.tree, self.level, self.features,
-                self.scores is not None)
+                self.scores is not None, self.candidates)
 
     def sharded(self) -> "ForwardPlan":
         """This plan with the vocabulary left in slices (a greedy step's argmax reads them without gathering)."""
