@@ -87,12 +87,12 @@ class TokenRecycling(Drafter):
 
     def _fill(self, hist: torch.Tensor, m: torch.Tensor, tree):
         root = hist.gather(1, (m - 1)[:, None])[:, 0]
-        return fill(self.matrix, root, levels_of(tree, hist.device))
+        return fill(self.matrix, root, levels_of(tree.tree, hist.device))
 
     def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
         """The tree's nodes after the root (a chain's gamma tokens, each its predecessor's first candidate)."""
-        tree = self.tree_for(gamma * self.width) or Tree.chain(gamma)
-        self.tokens = (self._graphed or self._fill)(hist, m, tree).clone()  # a replay's output is overwritten
+        tree = (self.tree_for(gamma * self.width) or Tree.chain(gamma)).on_device(hist.device)  # one per shape:
+        self.tokens = (self._graphed or self._fill)(hist, m, tree).clone()  # a graph each; a replay's output is reused
         drafted = self.tokens[:, 1:]
         chain = self.shape is None and self.width == 1
         q = F.one_hot(drafted, self.vocab_size).float() if chain and self.vocab_size is not None else None
