@@ -41,7 +41,7 @@ def test_the_tree_is_filled_breadth_first_from_each_parents_row():
 
 
 def test_a_generation_starts_from_what_followed_each_prompt_tokens_latest_occurrence():
-    d = TokenRecycling(torch.tensor([[5, 1, 5, 2], [3, 4, 3, 4]]), V, K, nodes=4)
+    d = TokenRecycling(torch.tensor([[5, 1, 5, 2], [3, 4, 3, 4]]), V, K)
     d.matrix.fill_(9)
     d.begin()
     assert d.matrix[5].tolist() == [2, 0] and d.matrix[1].tolist() == [5, 0]
@@ -70,10 +70,10 @@ def test_the_verification_copies_out_each_nodes_likeliest_ids_as_transformers_ra
         assert best[b].tolist() == want.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("width", [1, 3])
-def test_greedy_decoding_with_recycled_candidates_is_plain_decoding_and_the_rows_are_the_targets(tiny, width):
-    """Through the decoder: the same ids as plain greedy decoding, drafted tokens kept, and after the generation the
-    row of each token the last verification checked holds the target's k likeliest next ids there."""
+def test_greedy_decoding_with_recycled_candidates_is_plain_decoding_and_the_rows_are_the_targets(tiny):
+    """Through the decoder, one prepared drafter serving a chain and then a width-3 tree (as a sweep's points share
+    it): the same ids as plain greedy decoding, drafted tokens kept, and after each generation the row of each token
+    the last verification checked holds the target's k likeliest next ids there."""
     from magicdec.decoding.generate import decode, prefill
 
     model = tiny
@@ -88,19 +88,22 @@ def test_greedy_decoding_with_recycled_candidates_is_plain_decoding_and_the_rows
 
     c, first = cache()
     plain, _ = decode(Decoder(model), c, first, n_new)
-    c, first = cache()
-    drafter = TokenRecycling(prompts, a.vocab_size, 4, nodes=gamma * width).shaped(width)
-    decoder = Decoder(model, drafter=drafter, gamma=gamma)
-    ids, _ = decode(decoder, c, first, n_new, prev=prompts[:, -1])
-    assert torch.equal(ids, plain)
-    assert decoder.stats.alpha > 0
-    n = drafter.tokens.shape[1]
-    for b in range(2):
-        for i in range(n):
-            token = int(drafter.tokens[b, i])
-            holders = (drafter.tokens == token).flatten().nonzero()[:, 0]
-            if int(holders[-1]) == b * n + i:  # this node wrote the row (the last of equal tokens)
-                assert drafter.matrix[token].tolist() == drafter.request.out[b, i].tolist()
+    prepared = TokenRecycling(prompts, a.vocab_size, 4)
+    for width in (1, 3):
+        c, first = cache()
+        drafter = prepared.shaped(width)
+        decoder = Decoder(model, drafter=drafter, gamma=gamma)
+        ids, _ = decode(decoder, c, first, n_new, prev=prompts[:, -1])
+        assert torch.equal(ids, plain), width
+        assert decoder.stats.alpha > 0
+        n = drafter.tokens.shape[1]
+        assert n == gamma * width + 1
+        for b in range(2):
+            for i in range(n):
+                token = int(drafter.tokens[b, i])
+                holders = (drafter.tokens == token).flatten().nonzero()[:, 0]
+                if int(holders[-1]) == b * n + i:  # this node wrote the row (the last of equal tokens)
+                    assert drafter.matrix[token].tolist() == drafter.request.out[b, i].tolist()
 
 
 def test_bad_input_is_one_line():

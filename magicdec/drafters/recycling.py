@@ -27,7 +27,7 @@ from magicdec.drafters.base import DrafterKind, Part
 from magicdec.errors import MagicDecError
 from magicdec.drafters.model_draft import tree_of
 from magicdec.model.forward_plan import CandidateRequest, ForwardPlan
-from magicdec.model.tree import Tree
+from magicdec.model.tree import MAX_NODES, Tree
 from magicdec.options import option
 
 
@@ -61,12 +61,13 @@ class TokenRecycling(Drafter):
 
     whole_run_warm_up = True  # the fill's graph is captured over the run's history buffer
 
-    def __init__(self, prompts: torch.Tensor, vocab: int, k: int, nodes: int, vocab_size: int | None = None,
+    def __init__(self, prompts: torch.Tensor, vocab: int, k: int, vocab_size: int | None = None,
                  cuda_graphs: bool = False):
         B, dev = prompts.shape[0], prompts.device
         self.prompts, self.k, self.vocab_size = prompts, k, vocab_size
         self.matrix = torch.zeros(vocab + 1, k, dtype=torch.long, device=dev)  # filled in place: graphs read it
-        self.request = CandidateRequest(k, torch.zeros(B, nodes + 1, k, dtype=torch.long, device=dev))
+        # as many rows as any tree holds: a prepared drafter serves decoders of every width and shape
+        self.request = CandidateRequest(k, torch.zeros(B, MAX_NODES, k, dtype=torch.long, device=dev))
         self.plan = ForwardPlan(candidates=self.request)
         self._graphed = GraphedStep(self._fill) if cuda_graphs and prompts.is_cuda else None
         self.tokens = None  # the last proposal's nodes, root first [B, N]
@@ -163,10 +164,10 @@ class Recycling(DrafterKind):
         """The matrix ([V + 1, k] ids) and the verification's candidate buffer: no weights, no KV."""
         k, B = cfg.draft.recycle_k, cfg.workload.B
         return [Part(target, weights=False, slots=0,
-                     extra_bytes=8 * k * (target.vocab_size + 1 + B * (cfg.speculation.nodes + 1)))]
+                     extra_bytes=8 * k * (target.vocab_size + 1 + B * MAX_NODES))]
 
     def prepare(self, cfg, ctx) -> TokenRecycling:
-        return TokenRecycling(ctx.prompts, ctx.target.args.vocab_size, cfg.draft.recycle_k, cfg.speculation.nodes,
+        return TokenRecycling(ctx.prompts, ctx.target.args.vocab_size, cfg.draft.recycle_k,
                               None if cfg.decoding.greedy else ctx.target.args.vocab_size, cfg.runtime.graphed)
 
     def options(self, cfg, target, device) -> list[dict]:
