@@ -10,7 +10,7 @@ import torch
 
 from magicdec.decoding.generate import Decoder
 from magicdec.drafters import recycling
-from magicdec.drafters.recycling import TokenRecycling, fill, levels_of, recycle
+from magicdec.drafters.recycling import TokenRecycling, fill, recycle
 from magicdec.errors import MagicDecError
 from magicdec.model.forward_plan import NO_LOGITS, CandidateRequest, ForwardPlan
 from magicdec.model.kv_cache import KVCache
@@ -33,7 +33,7 @@ def test_the_tree_is_filled_breadth_first_from_each_parents_row():
     matrix = torch.tensor([[0, 0], [2, 3], [4, 5], [1, 0], [5, 5], [1, 1], [0, 0]])
     tree = Tree.chain_with_siblings(2, 2)  # root; nodes 1, 2 under it; nodes 3, 4 under node 1
     assert tree.parents == (-1, 0, 0, 1, 1)
-    got = fill(matrix, torch.tensor([3, 1]), levels_of(tree, "cpu"))
+    got = fill(matrix, torch.tensor([3, 1]), tree.on_device("cpu"))
     # root 3: its row (1, 0); node 1 = 1, node 2 = 0; node 1's row (2, 3): nodes 3, 4 = 2, 3
     assert got[0].tolist() == [3, 1, 0, 2, 3]
     # root 1: (2, 3); node 1 = 2, node 2 = 3; node 1's (token 2's) row (4, 5)

@@ -43,14 +43,13 @@ def recycle(matrix: torch.Tensor, tokens: torch.Tensor, candidates: torch.Tensor
     matrix[target] = candidates.reshape(rows.numel(), -1)
 
 
-def fill(matrix: torch.Tensor, root: torch.Tensor, levels) -> torch.Tensor:
-    """A tree's tokens [B, N] from the matrix, breadth first: node 0 the root [B]; `levels`: per depth from 1, the
-    (nodes, their parents, their ranks among siblings) as index tensors, node i's token matrix[token of its parent,
-    its rank]."""
-    B, N = root.shape[0], sum(len(nodes) for nodes, _, _ in levels) + 1
-    tokens = root[:, None].expand(B, N).clone()
-    for nodes, parents, ranks in levels:
-        tokens[:, nodes] = matrix[tokens[:, parents], ranks]
+def fill(matrix: torch.Tensor, root: torch.Tensor, tree) -> torch.Tensor:
+    """A tree's tokens [B, N] from the matrix, breadth first: node 0 the root [B], node i the entry of its parent's
+    token's row at its rank among its siblings. `tree`: a tree.TreeOnDevice numbered level by level."""
+    tokens = root[:, None].expand(root.shape[0], tree.tree.size).clone()
+    for level in tree.tree.levels[1:]:
+        at = slice(level.start, level.stop)
+        tokens[:, at] = matrix[tokens[:, tree.parents[at]], tree.rank[at]]
     return tokens
 
 
@@ -88,7 +87,7 @@ class TokenRecycling(Drafter):
 
     def _fill(self, hist: torch.Tensor, m: torch.Tensor, tree):
         root = hist.gather(1, (m - 1)[:, None])[:, 0]
-        return fill(self.matrix, root, levels_of(tree.tree, hist.device))
+        return fill(self.matrix, root, tree)
 
     def propose(self, step, hist: torch.Tensor, m: torch.Tensor, start: torch.Tensor, gamma: int):
         """The tree's nodes after the root (a chain's gamma tokens, each its predecessor's first candidate)."""
@@ -106,25 +105,6 @@ class TokenRecycling(Drafter):
         """Every checked node's candidates into its token's row: the kept path's and the rejected nodes' alike."""
         n = self.tokens.shape[1]
         recycle(self.matrix, self.tokens, self.request.out[:, :n])
-
-
-_LEVELS: dict = {}
-
-
-def levels_of(tree: Tree, device) -> list:
-    """Per depth from 1 of a tree numbered level by level (consecutive nodes per depth), its (nodes, parents,
-    ranks) as long tensors on `device`, made once per tree and device (a graph's capture may copy nothing from the
-    host)."""
-    key = (tree, str(device))
-    if key not in _LEVELS:
-        rank = [0] * tree.size
-        for kids in tree.children:
-            for r, c in enumerate(kids):
-                rank[c] = r
-        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-        _LEVELS[key] = [(as_tensor(list(nodes)), as_tensor([tree.parents[i] for i in nodes]),
-                         as_tensor([rank[i] for i in nodes])) for nodes in tree.levels[1:]]
-    return _LEVELS[key]
 
 
 @dataclass(frozen=True)
