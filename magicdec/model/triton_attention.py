@@ -16,6 +16,7 @@ Set TRITON_INTERPRET=1 before import to run it on the CPU (the tests do).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -198,7 +199,11 @@ def launch_settings(rows: int) -> tuple[int, int, int]:
 
 def shared_memory(device) -> int:
     """A block's shared memory on this GPU (opt-in), in bytes: what Triton checks a launch against."""
-    index = torch.cuda.current_device() if device.index is None else device.index
+    return _shared_memory(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _shared_memory(index: int) -> int:  # asked at every eager launch: the driver once per GPU
     return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
 
 
