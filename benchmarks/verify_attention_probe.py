@@ -273,8 +273,8 @@ def main(argv=None) -> int:
         dev.release_memory(device)
     record = {"environment": dev.environment(device), "heads": {"H": H, "Hkv": HKV, "D": D},
               "copy_GBps": limits.bandwidth / 1e9, "matmul_TFLOPs": limits.matmul_flops / 1e12,
-              "rounds": a.rounds, "before": str(a.before) if a.before is not None else None, "timing": "cuda graph" if device.type == "cuda" else "wall clock (not a measurement)",
-              "rows": rows}
+              "rounds": a.rounds, "before": str(a.before) if a.before is not None else None,
+              "timing": "cuda graph" if device.type == "cuda" else "wall clock (not a measurement)", "rows": rows}
     if a.output is not None:
         files.write_json(a.output, record)
         print(f"wrote {a.output}")

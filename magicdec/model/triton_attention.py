@@ -51,6 +51,16 @@ def _store_scores(SCORES, s, pid_bh, rows, row_ok, offs, in_range, n_slots, T: t
 
 
 @triton.jit
+def _online_softmax(s, m_i, l_i, SCALE_LOG2: tl.constexpr):
+    """One KV block's step of the running softmax over raw scores s [rows, keys]: the new maximum (log2 units) and
+    sum, the factor that rescales what was accumulated, and the block's weights p (one multiply-add and exp2 each)."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * SCALE_LOG2)
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s * SCALE_LOG2 - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, axis=1), alpha, p
+
+
+@triton.jit
 def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, TREE_BITS, TREE_BASE,
                      stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                      stride_zb, stride_zh, n_kv_heads, n_slots, split_len, sinks, window, n_tree,
@@ -110,13 +120,9 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
             s = tl.dot(q, tl.trans(k))
             if HAS_SCORES:
                 _store_scores(SCORES, s * SCALE, pid_bh, rows, row_ok, offs, offs < end, n_slots, T, ROWS)
-            m_new = tl.maximum(m_i, tl.max(s, axis=1) * SCALE_LOG2)
-            alpha = tl.math.exp2(m_i - m_new)
-            p = tl.math.exp2(s * SCALE_LOG2 - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i, l_i, alpha, p = _online_softmax(s, m_i, l_i, SCALE_LOG2)
             v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :])
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
     for n in range(clear, end, BLOCK_N):
         offs = n + tl.arange(0, BLOCK_N)
         in_range = offs < end
@@ -151,10 +157,7 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
         s = tl.where(visible, s, float("-inf"))
         if HAS_SCORES:
             _store_scores(SCORES, s * SCALE, pid_bh, rows, row_ok, offs, in_range, n_slots, T, ROWS)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1) * SCALE_LOG2)
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s * SCALE_LOG2 - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i, l_i, alpha, p = _online_softmax(s, m_i, l_i, SCALE_LOG2)
         if KV_BITS == 16:
             v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :], mask=in_range[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -166,7 +169,6 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
             shift = tl.sum(p * v_zero[None, :], axis=1)[:, None]
             acc_a = acc_a * alpha[:, None] + tl.dot(pv, v_a.to(q_a.dtype)) + shift
             acc_b = acc_b * alpha[:, None] + tl.dot(pv, v_b.to(q_a.dtype)) + shift
-        m_i = m_new
     m_i = m_i * LN2  # the merge takes natural-log maxima
 
     out = (pid_bh * N_SPLITS + split) * ROWS + rows
