@@ -10,9 +10,10 @@ import torch
 import triton
 
 from magicdec import files
+from magicdec.model import fused
 from magicdec.model.attention import make_attend
 from magicdec.device import copy_bandwidth, environment
-from magicdec.model.triton_attention import split_kv_attention
+from magicdec.model.triton_attention import choose_splits, launch_settings, split_kv_attention
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--output", type=Path, default=None)
@@ -28,7 +29,12 @@ p.add_argument("--tile_shapes", nargs="+", default=["1x32768", "13x32768", "4x10
                help="with --tree_tiles: the BxS points (batch x cached tokens)")
 p.add_argument("--tile_tokens", type=int, nargs="+", default=[1, 16, 17, 24, 32, 64],
                help="with --tree_tiles: query tokens per sequence (17 and 24: rows 68 and 96 take a 128-row tile)")
+p.add_argument("--split_factors", type=float, nargs="+", default=None,
+               help="with --tree_tiles: instead of the launch settings, the tuned launch at these multiples of the "
+                    "kernel's own split count (choose_splits), in turns")
+p.add_argument("--no_fuse", action="store_true", help="the splits' merge as plain PyTorch ops, not its fused kernel")
 args = p.parse_args()
+fused.fuse(not args.no_fuse)  # the merge kernel, as the engine runs it on a GPU
 dev = torch.device("cuda")
 copy = copy_bandwidth(dev)
 rows, H, Hkv, D = [], 32, 8, 128
@@ -46,16 +52,19 @@ def tree_tiles():
             width = 3 if T == 16 else 1 if T == 1 else (T - 1) // 7 if T == 64 else 1
             tree = Tree.chain_with_siblings((T - 1) // width, width) if T > 1 else None
             mask = None if tree is None else TreeMask(tree.ancestors.to(dev), tree.ancestor_bits.to(dev), q_pos[:, 0])
+            own = choose_splits(B * Hkv, H // Hkv * T, S, launch_settings(H // Hkv * T)[0], dev)
+            splits = [max(1, round(own * f)) for f in args.split_factors or [1]]
             for r in range(3):
-                for rb, nw, ns, bn in (settings if T > 1 else [(128, 4, 2, 128)]):
-                    ms = triton.testing.do_bench_cudagraph(lambda: split_kv_attention(
-                        q, k, v, q_pos, None, block_n=bn, num_warps=nw, num_stages=ns, tree=mask,
-                        row_block=rb), rep=50)
-                    rows.append({"B": B, "S": S, "T": T, "tree": None if tree is None else list(tree.parents),
-                                 "row_block": rb, "num_warps": nw, "num_stages": ns, "block_n": bn, "round": r,
-                                 "ms": ms})
-                    print(f"B={B} S={S} T={T:2d} rows/program {rb:3d} warps {nw} stages {ns} block {bn:3d} "
-                          f"round {r} {ms:8.3f} ms", flush=True)
+                for rb, nw, ns, bn in (settings if T > 1 and not args.split_factors else [(128, None, None, None)]):
+                    for n_splits in dict.fromkeys(splits):
+                        ms = triton.testing.do_bench_cudagraph(lambda: split_kv_attention(
+                            q, k, v, q_pos, None, n_splits=n_splits if args.split_factors else None, block_n=bn,
+                            num_warps=nw, num_stages=ns, tree=mask, row_block=rb), rep=50)
+                        rows.append({"B": B, "S": S, "T": T, "tree": None if tree is None else list(tree.parents),
+                                     "row_block": rb, "num_warps": nw, "num_stages": ns, "block_n": bn,
+                                     "n_splits": n_splits, "own_splits": own, "round": r, "ms": ms})
+                        print(f"B={B} S={S} T={T:2d} rows/program {rb:3d} warps {nw} stages {ns} block {bn} "
+                              f"splits {n_splits:3d} (own {own}) round {r} {ms:8.3f} ms", flush=True)
 
 
 if args.tree_tiles:
@@ -93,7 +102,7 @@ for B, S in [] if args.tree_tiles else [(8, 32768), (1, 131072), (32, 16384), (6
             print(f"B={B:3d} S={S:6d} T={T} {name:24s} {ms:8.3f} ms {row['GBps']:7.0f} GB/s "
                   f"{row['fraction_of_copy']:.2f} of copy  err {err:.1e}", flush=True)
         del q, k, v
-record = {"environment": environment(dev), "copy_bandwidth_GBps": copy / 1e9, "rows": rows,
+record = {"environment": environment(dev), "copy_bandwidth_GBps": copy / 1e9, "fused": not args.no_fuse, "rows": rows,
           "note": "random inputs; bytes = K + V of the whole cache read once"}
 if args.output:
     args.output.parent.mkdir(parents=True, exist_ok=True)

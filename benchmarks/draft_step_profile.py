@@ -1,8 +1,8 @@
-"""Where a self-draft's decode step spends its time, kernel by kernel, beside the target's step, on one GPU (issue #23).
+"""Where a self-draft's decode step spends its time, kernel by kernel, beside the target's step, on one GPU.
 
-Self-speculation's draft is the target's own layers (bf16) over a StreamingLLM ring of --budget slots (plus the
-spare slots a run's ring holds for what generation writes ahead: --gen_len and the largest of --gammas), the
-target the same layers over its full --prefix_len cache. The self-draft is built as a run builds it, by the engine
+Self-speculation's draft is the target's own layers (bf16, or its own copy in --draft_weights) over a StreamingLLM
+ring of --budget slots (plus the spare slots a run's ring holds for what generation writes ahead: --gen_len and the
+largest of --gammas), the target the same layers over its full --prefix_len cache. The self-draft is built as a run builds it, by the engine
 (magicdec/harness/engine.py: --drafter selfspec, random weights, --skip_prefill: random KV in both caches), and one step of
 each, the decoder's own draft step over the draft's ring and its target step over the full cache, at B x prefix_len,
 runs under torch.profiler: every GPU kernel's time per step, by kernel and by group (matmuls, attention, the fused
@@ -35,7 +35,8 @@ from magicdec.harness.run_config import RunConfig
 
 SINKS = 16  # the StreamingLLM sinks of the draft's ring (the runs' default)
 
-KERNEL_GROUPS = (("matmul (cuBLAS)", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "splitk")),
+KERNEL_GROUPS = (("matmul (cuBLAS, gemlite, tinygemm)", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "splitk",
+                                                         "tinygemm", "int4pack")),
                  ("attention", ("attn", "attention", "_decode", "split_kv")),  # split_kv: magicdec's Triton kernel
                  # fused.py's ops: Inductor's kernels (triton_*) and the hand-written row-wise reductions
                  ("norm / RoPE / SwiGLU / KV store / merge (fused)", ("triton_", "_add_rms_norm", "_merge_kernel")))
@@ -52,6 +53,7 @@ def self_draft_config(a) -> RunConfig:
     return RunConfig.from_options({
         "model_name": a.model_name, "random_weights": True, "skip_prefill": True, "B": a.B, "prefix_len": a.prefix_len,
         "gen_len": a.gen_len, "drafter": "selfspec", "gamma": a.gammas, "draft_budget": a.budget, "sinks": SINKS,
+        "draft_weights": a.draft_weights,
         "device": a.device, "dtype": "bfloat16", "attn_backend": "triton" if a.device.startswith("cuda") else "sdpa",
         "progress": False})
 
@@ -161,6 +163,7 @@ def main(argv=None) -> None:
     p.add_argument("--budget", type=int, default=512, help="the draft's StreamingLLM budget")
     p.add_argument("--gen_len", type=int, default=64, help="with --gammas: the ring's spare slots")
     p.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 5], help="with --gen_len: the ring's spare slots")
+    p.add_argument("--draft_weights", default="bf16", help="the draft's weight format (bf16, int8, fp8, int4)")
     p.add_argument("--attention_sweep", action="store_true",
                    help="also time the split-KV kernel alone over a grid of block sizes and split counts")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (no speed claim)")
@@ -176,7 +179,7 @@ def main(argv=None) -> None:
     result = {"command": "python benchmarks/draft_step_profile.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "model": a.model_name, "random_weights": True,
               "setup": {"prefix_len": a.prefix_len, "B": a.B, "budget": a.budget, "gen_len": a.gen_len,
-                        "gammas": a.gammas, "dtype": "bfloat16"},
+                        "gammas": a.gammas, "dtype": "bfloat16", "draft_weights": a.draft_weights},
               "environment": dev.environment(device)}
     result["copy_bandwidth_GBps"] = copy_bw / 1e9
     if a.attention_sweep and device.type == "cuda":

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from magicdec.model import attention
+from magicdec.model import fused
 from magicdec import device as dev
 from magicdec import files
 from magicdec.model import tp
@@ -65,6 +66,8 @@ def main(argv=None) -> int:
     p.add_argument("--launch", nargs="+", choices=list(LAUNCH), default=["tuned"],
                    help="the split-KV kernel's launch settings, each timed in the same rounds: tuned per query rows "
                         "(triton_attention.launch_settings), or fixed at a decode's")
+    p.add_argument("--no_fuse", action="store_true",
+                   help="plain PyTorch ops instead of the fused kernels the engine runs (model/fused.py)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=20, help="graph replays per timing")
     p.add_argument("--output", type=Path, required=True, help="the JSON (with --plot: the PNG)")
@@ -75,13 +78,14 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.plot:
         return plot(a.plot, a.output)
+    fused.fuse(not a.no_fuse)  # as engine.load_target does on a GPU
     if a.breakdown:
         return breakdown(a)
     device = torch.device("cuda")
     c = ModelArgs.from_name(a.model_name)
     model = build_model(c, device, torch.bfloat16, random_seed=0)
     out = {"model": c.name, "environment": dev.environment(device), "copy_GBps": dev.copy_bandwidth(device) / 1e9,
-           "rounds": a.rounds, "reps": a.reps, "points": []}
+           "rounds": a.rounds, "reps": a.reps, "fused": not a.no_fuse, "points": []}
     def verify(tokens, cache, plan):
         return tp.vocab_argmax(model(tokens, cache, plan.sharded()), None)
 
@@ -154,7 +158,8 @@ def breakdown(a) -> int:
     device = torch.device("cuda")
     c = ModelArgs.from_name(a.model_name)
     model = build_model(c, device, torch.bfloat16, random_seed=0)
-    out = {"model": c.name, "environment": dev.environment(device), "breakdown": True, "points": []}
+    out = {"model": c.name, "environment": dev.environment(device), "breakdown": True, "fused": not a.no_fuse,
+           "points": []}
     for prefix in a.prefix_lens:
         for B in a.batch_sizes:
             cache = KVCache(c.n_layers, B, c.n_kv_heads, prefix + max(a.nodes) + 8, c.head_dim, torch.bfloat16,
@@ -195,9 +200,10 @@ def plot(paths: list[Path], out: Path) -> int:
     import matplotlib.pyplot as plt
 
     records = [json.loads(f.read_text()) for f in paths]
-    # each point's code commit: outputs of several checkouts (a kernel's before and after) draw as their own lines
-    points = [r | {"code": rec["environment"].get("code", {}).get("commit", "")} for rec in records
-              for r in rec["points"]]
+    # each point's code commit and ops: outputs of several checkouts (a kernel's before and after), or of plain and
+    # fused ops, draw as their own lines (records without "fused" were timed with the plain ops)
+    points = [r | {"code": rec["environment"].get("code", {}).get("commit", "")
+                   + ("" if rec.get("fused", False) else " plain ops")} for rec in records for r in rec["points"]]
     codes = list(dict.fromkeys(r["code"] for r in points))
     gpu = records[0]["environment"].get("gpu", "")
     fig, ax = plt.subplots(figsize=(9.5, 4.5))

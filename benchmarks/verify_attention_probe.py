@@ -13,8 +13,9 @@ on a shape (its check or its graph's capture) is recorded with the error and not
 Each candidate's output for sequence 0 is checked against float64 attention over the same mask before it is timed.
 Timing: each candidate replayed in a CUDA graph (triton.testing.do_bench_cudagraph), all candidates in turns with the
 T = 1 split-KV step on the same cache, `--rounds` rounds; the figure is the median [min-max] of the rounds' own
-ratios. On a CPU (tests) the shapes are tiny, the Triton kernel interpreted and the times wall-clock: a check of
-the candidates, not a measurement.
+ratios. The split-KV kernel's merge of its splits runs fused (one kernel, as the engine runs it on a GPU;
+`--no_fuse`: as plain PyTorch ops, as this probe's records before 2026-11-28 did). On a CPU (tests) the shapes are
+tiny, the Triton kernel interpreted and the times wall-clock: a check of the candidates, not a measurement.
 
     python benchmarks/verify_attention_probe.py --output results/verify_attention/probe_h100.json
 """
@@ -36,7 +37,7 @@ from magicdec import device as dev  # noqa: E402
 from magicdec import files  # noqa: E402
 from magicdec.analysis import cost_model as cm  # noqa: E402
 from magicdec.errors import MagicDecError, installed  # noqa: E402
-from magicdec.model import attention  # noqa: E402
+from magicdec.model import attention, fused  # noqa: E402
 from magicdec.model.tree import Tree, TreeMask  # noqa: E402
 
 H, HKV, D = 32, 8, 128  # Llama-3.1-8B's heads
@@ -249,6 +250,8 @@ def main(argv=None) -> int:
                    help="which kernels (flex compiles once per shape: minutes over the whole grid)")
     p.add_argument("--before", type=Path, metavar="CHECKOUT",
                    help="also time another checkout's split-KV kernel (triton_before) in the same rounds")
+    p.add_argument("--no_fuse", action="store_true",
+                   help="the split-KV merge as plain PyTorch ops instead of its fused kernel (the engine's on a GPU)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--output", type=Path, help="the probe's JSON (written to a temp file, renamed)")
     a = p.parse_args(argv)
@@ -267,13 +270,15 @@ def main(argv=None) -> int:
     device = torch.device(a.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     limits = cm.measure_device(device, dtype)
+    fused.fuse(device.type == "cuda" and not a.no_fuse)  # the merge kernel, as engine.load_target does on a GPU
     rows = []
     for B, S in shapes:
         rows += probe_shape(B, S, a.tokens, a.layouts, a.rounds, device, dtype, limits, a.candidates, before)
         dev.release_memory(device)
     record = {"environment": dev.environment(device), "heads": {"H": H, "Hkv": HKV, "D": D},
               "copy_GBps": limits.bandwidth / 1e9, "matmul_TFLOPs": limits.matmul_flops / 1e12,
-              "rounds": a.rounds, "before": str(a.before) if a.before is not None else None,
+              "rounds": a.rounds, "fused": device.type == "cuda" and not a.no_fuse,
+              "before": str(a.before) if a.before is not None else None,
               "timing": "cuda graph" if device.type == "cuda" else "wall clock (not a measurement)", "rows": rows}
     if a.output is not None:
         files.write_json(a.output, record)

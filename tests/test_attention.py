@@ -84,6 +84,22 @@ def test_triton_splits_agree(splits):
     torch.testing.assert_close(out.double(), reference(q, k, v, q_pos, None), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("pairs, rows, slots, want", [
+    (1, 4, 32768, 16),    # a decode's few rows: 4 x the CPU's stand-in 4 SMs
+    (1, 128, 32768, 16),  # 16 splits of 2048 keys: at the 16 keys per row of a 128-row tile
+    (1, 128, 8192, 4),    # a shorter cache: 4 splits of 2048, not 16 of 512
+    (1, 4, 8192, 16),     # the same cache for a decode: two 128-key blocks are the only limit
+    (3, 64, 32768, 6),    # (sequence, KV head) pairs each take a program per split: ceil(16 / 3)
+    (1, 256, 32768, 8),   # 256 rows are two 128-row tiles: two programs per split
+    (1, 4, 200, 1),       # shorter than two blocks: one split
+])
+def test_split_count(pairs, rows, slots, want):
+    """choose_splits against hand-worked counts (a CPU stands in for 4 SMs; 128-key blocks)."""
+    from magicdec.model.triton_attention import choose_splits
+
+    assert choose_splits(pairs, rows, slots, 128, torch.device("cpu")) == want
+
+
 def test_triton_reads_q_through_its_strides():
     """The model hands attention q as a transposed slice of its rotated q and k heads ([B, T, H + Hkv, D]), not a
     contiguous tensor: the kernel must read it through its strides, at every token of a verification."""

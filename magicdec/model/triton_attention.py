@@ -26,6 +26,7 @@ import triton.language as tl
 from magicdec.model import fused
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": an empty split must give weight 0, not NaN
 LN2 = tl.constexpr(0.6931471805599453)
+MIN_KEYS_PER_ROW = 16  # a split's shortest length per query row of its program (choose_splits)
 ROW_BLOCK = 128  # rows per program: more (a 64-node tree's) go to more programs, each reading its split's K/V
 
 
@@ -181,13 +182,23 @@ def _split_kv_kernel(Q, K, V, QPOS, KPOS, ACC, M_OUT, L_OUT, SCORES, KSZ, VSZ, T
     tl.store(L_OUT + out, l_i, mask=row_ok)
 
 
-def choose_splits(pairs: int, n_slots: int, block_n: int, device) -> int:
-    """Enough programs to fill the GPU a few times over; never a split shorter than two blocks. A short cache is
-    split too: one program walking an 8B self-draft's ring alone is bound by its loads' latency, and splitting it
-    was faster (results/quant/README.md)."""
+def row_tile(rows: int, row_block: int = ROW_BLOCK) -> int:
+    """A program's query rows (BLOCK_M): the rows padded to a power of two, at least 16 (a tensor-core dot's least)
+    and at most `row_block`; more rows go to more programs."""
+    return min(max(16, triton.next_power_of_2(rows)), row_block)
+
+
+def choose_splits(pairs: int, rows: int, n_slots: int, block_n: int, device, row_block: int = ROW_BLOCK) -> int:
+    """Splits of the cache for `pairs` (sequence, KV head) pairs of `rows` query rows each, every split one program
+    per pair and row tile: enough programs to fill the GPU a few times over, never a split shorter than two blocks,
+    nor than MIN_KEYS_PER_ROW keys per row of a program (a split's fp32 partial, rows x D, is written and read again
+    by the merge: a 128-row tile's is 64 KB, the K and V of 496 keys at head dim 128 254 KB). A short cache is split
+    too: one program walking an 8B self-draft's ring alone is bound by its loads' latency, and splitting it was
+    faster (results/quant/README.md)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    want = max(1, -(-4 * sms // pairs))
-    return max(1, min(want, n_slots // (2 * block_n)))
+    tile = row_tile(rows, row_block)
+    want = max(1, -(-4 * sms // (pairs * -(-rows // tile))))
+    return max(1, min(want, n_slots // max(2 * block_n, MIN_KEYS_PER_ROW * min(rows, tile))))
 
 
 def launch_settings(rows: int) -> tuple[int, int, int]:
@@ -243,8 +254,9 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
                              and v_scale_zero.is_contiguous())
     zeros = (k_scale_zero, v_scale_zero) if kv_bits < 16 else (q_pos, q_pos)  # (unread)
     q_pos = q_pos.contiguous()  # read as [B, T] rows (a no-op for the caches' own positions)
+    block_m = row_tile(rows, row_block)
     if n_splits is None:
-        n_splits = choose_splits(B * Hkv, S, block_n, q.device)
+        n_splits = choose_splits(B * Hkv, rows, S, block_n, q.device, row_block)
     split_len = -(-(-(-S // n_splits)) // block_n) * block_n  # ceil(S / splits) rounded up to whole blocks
     n_splits = -(-S // split_len)  # rounding up may leave the last splits empty: no program for them
     acc = torch.empty(B, Hkv, n_splits, rows, D, dtype=torch.float32, device=q.device)
@@ -252,7 +264,6 @@ def split_kv_attention(q, k, v, q_pos, key_pos=None, sinks: int = 0, window: int
     l = torch.empty_like(m)
     if scores is not None:
         scores.fill_(float("-inf"))  # a full cache's blocks past the last query are never read
-    block_m = min(max(16, triton.next_power_of_2(rows)), row_block)
     num_stages = num_stages or fitting_stages(tuned_stages, block_m, block_n, k.shape[3] * k.element_size(),
                                               D * q.element_size(), q.device)
     _split_kv_kernel[(-(-rows // block_m), n_splits, B * Hkv)](
