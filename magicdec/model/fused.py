@@ -63,5 +63,5 @@ def fuse(enabled: bool = True, only=None) -> None:
     global _fusing
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     _fusing = enabled and (True if only is None else set(only))
-    for name in _plain:
+    for name in list(_plain):  # a kernel module imported here may register ops of its own
         _active[name] = _fused(name)
