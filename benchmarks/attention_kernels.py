@@ -40,6 +40,15 @@ copy = copy_bandwidth(dev)
 rows, H, Hkv, D = [], 32, 8, 128
 
 
+def save(partial: bool) -> None:
+    """The record so far (rewritten after each shape of --tree_tiles, so a call cut short keeps what it timed)."""
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        files.write_json(args.output, {"environment": environment(dev), "copy_bandwidth_GBps": copy / 1e9,
+                                       "fused": not args.no_fuse, "rows": rows, "partial": partial,
+                                       "note": "random inputs; bytes = K + V of the whole cache read once"})
+
+
 def tree_tiles():
     from magicdec.model.tree import Tree, TreeMask
     settings = [(rb, nw, ns, bn) for rb in (64, 128) for nw in (4, 8) for ns in (2, 3) for bn in (64, 128)]
@@ -65,6 +74,7 @@ def tree_tiles():
                                      "n_splits": n_splits, "own_splits": own, "round": r, "ms": ms})
                         print(f"B={B} S={S} T={T:2d} rows/program {rb:3d} warps {nw} stages {ns} block {bn} "
                               f"splits {n_splits:3d} (own {own}) round {r} {ms:8.3f} ms", flush=True)
+        save(partial=True)
 
 
 if args.tree_tiles:
@@ -102,8 +112,4 @@ for B, S in [] if args.tree_tiles else [(8, 32768), (1, 131072), (32, 16384), (6
             print(f"B={B:3d} S={S:6d} T={T} {name:24s} {ms:8.3f} ms {row['GBps']:7.0f} GB/s "
                   f"{row['fraction_of_copy']:.2f} of copy  err {err:.1e}", flush=True)
         del q, k, v
-record = {"environment": environment(dev), "copy_bandwidth_GBps": copy / 1e9, "fused": not args.no_fuse, "rows": rows,
-          "note": "random inputs; bytes = K + V of the whole cache read once"}
-if args.output:
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    files.write_json(args.output, record)
+save(partial=False)

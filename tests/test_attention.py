@@ -85,12 +85,14 @@ def test_triton_splits_agree(splits):
 
 
 @pytest.mark.parametrize("pairs, rows, slots, want", [
-    (1, 4, 32768, 16),    # a decode's few rows: 4 x the CPU's stand-in 4 SMs
-    (1, 128, 32768, 16),  # 16 splits of 2048 keys: at the 16 keys per row of a 128-row tile
-    (1, 128, 8192, 4),    # a shorter cache: 4 splits of 2048, not 16 of 512
-    (1, 4, 8192, 16),     # the same cache for a decode: two 128-key blocks are the only limit
-    (3, 64, 32768, 6),    # (sequence, KV head) pairs each take a program per split: ceil(16 / 3)
-    (1, 256, 32768, 8),   # 256 rows are two 128-row tiles: two programs per split
+    (1, 4, 32768, 8),     # a decode's few rows: two waves over the CPU's stand-in 4 SMs
+    (3, 4, 32768, 2),     # floor(8 / 3): a third program would start a third wave
+    (5, 4, 32768, 1),     # more pairs than two waves hold: one split
+    (1, 64, 32768, 4),    # a verification's tile: one full wave
+    (3, 64, 32768, 4),    # one wave of 3 programs keeps 3 of 4 SMs busy (75%), three waves of 4 splits all 12
+    (1, 256, 32768, 2),   # 256 rows are two 128-row tiles: two programs per split
+    (1, 128, 8192, 4),    # one wave: 4 splits of 2048 keys, the 16 keys per row of a 128-row tile
+    (1, 128, 4096, 2),    # ... which a shorter cache caps: 2 splits of 2048
     (1, 4, 200, 1),       # shorter than two blocks: one split
 ])
 def test_split_count(pairs, rows, slots, want):

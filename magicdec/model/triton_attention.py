@@ -17,6 +17,7 @@ Set TRITON_INTERPRET=1 before import to run it on the CPU (the tests do).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import torch
@@ -27,6 +28,8 @@ from magicdec.model import fused
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": an empty split must give weight 0, not NaN
 LN2 = tl.constexpr(0.6931471805599453)
 MIN_KEYS_PER_ROW = 16  # a split's shortest length per query row of its program (choose_splits)
+DECODE_ROWS = 16  # a program of at most this many query rows is bound by its K/V reads (choose_splits)
+WAVE_FILL = 0.9  # the least share of the SMs a verification's last wave of programs keeps busy (choose_splits)
 ROW_BLOCK = 128  # rows per program: more (a 64-node tree's) go to more programs, each reading its split's K/V
 
 
@@ -190,14 +193,22 @@ def row_tile(rows: int, row_block: int = ROW_BLOCK) -> int:
 
 def choose_splits(pairs: int, rows: int, n_slots: int, block_n: int, device, row_block: int = ROW_BLOCK) -> int:
     """Splits of the cache for `pairs` (sequence, KV head) pairs of `rows` query rows each, every split one program
-    per pair and row tile: enough programs to fill the GPU a few times over, never a split shorter than two blocks,
-    nor than MIN_KEYS_PER_ROW keys per row of a program (a split's fp32 partial, rows x D, is written and read again
-    by the merge: a 128-row tile's is 64 KB, the K and V of 496 keys at head dim 128 254 KB). A short cache is split
-    too: one program walking an 8B self-draft's ring alone is bound by its loads' latency, and splitting it was
-    faster (results/quant/README.md)."""
+    per pair and row tile. A decode's few rows (at most DECODE_ROWS), bound by reading K/V, take two waves of
+    programs over the SMs; a verification's tile, bound by its dots, the fewest waves that keep WAVE_FILL of the SMs
+    busy (each program's share of the work is fixed, so a wave's idle SMs are lost time). Of the split counts timed
+    in turns on an H200 (results/verify_attention/split_factors_*), this rule's was the fastest or within 3% of it
+    at every B x S x T where it was among them. Never a split shorter than two blocks, nor than MIN_KEYS_PER_ROW keys per row of a program (a split's
+    fp32 partial, rows x D, is written and read again by the merge: a 128-row tile's is 64 KB, the K and V of 496
+    keys at head dim 128 254 KB). A short cache is split too: one program walking an 8B self-draft's ring alone is
+    bound by its loads' latency, and splitting it was faster (results/quant/README.md)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     tile = row_tile(rows, row_block)
-    want = max(1, -(-4 * sms // (pairs * -(-rows // tile))))
+    per_split = pairs * -(-rows // tile)  # programs
+    if rows <= DECODE_ROWS:
+        want = 2 * sms // per_split
+    else:
+        want = next(w * sms // per_split for w in itertools.count(1)
+                    if w * sms // per_split * per_split >= WAVE_FILL * w * sms)
     return max(1, min(want, n_slots // max(2 * block_n, MIN_KEYS_PER_ROW * min(rows, tile))))
 
 
