@@ -30,6 +30,7 @@ from magicdec import device as dev
 from magicdec import files
 from magicdec.harness.trial import build
 from magicdec.errors import one_line_errors
+from magicdec.model import draft_weights
 from magicdec.model.forward_plan import LAST_LOGITS, PLAIN
 from magicdec.harness.run_config import RunConfig
 
@@ -68,15 +69,20 @@ def profile_steps(a, built, cfg: RunConfig, copy_bw: float, steps: int = 10) -> 
     engine, drafter = built.engine, built.drafter
     device, cuda = engine.device, engine.device.type == "cuda"
     c, model = engine.target_config, engine.target
+    draft = drafter.model  # the target itself (bf16) or its quantized copy (--draft_weights)
+    # a quantized copy's bytes are its linear layers' and LM head's in the format (the norms' few are left out)
+    draft_bytes = draft_weights.copy_bytes(c, a.draft_weights, cfg.options()["draft_group"]) or model.weight_bytes()
     eager = engine.decoder(cfg, drafter, max(a.gammas))
     graphed = engine.decoder(RunConfig.from_options(cfg.options() | {"step_mode": "cuda_graphs"}), drafter,
                              max(a.gammas)) if cuda else None
     token = torch.zeros(a.B, 1, dtype=torch.long, device=device)
     ring, full = drafter.cache, built.batch.cache
-    cases = {"draft": (lambda d: lambda: d.draft_step(model, token, ring, LAST_LOGITS), ring, ring.max_len, a.budget),
-             "target": (lambda d: lambda: d.verify_step(token, full, PLAIN), full, a.prefix_len, a.prefix_len)}
+    cases = {"draft": (lambda d: lambda: d.draft_step(draft, token, ring, LAST_LOGITS), ring.max_len, a.budget,
+                       draft_bytes),
+             "target": (lambda d: lambda: d.verify_step(token, full, PLAIN), a.prefix_len, a.prefix_len,
+                        model.weight_bytes())}
     out = {}
-    for label, (step_of, cache, slots, visible) in cases.items():
+    for label, (step_of, slots, visible, weight_bytes) in cases.items():
         step = step_of(eager)
         with torch.inference_mode():
             for _ in range(3):
@@ -98,7 +104,7 @@ def profile_steps(a, built, cfg: RunConfig, copy_bw: float, steps: int = 10) -> 
             g["us_per_step"] += k["us_per_step"]
             g["calls_per_step"] += k["calls_per_step"]
         row = {"kernel_us_per_step": sum(k["us_per_step"] for k in kernels.values()), "groups": groups,
-               "cache_slots": slots, "weights_at_copy_us": model.weight_bytes() / copy_bw * 1e6,
+               "cache_slots": slots, "weights_at_copy_us": weight_bytes / copy_bw * 1e6,
                # the byte limit counts what a query may see: the budget's slots of the ring, not those written ahead
                "kv_at_copy_us": a.B * visible * cm.kv_bytes_per_token(c) / copy_bw * 1e6,
                "top_kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us_per_step"])[:15])}
