@@ -172,9 +172,10 @@ def graphed_tree_verify(p, q, tokens, tree, correct):
     return second
 
 
-def sampled_tree_run(seed, correct=True, deterministic=False, B=40_000, device="cpu"):
+def sampled_tree_run(seed, correct=True, deterministic=False, B=40_000, device="cpu", repeat=False):
     """Root with three children, each with two: candidates drawn without replacement from the draft's q (or, with
-    `deterministic`, the draft's three / two likeliest, q one-hot). The target's p at the root is p1, at a child
+    `deterministic`, the draft's three / two likeliest, q one-hot; with `repeat` too, every node's second child the
+    same token as its first, as prompt lookup's branches often are). The target's p at the root is p1, at a child
     with token x p2[x]; returns (first token, second token or -1 where only one was produced). On "cuda" the
     acceptance is replayed from a CUDA graph."""
     torch.manual_seed(seed)
@@ -189,6 +190,8 @@ def sampled_tree_run(seed, correct=True, deterministic=False, B=40_000, device="
         for c in children:
             qc = without(parent_q, torch.stack(drawn, 1)) if drawn else parent_q
             tokens[:, c] = qc.argmax(-1) if deterministic else torch.multinomial(qc, 1)[:, 0]
+            if repeat and len(drawn) == 1:
+                tokens[:, c] = drawn[0]
             q[:, c] = qc
             drawn.append(tokens[:, c])
     propose(q1.expand(B, V), tree.children[0])
@@ -219,6 +222,18 @@ def test_tree_sampling_keeps_the_targets_distribution(seed, deterministic, devic
     stat, bound = chi_square(first, p1)
     assert stat < bound, (stat, bound)
     x = int(torch.bincount(first[second >= 0]).argmax())  # the first token most often followed by a kept one
+    stat, bound = chi_square(second[(first == x) & (second >= 0)], p2[x])
+    assert stat < bound, (stat, bound)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_sampling_with_repeated_candidates_keeps_the_targets_distribution(device):
+    """Deterministic siblings that repeat a token already rejected at their node: the repeat is rejected surely and
+    the distribution stays the target's."""
+    first, second, p1, p2 = sampled_tree_run(0, deterministic=True, device=device, repeat=True)
+    stat, bound = chi_square(first, p1)
+    assert stat < bound, (stat, bound)
+    x = int(torch.bincount(first[second >= 0]).argmax())
     stat, bound = chi_square(second[(first == x) & (second >= 0)], p2[x])
     assert stat < bound, (stat, bound)
 

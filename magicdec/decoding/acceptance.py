@@ -297,12 +297,17 @@ def sampling_tree_verify(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.
     """p [B, N, V]: the target's probabilities at each node; q [B, N, V]: the distribution each node's token was
     proposed from (None: every candidate deterministic, a one-hot at its token); tokens [B, N]. Walks from the
     root, trying each node's children in order (module docstring). `correct=False` leaves p as it was after a
-    rejection: NOT lossless (the test that catches it). Returns (path, accepted, next) as greedy_tree_verify."""
+    rejection: NOT lossless (the test that catches it). Returns (path, accepted, next) as greedy_tree_verify.
+
+    The residual is kept unnormalized beside its mass: rejecting a deterministic candidate then zeroes one id (no
+    pass over the vocabulary per child tried), and a sequence that keeps a child takes that child's p once, at the
+    end of the level (it tries no more children of this level)."""
     B, N, V = p.shape
     rows = torch.arange(B, device=p.device)
     at = torch.zeros(B, dtype=torch.long, device=p.device)  # the node each sequence stands on
     done = torch.zeros(B, dtype=torch.bool, device=p.device)  # no child kept at `at`: its next token is drawn
     residual = p[:, 0].clone()
+    mass = torch.ones(B, dtype=p.dtype, device=p.device)  # residual's sum
     t = tree.tree
     for d in range(t.depth):
         moved = torch.zeros_like(done)
@@ -311,18 +316,23 @@ def sampling_tree_verify(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.
             trying = ~done & ~moved & (child >= 0)
             c = child.clamp(min=0)
             tok = tokens[rows, c]
-            # a deterministic candidate's q: a one-hot at its token (scattered: one_hot checks its ids on the host)
-            q_c = torch.zeros_like(residual).scatter_(1, tok[:, None], 1.0) if q is None else q[rows, c]
-            p_tok, q_tok = residual[rows, tok], q_c[rows, tok]
-            keep = trying & (torch.rand(B, device=p.device) * q_tok < p_tok)
-            if correct:
-                left = torch.clamp(residual - q_c, min=0)
-                mass = left.sum(-1, keepdim=True)
-                left = torch.where(mass > 0, left / mass.clamp_min(1e-30), residual)
-                residual = torch.where((trying & ~keep)[:, None], left, residual)
+            p_tok = residual[rows, tok]
+            q_tok = 1.0 if q is None else q[rows, c, tok]
+            keep = trying & (torch.rand(B, device=p.device) * q_tok * mass < p_tok)
+            rejected = trying & ~keep
+            if correct and q is None:  # residual - one-hot, clamped: the token's probability gone
+                residual.scatter_(1, tok[:, None], torch.where(rejected, 0.0, p_tok)[:, None])
+                mass = torch.where(rejected, mass - p_tok, mass)
+            elif correct:
+                left = torch.clamp(residual / mass[:, None] - q[rows, c], min=0)
+                left_mass = left.sum(-1)
+                update = rejected & (left_mass > 0)
+                residual = torch.where(update[:, None], left, residual)
+                mass = torch.where(update, left_mass, mass)
             at = torch.where(keep, c, at)
             moved |= keep
-            residual = torch.where(keep[:, None], p[rows, c], residual)
+        residual = torch.where(moved[:, None], p[rows, at], residual)
+        mass = torch.where(moved, 1.0, mass)
         done |= ~moved
     return tree.path_to(at), tree.depths[at], sample_from(residual)
 
