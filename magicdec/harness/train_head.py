@@ -22,6 +22,14 @@ name order (skip_tokens, then chunks of prefix_len - 1), so the prompt books of 
 touch; they are left out of training and their text (after skip_tokens, as the prompts) is the held-out evaluation:
 teacher-forced acceptance, the top-1 agreement of head k with the target's argmax at its position.
 
+--data generated DIR trains on magicdec generate-data's folder instead (generate_data.py): the target's own sampled
+continuations of contexts from the training books. A window is BOS + seq_len - 1 tokens of context + continuation
+that end inside the continuation (GeneratedWindows), and every loss term counts only where the token its position
+predicts is a generated one (TargetPass.weights: for Medusa head k at t the token t + k + 2, for EAGLE step j the
+token after the feature it predicts), so the head learns from the target's own text, with as much of the book before
+it as the window holds as context. The held-out evaluation is unchanged (the held-out books' text, every position),
+so heads trained on either data compare on the same numbers.
+
 Deterministic: step s draws its windows and its noise from generators seeded by (--seed, s), the learning rate is
 a function of the step, so the same command gives the same weights on the same device, and a run resumed from its
 checkpoint (OUT/train_state.pt: head, optimizer, RNG, log) gives the weights of an uninterrupted one.
