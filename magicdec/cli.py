@@ -101,12 +101,15 @@ COMMANDS = {
     "reproduce": "run a headline experiment (experiments/*.toml) and print PASS or FAIL",
     "datastore": "REST's datastore: books tokenized with the target's tokenizer, and a suffix array over them",
     "train-head": "train a draft head (eagle, eagle3, medusa, hydra) for a target on a text corpus, resumable",
+    "generate-data": "the target's own sampled continuations of training-book contexts, for train-head --data "
+                     "generated; resumable",
 }
 # the module whose main() each command runs (run has its own parser here)
 MODULES = {"compare": "magicdec.harness.compare", "sweep": "magicdec.harness.sweep",
            "report": "magicdec.harness.report", "plan": "magicdec.harness.plan_command", "reproduce": "magicdec.harness.reproduce",
            "option-acceptance": "magicdec.harness.option_acceptance",
-           "datastore": "magicdec.drafters.datastore", "train-head": "magicdec.harness.train_head"}
+           "datastore": "magicdec.drafters.datastore", "train-head": "magicdec.harness.train_head",
+           "generate-data": "magicdec.harness.generate_data"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -518,3 +518,74 @@ def test_what_a_run_will_write_is_said_before_its_first_step(stories, corpus, tm
     weights = out / (heads.FILES.get(family) or heads.EAGLE_WEIGHTS[0])
     assert weights.stat().st_size / 1e6 == pytest.approx(head_mb, rel=0.1)
     assert (out / train_head.STATE).stat().st_size / 1e6 == pytest.approx(state_mb, rel=0.1)
+
+
+# --- generated data (magicdec generate-data) ------------------------------------------------------------------------
+
+def test_generated_windows_end_in_the_continuation_and_weigh_only_what_predicts_it():
+    """By hand: a context of L = 6 (BOS + book[10:15]) and 4 generated tokens, windows of seq_len 5: the text after
+    BOS is 110..114 900..903, and a window's last token must be generated, so it ends after 900, 901, 902 or 903."""
+    book = torch.arange(100, 200)
+    gen = torch.tensor([900, 901, 902, 903])
+    too_short = (book, 0, 2, torch.tensor([950]))  # 2 tokens after BOS: no window of 4
+    w = train_head.GeneratedWindows([(book, 10, 6, gen), too_short], seq_len=5, bos=1)
+    assert w.windows() == 4
+    assert [(t.tolist(), first) for t, first in (w.window(0, k) for k in range(4))] == [
+        ([1, 112, 113, 114, 900], 4), ([1, 113, 114, 900, 901], 3), ([1, 114, 900, 901, 902], 2),
+        ([1, 900, 901, 902, 903], 1)]
+    tokens, weights = w.draw(0, 1, 64)
+    assert tokens.shape == weights.shape == (64, 5)
+    for row, wt in zip(tokens.tolist(), weights.tolist()):
+        first = next(i for i, t in enumerate(row) if t >= 900)
+        # position p counts when the token it predicts (p + 1) is generated
+        assert wt == [1.0 if p + 1 >= first else 0.0 for p in range(5)], (row, wt)
+    assert torch.equal(tokens, w.draw(0, 1, 64)[0]) and not torch.equal(tokens, w.draw(0, 2, 64)[0])
+
+
+def test_the_loss_counts_only_the_weighted_positions():
+    """token_loss with weights: the mean over the kept positions alone (distill and text), unchanged by anything at
+    the others."""
+    torch.manual_seed(0)
+    B, T, V = 2, 6, 11
+    weights = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1]]).float()
+    tp = train_head.TargetPass(torch.randint(0, V, (B, T)), {}, torch.randn(B, T, V), weights=weights)
+    at = slice(1, T - 1)
+    logits, text = torch.randn(B, T - 2, V), torch.randint(0, V, (B, T - 2))
+    keep = weights[:, at].bool()
+    for loss in ("distill", "text"):
+        o = train_head.Options(loss=loss)
+        got, _ = train_head.token_loss(o, logits, tp, at, text)
+        if loss == "distill":
+            per = -(tp.probs()[:, at] * logits.log_softmax(-1)).sum(-1)
+        else:
+            per = torch.nn.functional.cross_entropy(logits.transpose(1, 2), text, reduction="none")
+        assert got.item() == pytest.approx(per[keep].mean().item(), rel=1e-6)
+        other = logits.clone()
+        other[~keep] = torch.randn_like(other[~keep]) * 10
+        assert train_head.token_loss(o, other, tp, at, text)[0].item() == pytest.approx(got.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("family", ["eagle", "medusa"])
+def test_train_head_on_generated_data_writes_its_head_and_says_what_data_it_used(family, stories, corpus, tmp_path):
+    from magicdec.harness import generate_data
+
+    data = tmp_path / "data"
+    gen = generate_data.generate(["--target", str(stories), "--corpus", str(corpus), "--out", str(data), "--tokens",
+                                  "200", "--gen_len", "16", "--context_lens", "32", "48", "--batch", "4",
+                                  "--holdout_B", "0", "--exclude", "stories0", "--device", "cpu", "--no_progress"])
+    out = tmp_path / "head"
+    log = train_head.train(command(stories, corpus, out, family, "--steps", "4", "--eval_every", "2", "--data",
+                                   "generated", str(data)))
+    assert (out / train_head.LOG).is_file() and heads.detect(out) == family
+    assert [r["step"] for r in log["steps"]] == [1, 2, 3, 4] and all(r["loss"] > 0 for r in log["steps"])
+    d = log["data"]
+    assert d["kind"] == "generated" and d["folder"] == str(data.resolve())
+    assert d["generated_tokens"] == gen["generated"]["tokens"] and d["manifest"]["options"] == gen["options"]
+    assert log["options"]["data"] == ["generated", str(data.resolve())]
+    assert log["corpus"]["held_out_books"] == ["stories0.txt"]  # the held-out evaluation is the corpus' as ever
+    # the same data and command, the same head; --data is what the run learns from: a resume may not change it
+    again = train_head.train(command(stories, corpus, tmp_path / "again", family, "--steps", "4", "--eval_every", "2",
+                                     "--data", "generated", str(data)))
+    assert [r["loss"] for r in again["steps"]] == [r["loss"] for r in log["steps"]]
+    with pytest.raises(MagicDecError, match="--data \\['corpus'\\] differs from the saved run's"):
+        train_head.train(["--out", str(out), "--resume", "--data", "corpus", "--device", "cpu", "--no_progress"])

@@ -22,6 +22,14 @@ name order (skip_tokens, then chunks of prefix_len - 1), so the prompt books of 
 touch; they are left out of training and their text (after skip_tokens, as the prompts) is the held-out evaluation:
 teacher-forced acceptance, the top-1 agreement of head k with the target's argmax at its position.
 
+--data generated DIR trains on magicdec generate-data's folder instead (generate_data.py): the target's own sampled
+continuations of contexts from the training books. A window is BOS + seq_len - 1 tokens of context + continuation
+that end inside the continuation (GeneratedWindows), and every loss term counts only where the token its position
+predicts is a generated one (TargetPass.weights: for Medusa head k at t the token t + k + 2, for EAGLE step j the
+token after the feature it predicts), so the head learns from the target's own text, with as much of the book before
+it as the window holds as context. The held-out evaluation is unchanged (the held-out books' text, every position),
+so heads trained on either data compare on the same numbers.
+
 Deterministic: step s draws its windows and its noise from generators seeded by (--seed, s), the learning rate is
 a function of the step, so the same command gives the same weights on the same device, and a run resumed from its
 checkpoint (OUT/train_state.pt: head, optimizer, RNG, log) gives the weights of an uninterrupted one.
@@ -79,6 +87,7 @@ class Options:
     skip_tokens: int = 8000
     exclude: list = field(default_factory=list)
     eval_windows: int = 16
+    data: list = field(default_factory=lambda: ["corpus"])  # or ["generated", the generate-data folder, resolved]
 
     def resolved(self) -> "Options":
         o = Options(**asdict(self))
@@ -99,10 +108,11 @@ LEAST = {"num_heads": (0, "0: the family's own"), "steps": (1, ""), "batch_size"
          "skip_tokens": (0, ""), "eval_windows": (1, ""), "eval_every": (1, ""), "save_every": (1, "")}
 
 
-def check_numbers(given: dict) -> None:
-    """Each number given within its range, finite: a negative --lr or --num_heads meant the family's default, a nan
-    --lr trained to a nan loss only after the target had loaded."""
-    for key, (least, meaning) in LEAST.items():
+def check_numbers(given: dict, least_values: dict = LEAST) -> None:
+    """Each number given within its range (`least_values`: a command's own table, LEAST's form), finite: a negative
+    --lr or --num_heads meant the family's default, a nan --lr trained to a nan loss only after the target had
+    loaded."""
+    for key, (least, meaning) in least_values.items():
         value = given.get(key)
         if value is not None and not (math.isfinite(value) and value >= least):
             kind = "an integer" if isinstance(least, int) else "a finite number"
@@ -114,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
                                 description=__doc__.split("\n\n")[0].split(": ", 1)[1],
                                 epilog="Defaults (when not resuming): " + ", ".join(
                                     f"--{k} {v}" for k, v in asdict(Options()).items()
-                                    if k not in ("family", "exclude")) + "; --num_heads 0 and --lr 0 mean the "
+                                    if k not in ("family", "exclude", "data")) + "; --data corpus; --num_heads 0 and --lr 0 mean the "
                                     "family's own (medusa/hydra 4 heads, lr 1e-3; eagle 5 steps, eagle3 3, lr 3e-4)")
     S = argparse.SUPPRESS  # unset options stay unset: a resumed run takes them from its checkpoint
     p.add_argument("--family", choices=FAMILIES, default=S, help="which head (required unless --resume)")
@@ -146,6 +156,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--holdout_prefix_len", type=int, default=S)
     p.add_argument("--skip_tokens", type=int, default=S, help="tokens the prompts skip at a book's start")
     p.add_argument("--exclude", nargs="*", default=S, help="more books to hold out (file names or stems)")
+    p.add_argument("--data", nargs="+", default=S, metavar="corpus | generated DIR",
+                   help="what the windows come from: corpus (the training books' text, the default) or generated DIR "
+                        "(magicdec generate-data's folder: the target's own continuations of training-book contexts, "
+                        "the loss over the positions that predict a generated token; --target and --corpus default "
+                        "to the data's)")
     p.add_argument("--eval_windows", type=int, default=S, help="held-out windows of seq_len per evaluation")
     p.add_argument("--eval_every", type=int, default=200, help="evaluate on the held-out text every N steps")
     p.add_argument("--save_every", type=int, default=200, help="write the resumable checkpoint every N steps")
@@ -159,6 +174,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
+
+def resolve_device(value: str | None) -> torch.device:
+    """--device, or cuda where a GPU is visible; one that this machine lacks is one line."""
+    device = torch.device(value or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise MagicDecError(f"--device {device}: " + (f"this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}" if n
+                                                       else "no CUDA device is visible; use --device cpu"))
+    return device
+
 
 def default_corpus() -> Path:
     """The project's Gutenberg books: in $MAGICDEC_DATA where it is set, else ../shared/data beside the repository
@@ -266,6 +291,8 @@ class Corpus:
     train: dict  # name -> token ids the head trains on
     held_out: dict  # name -> token ids of held-out text (evaluation only)
     describe: dict  # for the log
+    trainable: dict = field(default_factory=dict)  # name -> token ids of every book not held out, whatever its
+    #                length: where generated data's contexts may come from (generate_data.py)
 
 
 def fitted_holdout(o: Options, books: list[str], ids: dict, excluded: list[str]) -> int | None:
@@ -283,10 +310,11 @@ def fitted_holdout(o: Options, books: list[str], ids: dict, excluded: list[str])
 
 
 def split_corpus(o: Options, corpus_path: Path, books: dict[str, str], tokenizer, bos: int,
-                 fit_holdout: bool = False, progress: bool = True) -> Corpus:
+                 fit_holdout: bool = False, progress: bool = True, length_flag: str = "--seq_len") -> Corpus:
     """Hold out the prompt books (see the module's docstring) and any --exclude; the rest trains. `fit_holdout` (the
     held-out workload left at its default): a corpus too small for it holds out the books of as many of its prompts
-    as leave a book to train on (a clone's tests/fixtures/gutenberg, five parts of books, has 10 of 128 x 8000)."""
+    as leave a book to train on (a clone's tests/fixtures/gutenberg, five parts of books, has 10 of 128 x 8000).
+    `length_flag`: the option o.seq_len stands for, named in the errors (generate-data's shortest context)."""
     from magicdec.data import PromptSource, load_prompts
 
     excluded = [n for n in books if n in o.exclude or Path(n).stem in o.exclude]
@@ -321,20 +349,21 @@ def split_corpus(o: Options, corpus_path: Path, books: dict[str, str], tokenizer
         cut = {n: int(len(t) * 0.9) for n, t in ids.items()}
         train = {n: t[:cut[n]] for n, t in ids.items()}
         held_out = {n: t[cut[n]:] for n, t in ids.items()}
+    trainable = train
     train = {n: t for n, t in train.items() if len(t) >= o.seq_len - 1}
     if not train:
         raise MagicDecError(f"--corpus {corpus_path}: no book is left to train on with windows of {o.seq_len} tokens "
                             f"after holding out {', '.join(held) or 'the held-out tail'}; give more books, or lower "
-                            "--seq_len or --holdout_B")
+                            f"{length_flag} or --holdout_B")
     held_out = {n: t for n, t in held_out.items() if len(t) >= o.seq_len - 1}
     if not held_out:
         raise MagicDecError(f"--corpus {corpus_path}: the held-out text has no window of {o.seq_len} tokens; lower "
-                            "--seq_len or --skip_tokens")
+                            f"{length_flag} or --skip_tokens")
     describe = {"path": str(corpus_path), "train_books": sorted(train), "held_out_books": sorted(held_out),
                 "held_out_rule": rule, "excluded": excluded,
                 "train_tokens": int(sum(len(t) for t in train.values())),
                 "held_out_tokens": int(sum(len(t) for t in held_out.values()))}
-    return Corpus(train, held_out, describe)
+    return Corpus(train, held_out, describe, trainable)
 
 
 # ---------------------------------------------------------------------------------------------------- windows
@@ -351,19 +380,66 @@ class Windows:
         self.names = sorted(books)
         self.books = [books[n] for n in self.names]
         self.n = seq_len - 1
-        starts = torch.tensor([len(t) - self.n + 1 for t in self.books])
-        self.cum = torch.cumsum(starts, 0)
+        self.cum = torch.cumsum(torch.tensor([len(t) - self.n + 1 for t in self.books]), 0)
         self.bos = bos
 
-    def batch(self, seed: int, step: int, batch_size: int) -> torch.Tensor:
+    def pick(self, seed: int, step: int, count: int) -> list[tuple[int, int]]:
+        """(row, offset) of `count` windows drawn uniformly over every (row, offset) the rows hold, from a generator
+        seeded by (seed, step) alone."""
         gen = torch.Generator().manual_seed(step_seed(seed, step))
-        picks = torch.randint(0, int(self.cum[-1]), (batch_size,), generator=gen)
-        rows = []
-        for p in picks.tolist():
-            b = int(torch.searchsorted(self.cum, p, right=True))
-            s = p - (int(self.cum[b - 1]) if b else 0)
-            rows.append(torch.cat([torch.tensor([self.bos]), self.books[b][s:s + self.n]]))
-        return torch.stack(rows)
+        picks = torch.randint(0, int(self.cum[-1]), (count,), generator=gen)
+        rows = torch.searchsorted(self.cum, picks, right=True).tolist()
+        return [(b, p - (int(self.cum[b - 1]) if b else 0)) for b, p in zip(rows, picks.tolist())]
+
+    def batch(self, seed: int, step: int, batch_size: int) -> torch.Tensor:
+        return torch.stack([torch.cat([torch.tensor([self.bos]), self.books[b][s:s + self.n]])
+                            for b, s in self.pick(seed, step, batch_size)])
+
+    def draw(self, seed: int, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(step s's windows [batch, seq_len], the loss weight of each position [batch, seq_len], None: every
+        position counts)."""
+        return self.batch(seed, step, batch_size), None
+
+
+class GeneratedWindows(Windows):
+    """Training windows over generated data (generate_data.py): each sequence is its context (BOS + context_len - 1
+    tokens of a training book, rebuilt from the book) followed by the target's own continuation. A window is BOS +
+    seq_len - 1 consecutive tokens of a sequence (after its BOS) that END inside the continuation, uniform over
+    every such (sequence, end); its loss weights keep the positions whose next token is a generated one (the
+    target's distribution there is the one that sampled it: the text a head drafts at inference), so no step
+    learns from book text alone."""
+
+    def __init__(self, sequences: list, seq_len: int, bos: int):
+        """sequences: (book ids, start, context_len, generated ids) each; those too short for one window are left
+        out (the caller has said so when none is left)."""
+        self.n, self.bos = seq_len - 1, bos
+        # sequence q's text s = book[start:start + L - 1] + generated; a window's end e (exclusive, in s) runs over
+        # max(n, L) .. L - 1 + g: its last token is generated and it starts inside s
+        self.seqs = [(book, start, L, gen, max(self.n, L)) for book, start, L, gen in sequences
+                     if L - 1 + len(gen) >= max(self.n, L)]
+        self.cum = torch.cumsum(torch.tensor([L - 1 + len(gen) - first + 1 for _, _, L, gen, first in self.seqs]), 0)
+
+    def windows(self) -> int:
+        return int(self.cum[-1]) if len(self.cum) else 0
+
+    def window(self, q: int, offset: int) -> tuple[torch.Tensor, int]:
+        """(BOS + the window's tokens [seq_len], the window index of its first generated token)."""
+        book, start, L, gen, first = self.seqs[q]
+        a = first + offset - self.n  # the window's first token, in s
+        context = book[start + a:start + L - 1] if a < L - 1 else book[:0]
+        text = torch.cat([context, gen[max(0, a - (L - 1)):first + offset - (L - 1)]])
+        return torch.cat([torch.tensor([self.bos]), text]), max(1, L - a)
+
+    def draw(self, seed: int, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [self.window(q, offset) for q, offset in self.pick(seed, step, batch_size)]
+        tokens = torch.stack([t for t, _ in rows])
+        first = torch.tensor([f for _, f in rows])
+        # position p's loss terms use the target's distribution at p, which predicts the token at p + 1
+        weights = (torch.arange(1, tokens.shape[1] + 1)[None] >= first[:, None]).float()
+        return tokens, weights
+
+    def batch(self, seed: int, step: int, batch_size: int) -> torch.Tensor:
+        return self.draw(seed, step, batch_size)[0]
 
 
 def eval_windows(held_out: dict, seq_len: int, count: int, bos: int) -> torch.Tensor:
@@ -387,6 +463,15 @@ class TargetPass:
     #             tap n_layers the final norm's output (the LM head's input)
     logits: torch.Tensor  # [B, T, V] the target's next-token logits at each position (its dtype)
     cached: dict = field(default_factory=dict)
+    weights: torch.Tensor | None = None  # [B, T]: which positions' terms a loss counts (None: all; generated data:
+    #                                      those predicting a generated token, GeneratedWindows)
+
+    def mean(self, values: torch.Tensor, at: slice) -> torch.Tensor:
+        """The mean of per-position values [B, n] at positions `at`, over the positions the weights keep."""
+        if self.weights is None:
+            return values.mean()
+        w = self.weights[:, at].to(values.dtype)
+        return (values * w).sum() / w.sum().clamp_min(1)
 
     def features(self, taps) -> torch.Tensor:
         return torch.cat([self.taps[t] for t in taps], -1)
@@ -445,15 +530,21 @@ def target_pass(model, tokens: torch.Tensor, taps=()) -> TargetPass:
 def token_loss(o: Options, logits: torch.Tensor, tp: TargetPass, at: slice, text: torch.Tensor) -> tuple:
     """The loss of head logits [B, n, V] against the target's distributions at positions `at` (distill: soft
     cross-entropy, reported as the KL: minus the target's entropy, which has no gradient) and/or the text's tokens
-    [B, n] (text: cross-entropy). Returns (loss, reported value)."""
+    [B, n] (text: cross-entropy), over the positions tp's weights keep. Returns (loss, reported value)."""
     loss = logits.new_zeros((), dtype=torch.float32)
     shown = 0.0
     if o.loss in ("distill", "both"):
-        ce = -(tp.probs()[:, at] * logits.float().log_softmax(-1)).sum(-1).mean()
+        if tp.weights is None:
+            ce = -(tp.probs()[:, at] * logits.float().log_softmax(-1)).sum(-1).mean()
+        else:
+            ce = tp.mean(-(tp.probs()[:, at] * logits.float().log_softmax(-1)).sum(-1), at)
         loss = loss + ce
-        shown += (ce - tp.entropy()[:, at].mean()).item()
+        shown += (ce - tp.mean(tp.entropy()[:, at], at)).item()
     if o.loss in ("text", "both"):
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), text.reshape(-1))
+        if tp.weights is None:
+            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), text.reshape(-1))
+        else:
+            ce = tp.mean(F.cross_entropy(logits.float().transpose(1, 2), text, reduction="none"), at)
         loss = loss + ce
         shown += ce.item()
     return loss, shown
@@ -636,7 +727,11 @@ class EagleTrainer(Trainer):
             ploss, value = token_loss(self.o, logits, tp, at, text)
             w = 0.8 ** j
             if self.family == "eagle":
-                vloss = F.smooth_l1_loss(h[:, j:-2].float(), tp.taps[L][:, j + 1:-1].float())
+                if tp.weights is None:
+                    vloss = F.smooth_l1_loss(h[:, j:-2].float(), tp.taps[L][:, j + 1:-1].float())
+                else:
+                    vloss = tp.mean(F.smooth_l1_loss(h[:, j:-2].float(), tp.taps[L][:, j + 1:-1].float(),
+                                                     reduction="none").mean(-1), at)
                 total = total + w * (self.v_w * vloss + self.p_w * ploss)
                 shown[f"feature{j + 1}"] = vloss.item()
             else:
@@ -753,6 +848,16 @@ def read_state_meta(out: Path) -> dict | None:
         raise MagicDecError(f"{path} is corrupt: start the run again in a new --out") from None
 
 
+def data_value(words: list[str]) -> list[str]:
+    """--data as Options keeps it: ["corpus"], or ["generated", the folder resolved]."""
+    if words == ["corpus"]:
+        return words
+    if len(words) == 2 and words[0] == "generated":
+        return ["generated", str(Path(words[1]).expanduser().resolve())]
+    raise MagicDecError(f"--data {' '.join(words)}: give --data corpus (the books' text) or --data generated DIR (a "
+                        "magicdec generate-data folder)")
+
+
 def resolve_options(given: dict, out: Path, resume: bool) -> tuple[Options, dict | None]:
     """The run's options: the flags given over the defaults; resuming, the checkpoint's, where a flag given that
     would change what the head learns is refused (it would no longer be the run that was saved)."""
@@ -855,19 +960,24 @@ def train(argv: list[str]) -> dict:
     target_arg, corpus_arg = ns.pop("target"), ns.pop("corpus")
     runtime = {k: ns.pop(k) for k in ("eval_every", "save_every", "device", "dtype", "no_progress")}
     check_numbers(ns | runtime)
+    if "data" in ns:
+        ns["data"] = data_value(ns["data"])
     if out.exists() and not out.is_dir():
         raise MagicDecError(f"--out {out} is a file: give the folder the head, its log and checkpoint go to")
     o, meta = resolve_options(ns, out, resume)
-    device = torch.device(runtime["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        n = torch.cuda.device_count()
-        raise MagicDecError(f"--device {device}: " + (f"this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}" if n
-                                                       else "no CUDA device is visible; use --device cpu"))
+    device = resolve_device(runtime["device"])
     files.writable_folder(out, "--out")  # before anything loads: its checkpoints and head go there
     state = read_state(out) if resume else None
     if resume:  # the saved run's target and corpus, unless named again (then they must be the same)
         target_arg = target_arg if target_arg is not None else meta["target"]["path"]
         corpus_arg = corpus_arg if corpus_arg is not None else meta["corpus_resolved"]
+    generated = None
+    if o.data[0] == "generated":  # read and checked before the target loads; its target and corpus by default
+        from magicdec.harness import generate_data
+
+        generated = generate_data.load(Path(o.data[1]))
+        target_arg = target_arg if target_arg is not None else generated[0]["target"]["path"]
+        corpus_arg = corpus_arg if corpus_arg is not None else generated[0]["corpus"]["resolved"]
     ckpt = target_checkpoint(target_arg)
     corpus_path = Path(corpus_arg).expanduser() if corpus_arg is not None else default_corpus()
 
@@ -880,6 +990,10 @@ def train(argv: list[str]) -> dict:
         raise MagicDecError(f"--resume: the checkpoint in {out} was trained for the target {meta['target']['path']} "
                             f"({meta['target']['name']}), not {ckpt}; resume with that --target, or train anew in "
                             "another --out")
+    if generated is not None and fingerprint != generated[0]["target_fingerprint"]:
+        raise MagicDecError(f"--data generated {o.data[1]} was generated by the target {generated[0]['target']['path']}"
+                            f", not {ckpt}: self-distilled data trains a head for the target that wrote it; drop "
+                            "--target, or generate data with this one")
     if resume and str(corpus_path.resolve()) != meta["corpus_resolved"]:
         raise MagicDecError(f"--resume: the saved run trained on --corpus {meta['corpus']}, not {corpus_path}; "
                             "drop --corpus, or train anew in another --out")
@@ -892,6 +1006,7 @@ def train(argv: list[str]) -> dict:
     defaults = not {"holdout_B", "holdout_prefix_len"} & set(ns)  # the held-out workload left at its default
     corpus = split_corpus(o, corpus_path, books, tokenizer, bos, defaults, progress=not runtime["no_progress"])
     del books
+    train_windows, data = training_windows(o, corpus, bos, generated)
 
     from magicdec.device import code_version, environment
     from magicdec.model.transformer import load_model
@@ -925,12 +1040,11 @@ def train(argv: list[str]) -> dict:
         log = {"command": command, "options": asdict(o),
                "target": {"path": str(ckpt.resolve()), "name": args.name or ckpt.parent.name, "fingerprint": fingerprint,
                           "dtype": str(dtype).removeprefix("torch.")},
-               "corpus": corpus.describe, "environment": environment(device), "code": code_version(),
+               "corpus": corpus.describe, "data": data, "environment": environment(device), "code": code_version(),
                "head_parameters": sum(p.numel() for p in params), "steps": [], "evals": []}
     else:
         log["commands"] = log.get("commands", [log["command"]]) + [command]
         log["options"]["steps"] = o.steps
-    train_windows = Windows(corpus.train, o.seq_len, bos)
     held = eval_windows(corpus.held_out, o.seq_len, o.eval_windows, bos)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -966,6 +1080,25 @@ def train(argv: list[str]) -> dict:
     return log
 
 
+def training_windows(o: Options, corpus: Corpus, bos: int, generated) -> tuple[Windows, dict]:
+    """The windows the steps draw (the corpus' books, or generated data over its training books) and what the log
+    says of them."""
+    if generated is None:
+        return Windows(corpus.train, o.seq_len, bos), {"kind": "corpus"}
+    from magicdec.harness import generate_data
+
+    folder = Path(o.data[1])
+    manifest, shards = generated
+    windows = GeneratedWindows(generate_data.training_sequences(folder, manifest, shards, corpus.trainable),
+                               o.seq_len, bos)
+    if not windows.windows():
+        longest = max(n - 1 + int(s["lengths"].max()) for s in shards for n in [s["context_len"]])
+        raise MagicDecError(f"--seq_len {o.seq_len}: no generated sequence (context + continuation, the longest "
+                            f"{longest + 1} tokens with BOS) holds a window of it that ends in its continuation; lower "
+                            "--seq_len")
+    return windows, generate_data.describe(folder, manifest, shards, windows)
+
+
 def run_steps(o, runtime, trainer, model, head, opt, params, train_windows, held, log, bar, t_run, start, save,
               device) -> None:
     def held_out(step: int) -> None:
@@ -979,8 +1112,10 @@ def run_steps(o, runtime, trainer, model, head, opt, params, train_windows, held
         held_out(0)  # the fresh head's, for the curve to start from
     for step in range(start + 1, o.steps + 1):
         t0 = time.perf_counter()
-        tokens = train_windows.batch(o.seed, step, o.batch_size).to(device)
+        tokens, weights = train_windows.draw(o.seed, step, o.batch_size)
+        tokens = tokens.to(device)
         tp = target_pass(model, tokens, trainer.layers)
+        tp.weights = None if weights is None else weights.to(device)
         gen = torch.Generator(device=device).manual_seed(step_seed(o.seed, step, 1))
         for g in opt.param_groups:
             g["lr"] = lr_at(o, step)
