@@ -877,7 +877,9 @@ def resolve_options(given: dict, out: Path, resume: bool) -> tuple[Options, dict
                             f"with --family {saved.family}, or train the {given['family']} head in another --out")
     for key, value in given.items():
         if key not in RESUMABLE and key != "family" and value != getattr(saved, key):
-            raise MagicDecError(f"--resume: --{key} {value} differs from the saved run's {getattr(saved, key)}; "
+            shown = lambda v: " ".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731 (as typed)
+            raise MagicDecError(f"--resume: --{key} {shown(value)} differs from the saved run's "
+                                f"{shown(getattr(saved, key))}; "
                                 f"drop --{key} (a resumed run keeps what it learns from), or train anew in another --out")
     for key in RESUMABLE & set(given):
         setattr(saved, key, given[key])
