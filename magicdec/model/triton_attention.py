@@ -197,10 +197,11 @@ def choose_splits(pairs: int, rows: int, n_slots: int, block_n: int, device, row
     programs over the SMs; a verification's tile, bound by its dots, the fewest waves that keep WAVE_FILL of the SMs
     busy (each program's share of the work is fixed, so a wave's idle SMs are lost time). Of the split counts timed
     in turns on an H200 (results/verify_attention/split_factors_*), this rule's was the fastest or within 3% of it
-    at every B x S x T where it was among them. Never a split shorter than two blocks, nor than MIN_KEYS_PER_ROW keys per row of a program (a split's
-    fp32 partial, rows x D, is written and read again by the merge: a 128-row tile's is 64 KB, the K and V of 496
-    keys at head dim 128 254 KB). A short cache is split too: one program walking an 8B self-draft's ring alone is
-    bound by its loads' latency, and splitting it was faster (results/quant/README.md)."""
+    at every B x S x T where it was among them. Never a split shorter than two blocks, nor than MIN_KEYS_PER_ROW
+    keys per row of a program (a split's fp32 partial, rows x D, is written and read again by the merge: a 128-row
+    tile's is 64 KB, the K and V of 496 keys at head dim 128 254 KB). A short cache is split too: one program
+    walking an 8B self-draft's ring alone is bound by its loads' latency, and splitting it was faster
+    (results/quant/README.md)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     tile = row_tile(rows, row_block)
     per_split = pairs * -(-rows // tile)  # programs
