@@ -316,7 +316,10 @@ class Config:
                                           "continuation shares on its path) is below this")
 
 
-PLAN_WIDTHS = (1, 2, 4)  # what `magicdec plan` composes: a chain and two chains-with-siblings
+# what `magicdec plan` composes: a chain and two chains-with-siblings, at the default factor and at 4 (the paper's
+# range's top: a short match's tree then gets nodes)
+PLAN_WIDTHS = (1, 2, 4)
+PLAN_FACTORS = (1.0, 4.0)
 
 
 class Suffix(DrafterKind):
@@ -350,7 +353,8 @@ class Suffix(DrafterKind):
                            full=cfg.speculation.synthetic_acceptance is not None)
 
     def options(self, cfg, target, device) -> list[dict]:
-        return [{"tree_width": w} for w in PLAN_WIDTHS]
+        return [{"tree_width": w} | ({"suffix_factor": f} if f != Config.suffix_factor else {})
+                for f in PLAN_FACTORS for w in PLAN_WIDTHS]
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
         """No draft steps: the host-side lookup is in the fixed cost per verification (T_O), as prompt lookup's
