@@ -59,6 +59,9 @@ from magicdec.model.tree import Tree
 from magicdec.options import option
 
 
+ABSENT = object()  # a journaled child entry that did not exist before
+
+
 class SuffixIndex:
     """One sequence's suffix trie: every string of up to `window` tokens that occurs in it, with its count.
 
@@ -96,15 +99,15 @@ class SuffixIndex:
 
     def _step(self, start: int, node: int, token: int) -> int | None:
         """One occurrence at `node` followed by `token`: its child, or None where it became a tail."""
-        self._bump(self.followed, node)
+        self._set(node, self.followed, node, self.followed[node] + 1)
         child = self.children[node].get(token)
         if child is None:
-            self._link(node, token, ~start)
+            self._set(node, self.children[node], token, ~start)
             return None
         if child < 0:
             child = self._split(node, token, ~child)
-        self._bump(self.count, child)
-        self._set_latest(child, start)
+        self._set(child, self.count, child, self.count[child] + 1)
+        self._set(child, self.latest, child, start)
         return child
 
     def _split(self, node: int, token: int, other: int) -> int:
@@ -120,24 +123,15 @@ class SuffixIndex:
         if d < self.window:
             self.children[child][self.tokens[other + d]] = ~other
             self.followed[child] = 1
-        self._link(node, token, child)
+        self._set(node, self.children[node], token, child)
         return child
 
-    def _bump(self, counts: list[int], node: int) -> None:
-        counts[node] += 1
+    def _set(self, node: int, column, key: int, value: int) -> None:
+        """column[key] = value for `node` (one of its lists' entries, or its children's): journaled where the node
+        is older than mark() (newer nodes are dropped whole by reset())."""
         if self.journal is not None and node < self.saved[1]:
-            self.journal.append((counts, node))
-
-    def _set_latest(self, node: int, start: int) -> None:
-        if self.journal is not None and node < self.saved[1]:
-            self.journal.append((self.latest, node, self.latest[node]))
-        self.latest[node] = start
-
-    def _link(self, node: int, token: int, child: int) -> None:
-        kids = self.children[node]
-        if self.journal is not None and node < self.saved[1]:
-            self.journal.append((kids, token, kids.get(token)))
-        kids[token] = child
+            self.journal.append((column, key, column.get(key, ABSENT) if isinstance(column, dict) else column[key]))
+        column[key] = value
 
     def mark(self) -> None:
         self.saved = (len(self.tokens), len(self.count), list(self.open))
@@ -145,15 +139,11 @@ class SuffixIndex:
 
     def reset(self) -> None:
         """Back to the state at mark(): the journal undone, newer nodes and tokens dropped."""
-        for entry in reversed(self.journal):
-            if len(entry) == 2:
-                entry[0][entry[1]] -= 1
-            elif entry[0] is self.latest:
-                self.latest[entry[1]] = entry[2]
-            elif entry[2] is None:
-                del entry[0][entry[1]]
+        for column, key, before in reversed(self.journal):
+            if before is ABSENT:
+                del column[key]
             else:
-                entry[0][entry[1]] = entry[2]
+                column[key] = before
         n_tokens, n_nodes, self.open = self.saved[0], self.saved[1], list(self.saved[2])
         del self.tokens[n_tokens:]
         for column in (self.children, self.count, self.followed, self.latest, self.depth):
@@ -300,6 +290,8 @@ class SuffixDraft(Drafter):
         return tokens, q
 
     def summary(self) -> dict:
+        """Lookups (a sequence's, per verification), matches (lookups that proposed a node), the mean length of
+        their matched suffixes, and the real (unpadded) nodes proposed per lookup."""
         t = self.tally
         return {"lookups": t.lookups, "matches": t.matches,
                 "mean_match_length": t.matched_tokens / t.matches if t.matches else 0.0,
