@@ -175,15 +175,20 @@ def test_unfilled_nodes_repeat_their_parents_token():
 
 
 def test_a_batch_is_cut_to_its_deepest_proposal():
-    """Two sequences: the first matches [7, 8] (a 2-token budget: depth 2), the second never repeats (nothing): the
-    tree is the template's levels down to depth 2, the second row all padding; a batch with no match proposes
-    nothing."""
+    """Two sequences: the first matches [7, 8] (a 2-token budget: 1 then 5, depth 2), the second never repeats
+    (nothing). Width 2: two branches in level order (nodes 1, 2 under the root, 3 under 1, 4 under 2), cut to depth
+    2; the second branch and the second row are padding; a batch with no match proposes nothing."""
     other = list(range(30, 30 + len(KNOWN)))
     draft = SuffixDraft(torch.tensor([KNOWN, other]), 8, 1.0, 0.1, spec_depth=3).shaped(2)
     hist = torch.tensor([[8, 0], [other[-1], 0]])
     tokens, q = draft.propose(None, hist, torch.tensor([1, 1]), None, 3)
-    assert q is None and tokens.tolist() == [[1, 8, 5, 1], [other[-1]] * 4]
-    assert draft.tree_for(4) == Tree.chain_with_siblings(2, 2)
+    assert q is None and tokens.tolist() == [[1, 8, 5, 8], [other[-1]] * 4]
+    assert draft.tree_for(4).parents == (-1, 0, 0, 1, 2) == Tree.branches(2, 2).in_level_order().parents
+    assert draft.template(3).parents == (-1, 0, 0, 1, 2, 3, 4)
+    # factor 2, a budget of 4: 1 (0.75), 5 (0.5), then 2 and its 3 (0.25 each, taken before 1 5 21's 0.25: equal
+    # scores in node order), so the second branch holds 2 3
+    factor_2 = SuffixDraft(torch.tensor([KNOWN]), 8, 2.0, 0.1, spec_depth=3).shaped(2)
+    assert factor_2.propose(None, hist[:1], torch.tensor([1]), None, 3)[0].tolist() == [[1, 2, 5, 3]]
     assert draft.summary() == {"lookups": 2, "matches": 1, "mean_match_length": 2.0, "mean_proposed_nodes": 1.0}
     nothing = SuffixDraft(torch.tensor([other]), 8, 1.0, 0.1, spec_depth=3)
     assert nothing.propose(None, hist[1:], torch.tensor([1]), None, 3)[0].shape == (1, 0)

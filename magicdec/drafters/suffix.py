@@ -14,12 +14,15 @@ costs one entry per position, not W. W is --suffix_max_depth plus the deepest sp
 a match of up to max_depth tokens always has gamma tokens of continuation indexed below it.
 
 The verification takes one static tree shape for the whole batch (one CUDA graph per shape), so the per-sequence
-trees are fitted into a template, as REST's and Token Recycling's are: the chain, --tree_width K's chain with K - 1
-siblings per depth, or --tree_nodes' Sequoia shape. A sequence's candidates go to the template's nodes by sibling rank
-(the most frequent continuation to a node's first child, the next to its second, ...) and only template nodes are
-grown. The template is cut to the deepest level any sequence filled (prompt lookup's precedent: a verification as long
-as the longest real proposal; nothing filled: a plain decode step), and a node left unfilled repeats its parent's
-token (lookup's padding), which the verification keeps only where the target would have produced it anyway.
+trees are fitted into a template, as REST's and Token Recycling's are: the chain, --tree_width K's K branches (REST's
+and prompt lookup's shape: the K most frequent next tokens, each followed by its own most frequent continuation), or
+--tree_nodes' Sequoia shape. Branches rather than a chain with siblings at every depth, because a trie's alternatives
+sit near the match: a few tokens on, the context is one earlier occurrence (a tail), which continues one way only. A
+sequence's candidates go to the template's nodes by sibling rank (the most frequent continuation to a node's first
+child, the next to its second, ...) and only template nodes are grown. The template is cut to the deepest level any
+sequence filled (prompt lookup's precedent: a verification as long as the longest real proposal; nothing filled: a
+plain decode step), and a node left unfilled repeats its parent's token (lookup's padding), which the verification
+keeps only where the target would have produced it anyway.
 
 Proposals are deterministic candidates, so greedy and sampled verification are lossless as for prompt lookup and
 REST: a chain's q is one-hot at its tokens, a tree's siblings go through the multi-candidate rule (q None). The
@@ -53,7 +56,6 @@ import torch.nn.functional as F
 from magicdec.analysis import cost_model as cm
 from magicdec.decoding.generate import Drafter
 from magicdec.drafters.base import DrafterKind
-from magicdec.drafters.model_draft import tree_of
 from magicdec.errors import MagicDecError
 from magicdec.model.tree import Tree
 from magicdec.options import option
@@ -244,15 +246,17 @@ class SuffixDraft(Drafter):
         self.tally.__init__()
 
     def template(self, gamma: int) -> Tree:
+        """The chain, the branches or the Sequoia shape, numbered level by level: its levels down to any depth are a
+        prefix of its nodes."""
         if self.shape is not None:
             return self.shape
-        return Tree.chain(gamma) if self.width == 1 else Tree.chain_with_siblings(gamma, self.width)
+        return Tree.chain(gamma) if self.width == 1 else Tree.branches(gamma, self.width).in_level_order()
 
     def tree_for(self, tokens: int):
         """The template's first tokens + 1 nodes (its levels down to the proposal's depth); None for a chain."""
         if self.shape is not None:
             return self.shape if tokens + 1 == self.shape.size else Tree(self.shape.parents[:tokens + 1])
-        return None if self.width == 1 else Tree.chain_with_siblings(tokens // self.width, self.width)
+        return None if self.width == 1 else self.template(tokens // self.width)
 
     def _sync(self, hist: torch.Tensor, m: torch.Tensor) -> None:
         """Each sequence's committed tokens since the last verification into its index."""
@@ -308,8 +312,8 @@ class Config:
                                           "continuation shares on its path) is below this")
 
 
-# what `magicdec plan` composes: a chain and two chains-with-siblings, at the default factor and at 4 (the paper's
-# range's top: a short match's tree then gets nodes)
+# what `magicdec plan` composes: a chain, two and four branches, at the default factor and at 4 (the paper's range's
+# top: a short match's tree then gets nodes)
 PLAN_WIDTHS = (1, 2, 4)
 PLAN_FACTORS = (1.0, 4.0)
 
@@ -350,13 +354,13 @@ class Suffix(DrafterKind):
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
         """No draft steps: the host-side lookup is in the fixed cost per verification (T_O), as prompt lookup's
-        search is; the verification of the chain or the template tree (a tree's later candidates at
+        search is; the verification of the chain, the branches or the Sequoia shape (a tree's later candidates at
         --synthetic_siblings; None without them). Like lookup's, it takes the whole template proposed every time,
         so it overstates Omega where short matches propose less."""
         w, s = cfg.workload, cfg.speculation
-        tree = tree_of(cfg, gamma)
-        if tree is False:
+        if (s.tree_width > 1 or s.tree_nodes) and not s.synthetic_siblings:
             return None
+        tree = s.drafted_tree(gamma) or (Tree.branches(gamma, s.tree_width) if s.tree_width > 1 else None)
         p = cm.predict(target, device, w.B, w.prefix_len + w.gen_len // 2, gamma, alpha, 0, None, 0,
                        not cfg.decoding.greedy, tree=tree, sibling_rates=s.synthetic_siblings)
         return cm.without_draft_steps(p, gamma)
