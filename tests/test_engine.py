@@ -43,9 +43,9 @@ def test_checkpoint_contents_are_checked_before_prompts_or_weights(tiny_hf, tmp_
 @pytest.mark.parametrize("name", drafters.names())
 def test_every_drafter_declares_its_memory(name, tmp_path):
     """The target's cache plus what the drafter adds: a model draft's cache slots (and a standalone draft's
-    weights), none for prompt lookup, REST and Lookahead (its n-gram pool: kilobytes per sequence), Token Recycling's
-    matrix, a Medusa or Hydra head's weights only, an EAGLE head's weights and its own KV; the cache holds the prompt and what a verification
-    reaches past gen_len."""
+    weights), none for prompt lookup, REST, SuffixDecoding (its tries are host memory) and Lookahead (its n-gram pool:
+    kilobytes per sequence), Token Recycling's matrix, a Medusa or Hydra head's weights only, an EAGLE head's weights
+    and its own KV; the cache holds the prompt and what a verification reaches past gen_len."""
     from magicdec import options as opt
     store = tmp_path / "store.npz"
     store.write_bytes(b"")  # REST's check wants the file; planning does not read it
@@ -57,7 +57,7 @@ def test_every_drafter_declares_its_memory(name, tmp_path):
     models, parts = Engine(cfg).plan(cfg)
     assert parts[0].weights and parts[0].slots == 512 + 16 + cfg.lookahead + 2
     extra = parts[1:]
-    if name in ("lookup", "rest", "lookahead"):
+    if name in ("lookup", "rest", "suffix", "lookahead"):
         assert not extra
     elif name in ("medusa", "hydra"):  # a head's weights over the target's hidden state, no KV of its own
         assert extra and all(p.slots == 0 and p.extra_bytes > 0 for p in extra)
