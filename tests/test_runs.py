@@ -333,7 +333,12 @@ def test_drafted_sequoia_trees_are_lossless(tiny, jsonl, tiny_baseline, name):
     assert len(per_rank["reached"]) >= 3 and per_rank["reached"][0] >= per_rank["reached"][1] > 0
     sampled = run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])
     assert run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])["generated_ids"] == sampled["generated_ids"]
-    assert sampled["metrics"]["omega"] > 1
+    if name == "suffix":  # copies earlier text: what the tiny random model's sampled text lets it keep is chance (0
+        # or 2 tokens in 39 verifications, by platform); tests/test_suffix.py checks its sampled acceptance against the
+        # target's distribution. Here: the sampled run proposed and verified its trees, siblings included
+        assert sampled["metrics"]["speculation"]["per_rank"]["reached"][1] > 0
+    else:
+        assert sampled["metrics"]["omega"] > 1
 
 
 def test_synthetic_tree_acceptance_at_random_weights(small_random):
