@@ -112,37 +112,62 @@ def test_lookup_speculation_equals_plain_greedy(tiny, gamma):
     assert 0 < decoder.stats.alpha < 1
 
 
+POINT_MASS_COPIES = 4_000
+
+
+def point_mass_prompt() -> torch.Tensor:
+    """One repetitive prompt [1, 96] whose last token occurred before: a text drafter proposes what followed it."""
+    return repetitive_prompts(1, 96, seed=3)
+
+
+def sampled_second_tokens(tiny, prompt: torch.Tensor, make_draft, seed: int = 0):
+    """POINT_MASS_COPIES copies of `prompt` (its KV copied to every row), two tokens decoded at T 0.6, top-p 0.9 with
+    the drafter make_draft(copies) drafting one token: (the second token of each row [N], the drafter)."""
+    N, a = POINT_MASS_COPIES, tiny.args
+    torch.manual_seed(seed)
+    cache = KVCache(a.n_layers, N, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
+    prefill_copies(tiny, cache, prompt.expand(N, -1), 96)
+    draft = make_draft(prompt.expand(N, -1))
+    last = prompt[:, -1].expand(N)  # the first token: a repeat, so it matches
+    out, _ = decode(Decoder(tiny, Acceptor(Sampling(0.6, 0.9)), drafter=draft, gamma=1), cache, last, 2, prev=last)
+    return out[:, 1], draft
+
+
+def second_token_distribution(tiny, prompt: torch.Tensor) -> torch.Tensor:
+    """The target's distribution (T 0.6, top-p 0.9) after `prompt` and a repeat of its last token [V], float64."""
+    a = tiny.args
+    cache = KVCache(a.n_layers, 1, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
+    tiny(prompt, cache, NO_LOGITS)
+    cache.advance(96)
+    return probabilities(tiny(prompt[:, -1:], cache)[:, -1], 0.6, 0.9)[0].double()
+
+
+def keep_every_drafted(p, q, drafted):
+    """A chain verifier that never rejects (it hands out the point mass itself): the control the checks must fail."""
+    from magicdec.decoding.sampling import sample_from
+
+    return torch.full((drafted.shape[0],), drafted.shape[1]), sample_from(p[:, -1])
+
+
 def test_sampled_lookup_keeps_the_targets_distribution(tiny, monkeypatch):
     """N copies of a prompt whose last token occurred before: the first drafted token is the one that followed it,
     a point mass; the token sampled at that position must still follow the target's own distribution (chi-square
     below its 1 - 3e-7 quantile, nothing outside top-p); a verifier that never rejects fails it."""
     from magicdec.decoding import acceptance
-    from magicdec.decoding.sampling import sample_from
 
-    N, prompt = 4_000, repetitive_prompts(1, 96, seed=3)
-    sampling, first = Sampling(0.6, 0.9), prompt[:, -1].expand(N)  # the first token: a repeat, so it matches
-    a = tiny.args
+    prompt = point_mass_prompt()
+    vocab = tiny.args.vocab_size
 
-    def second_tokens(seed):
-        torch.manual_seed(seed)
-        cache = KVCache(a.n_layers, N, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
-        prefill_copies(tiny, cache, prompt.expand(N, -1), 96)  # one prompt's KV copied to the N rows
-        draft = PromptLookup(prompt.expand(N, -1), 3, a.vocab_size)
-        out, _ = decode(Decoder(tiny, Acceptor(sampling), drafter=draft, gamma=1), cache, first, 2, prev=prompt[:, -1].expand(N))
+    def second_tokens():
+        tokens, draft = sampled_second_tokens(tiny, prompt, lambda copies: PromptLookup(copies, 3, vocab))
         assert bool((draft.proposed == 1).all())
-        return out[:, 1]
+        return tokens
 
-    cache = KVCache(a.n_layers, 1, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
-    tiny(prompt, cache, NO_LOGITS)
-    cache.advance(96)
-    p = probabilities(tiny(first[:1, None], cache)[:, -1], 0.6, 0.9)[0].double()
-
-    stat, bound = chi_square(second_tokens(0), p)
+    p = second_token_distribution(tiny, prompt)
+    stat, bound = chi_square(second_tokens(), p)
     assert stat < bound, (stat, bound)
-    # control: a verifier that keeps every drafted token (no rejection) hands out the point mass itself
-    keep_all = lambda p_, q, d: (torch.full((d.shape[0],), d.shape[1]), sample_from(p_[:, -1]))  # noqa: E731
-    monkeypatch.setattr(acceptance, "speculative_sampling_verify", keep_all)
-    stat, bound = chi_square(second_tokens(0), p)
+    monkeypatch.setattr(acceptance, "speculative_sampling_verify", keep_every_drafted)
+    stat, bound = chi_square(second_tokens(), p)
     assert stat > 2 * bound, (stat, bound)
 
 

@@ -12,18 +12,19 @@ import random
 import pytest
 import torch
 
-from conftest import chi_square, prefill_copies
+from conftest import chi_square
 from magicdec.decoding.acceptance import Acceptor
 from magicdec.decoding.generate import Decoder, decode
 from magicdec.decoding.sampling import Sampling, probabilities
 from magicdec.drafters import suffix
 from magicdec.drafters.suffix import SuffixDraft, SuffixIndex, budget_for, filled, grow
 from magicdec.errors import MagicDecError
-from magicdec.model.forward_plan import LAST_LOGITS, NO_LOGITS
+from magicdec.model.forward_plan import LAST_LOGITS
 from magicdec.model.kv_cache import KVCache
 from magicdec.model.tree import Tree, shaped_tree
 from test_generate_speculative import plain_greedy
-from test_lookup import repetitive_prompts
+from test_lookup import (POINT_MASS_COPIES, keep_every_drafted, point_mass_prompt, repetitive_prompts,
+                         sampled_second_tokens, second_token_distribution)
 
 pytestmark = pytest.mark.usefixtures("inference_mode")  # conftest: no autograd in these tests
 
@@ -248,32 +249,21 @@ def test_sampled_suffix_keeps_the_targets_distribution(tiny, monkeypatch, width)
     padding); the token sampled at that position still follows the target's own distribution (chi-square below its
     1 - 3e-7 quantile); for the chain, a verifier that never rejects fails it."""
     from magicdec.decoding import acceptance
-    from magicdec.decoding.sampling import sample_from
 
-    N, prompt = 4_000, repetitive_prompts(1, 96, seed=3)
-    sampling, first = Sampling(0.6, 0.9), prompt[:, -1].expand(N)  # the first token: a repeat, so it matches
-    a = tiny.args
+    prompt, vocab = point_mass_prompt(), tiny.args.vocab_size
 
-    def second_tokens(seed):
-        torch.manual_seed(seed)
-        cache = KVCache(a.n_layers, N, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
-        prefill_copies(tiny, cache, prompt.expand(N, -1), 96)
-        draft = SuffixDraft(prompt.expand(N, -1), 16, 1.0, 0.0, 1, a.vocab_size).shaped(width)
-        out, _ = decode(Decoder(tiny, Acceptor(sampling), drafter=draft, gamma=1), cache, first, 2,
-                        prev=prompt[:, -1].expand(N))
-        assert draft.summary()["matches"] == N
-        return out[:, 1]
+    def second_tokens():
+        tokens, draft = sampled_second_tokens(
+            tiny, prompt, lambda copies: SuffixDraft(copies, 16, 1.0, 0.0, 1, vocab).shaped(width))
+        assert draft.summary()["matches"] == POINT_MASS_COPIES
+        return tokens
 
-    cache = KVCache(a.n_layers, 1, a.n_kv_heads, 100, a.head_dim, torch.float32, "cpu")
-    tiny(prompt, cache, NO_LOGITS)
-    cache.advance(96)
-    p = probabilities(tiny(first[:1, None], cache)[:, -1], 0.6, 0.9)[0].double()
-    stat, bound = chi_square(second_tokens(0), p)
+    p = second_token_distribution(tiny, prompt)
+    stat, bound = chi_square(second_tokens(), p)
     assert stat < bound, (stat, bound)
     if width == 1:
-        keep_all = lambda p_, q, d: (torch.full((d.shape[0],), d.shape[1]), sample_from(p_[:, -1]))  # noqa: E731
-        monkeypatch.setattr(acceptance, "speculative_sampling_verify", keep_all)
-        stat, bound = chi_square(second_tokens(0), p)
+        monkeypatch.setattr(acceptance, "speculative_sampling_verify", keep_every_drafted)
+        stat, bound = chi_square(second_tokens(), p)
         assert stat > 2 * bound, (stat, bound)
 
 
