@@ -328,7 +328,7 @@ def generate(argv: list[str]) -> dict:
     if out.exists() and not out.is_dir():
         raise MagicDecError(f"--out {out} is a file: give the folder the shards and their manifest go to")
     device = train_head.resolve_device(runtime["device"])
-    dtype = getattr(torch, runtime["dtype"] or ("bfloat16" if device.type == "cuda" else "float32"))
+    dtype = train_head.resolve_dtype(runtime["dtype"], device)
     ckpt = train_head.target_checkpoint(target_arg)
     args = ModelArgs.from_checkpoint_dir(ckpt.parent)
     check_context(o, args)
@@ -345,22 +345,19 @@ def generate(argv: list[str]) -> dict:
         check_same(manifest, "target_fingerprint", fingerprint, out,
                    f"by the target {manifest['target']['path']}, not {ckpt}: give that --target to continue it, or "
                    "choose another --out")
-    books = train_head.read_books(train_head.corpus_files(corpus_path))
-    from magicdec.model.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(ckpt.parent)
-    bos = tokenizer.bos_id if tokenizer.bos_id is not None else args.bos_id
     defaults = (o.holdout_B, o.holdout_prefix_len) == (Options.holdout_B, Options.holdout_prefix_len)
-    corpus = train_head.split_corpus(o.split(), corpus_path, books, tokenizer, bos, defaults,
-                                     progress=not runtime["no_progress"], length_flag="--context_lens")
+    books = train_head.read_books(train_head.corpus_files(corpus_path))
+    corpus, bos = train_head.tokenized_split(o.split(), corpus_path, books, ckpt, args, defaults,
+                                             not runtime["no_progress"], "--context_lens")
     del books
     pools = context_pools(o, corpus.trainable, bos)
     book_hashes = {name: token_hash(corpus.trainable[name]) for name in sorted(corpus.trainable)}
+    corpus_fingerprint = corpus_hash(book_hashes)
     if manifest is not None:
-        check_same(manifest, "corpus_fingerprint", corpus_hash(book_hashes), out,
+        check_same(manifest, "corpus_fingerprint", corpus_fingerprint, out,
                    f"from other books or another tokenization (--corpus {manifest['corpus']['path']}, split "
                    f"{manifest['corpus']['held_out_rule']}): give that --corpus to continue it, or choose another --out")
-    run = Run(o, out, pools, fingerprint, corpus_hash(book_hashes), bos)
+    run = Run(o, out, pools, fingerprint, corpus_fingerprint, bos)
     manifest = new_manifest(run, argv, ckpt, args, dtype, device, corpus, corpus_path, book_hashes, goal)
     files.write_json(out / MANIFEST, manifest, "--out", default=None)
 

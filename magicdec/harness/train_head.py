@@ -185,6 +185,22 @@ def resolve_device(value: str | None) -> torch.device:
     return device
 
 
+def resolve_dtype(value: str | None, device: torch.device) -> torch.dtype:
+    """--dtype, or bfloat16 on a GPU and float32 on a CPU."""
+    return getattr(torch, value or ("bfloat16" if device.type == "cuda" else "float32"))
+
+
+def tokenized_split(o: Options, corpus_path: Path, books: dict[str, str], ckpt: Path, args, fit_holdout: bool,
+                    progress: bool, length_flag: str = "--seq_len") -> tuple[Corpus, int]:
+    """The corpus' books (read_books) tokenized by the target's tokenizer and split (split_corpus), and the BOS
+    id."""
+    from magicdec.model.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(ckpt.parent)
+    bos = tokenizer.bos_id if tokenizer.bos_id is not None else args.bos_id
+    return split_corpus(o, corpus_path, books, tokenizer, bos, fit_holdout, progress, length_flag), bos
+
+
 def default_corpus() -> Path:
     """The project's Gutenberg books: in $MAGICDEC_DATA where it is set, else ../shared/data beside the repository
     (as the tests find them); where they are not, the parts of books that ship with the tests."""
@@ -984,7 +1000,6 @@ def train(argv: list[str]) -> dict:
     corpus_path = Path(corpus_arg).expanduser() if corpus_arg is not None else default_corpus()
 
     from magicdec.config import ModelArgs
-    from magicdec.model.tokenizer import load_tokenizer
 
     args = ModelArgs.from_checkpoint_dir(ckpt.parent)
     fingerprint = target_fingerprint(ckpt, args)
@@ -1000,13 +1015,11 @@ def train(argv: list[str]) -> dict:
         raise MagicDecError(f"--resume: the saved run trained on --corpus {meta['corpus']}, not {corpus_path}; "
                             "drop --corpus, or train anew in another --out")
     trainer = make_trainer(o, args)  # the family's own checks, before anything big
-    dtype = getattr(torch, runtime["dtype"] or ("bfloat16" if device.type == "cuda" else "float32"))
+    dtype = resolve_dtype(runtime["dtype"], device)
     books = read_books(corpus_files(corpus_path))
     check_fits(o, args, device, dtype)
-    tokenizer = load_tokenizer(ckpt.parent)
-    bos = tokenizer.bos_id if tokenizer.bos_id is not None else args.bos_id
     defaults = not {"holdout_B", "holdout_prefix_len"} & set(ns)  # the held-out workload left at its default
-    corpus = split_corpus(o, corpus_path, books, tokenizer, bos, defaults, progress=not runtime["no_progress"])
+    corpus, bos = tokenized_split(o, corpus_path, books, ckpt, args, defaults, not runtime["no_progress"])
     del books
     train_windows, data = training_windows(o, corpus, bos, generated)
 
