@@ -6,9 +6,9 @@ largest of --gammas), the target the same layers over its full --prefix_len cach
 run builds it, by the engine (magicdec/harness/engine.py: --drafter selfspec, random weights, --skip_prefill: random
 KV in both caches), and one step of each, the decoder's own draft step (through the drafter's own model: the
 quantized copy where --draft_weights asks for one) over the draft's ring and its target step over the full cache, at
-B x prefix_len, runs under torch.profiler: every GPU kernel's time per step, by kernel and by group (matmuls, attention, the fused
-RMSNorm/RoPE/SwiGLU kernels, the rest), beside the step's weight and KV bytes over the copy bandwidth measured here
-(cost_model.measure_device). That says how far a draft step is from its byte limit and what the remainder is: the
+B x prefix_len, runs under torch.profiler: every GPU kernel's time per step, by kernel and by group (matmuls,
+attention, the fused RMSNorm/RoPE/SwiGLU kernels, the rest), beside the step's weight and KV bytes over the copy
+bandwidth measured here (cost_model.measure_device). That says how far a draft step is from its byte limit and what the remainder is: the
 floor on T_D/T_T, and so on the speedup, that weights and KV alone do not explain. The profile launches eagerly (the
 kernels' own times); each step is then also timed as the runs time it, replayed in one CUDA graph
 (`graphed_step_us`, and `bytes_over_step`: the byte limit over that time). The fused kernels (fused.py) are on, as

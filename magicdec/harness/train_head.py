@@ -124,7 +124,8 @@ def parser() -> argparse.ArgumentParser:
                                 description=__doc__.split("\n\n")[0].split(": ", 1)[1],
                                 epilog="Defaults (when not resuming): " + ", ".join(
                                     f"--{k} {v}" for k, v in asdict(Options()).items()
-                                    if k not in ("family", "exclude", "data")) + "; --data corpus; --num_heads 0 and --lr 0 mean the "
+                                    if k not in ("family", "exclude", "data")) + "; --data corpus; --num_heads 0 and "
+                                    "--lr 0 mean the "
                                     "family's own (medusa/hydra 4 heads, lr 1e-3; eagle 5 steps, eagle3 3, lr 3e-4)")
     S = argparse.SUPPRESS  # unset options stay unset: a resumed run takes them from its checkpoint
     p.add_argument("--family", choices=FAMILIES, default=S, help="which head (required unless --resume)")
@@ -550,10 +551,7 @@ def token_loss(o: Options, logits: torch.Tensor, tp: TargetPass, at: slice, text
     loss = logits.new_zeros((), dtype=torch.float32)
     shown = 0.0
     if o.loss in ("distill", "both"):
-        if tp.weights is None:
-            ce = -(tp.probs()[:, at] * logits.float().log_softmax(-1)).sum(-1).mean()
-        else:
-            ce = tp.mean(-(tp.probs()[:, at] * logits.float().log_softmax(-1)).sum(-1), at)
+        ce = tp.mean(-(tp.probs()[:, at] * logits.float().log_softmax(-1)).sum(-1), at)
         loss = loss + ce
         shown += (ce - tp.mean(tp.entropy()[:, at], at)).item()
     if o.loss in ("text", "both"):
@@ -1107,7 +1105,7 @@ def training_windows(o: Options, corpus: Corpus, bos: int, generated) -> tuple[W
     windows = GeneratedWindows(generate_data.training_sequences(folder, manifest, shards, corpus.trainable),
                                o.seq_len, bos)
     if not windows.windows():
-        longest = max(n - 1 + int(s["lengths"].max()) for s in shards for n in [s["context_len"]])
+        longest = max(s["context_len"] - 1 + int(s["lengths"].max()) for s in shards)
         raise MagicDecError(f"--seq_len {o.seq_len}: no generated sequence (context + continuation, the longest "
                             f"{longest + 1} tokens with BOS) holds a window of it that ends in its continuation; lower "
                             "--seq_len")
