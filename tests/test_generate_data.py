@@ -162,6 +162,7 @@ def test_train_head_refuses_data_from_a_book_it_holds_out(stories, corpus, tmp_p
                                 "tokens; lower the longest --context_lens or --gen_len"),
     (["--context_lens", "24", "300"], "--context_lens 300: no training book holds 299 tokens"),
     (["--context_lens", "300"], "no book is left to train on with windows of 300 tokens"),
+    (["--shard", "3/2"], "--shard 3/2: give I/N with 1 <= I <= N"),
 ])
 def test_bad_input_is_one_line_before_the_target_loads(flags, expected, stories, tmp_path, capsys, monkeypatch):
     c = tmp_path / "corpus"
@@ -212,3 +213,21 @@ def test_an_interrupted_run_leaves_whole_shards_and_the_rest_come_back_the_same(
     monkeypatch.setattr(generate_data.files, "save_torch", save)
     generate_data.generate(command(stories, corpus, tmp_path / "cut"))
     assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "straight")
+
+
+def test_shards_written_by_slices_are_the_single_process_shards_and_the_plain_pass_completes_them(
+        stories, corpus, tmp_path):
+    whole = generate_data.generate(command(stories, corpus, tmp_path / "one"))
+    planned = generate_data.planned_shards(generate_data.Options(gen_len=12, batch=3), 80)  # 80 / 36: 3
+    for part in ("2/2", "1/2"):
+        got = generate_data.generate(command(stories, corpus, tmp_path / "two", "--shard", part))
+        assert got["generated"]["shard"] == part
+    sliced = shard_bytes(tmp_path / "two")
+    assert sorted(sliced) == [generate_data.shard_name(i) for i in range(planned)]
+    ours = shard_bytes(tmp_path / "one")
+    assert all(ours[name] == data for name, data in sliced.items())
+    done = generate_data.generate(command(stories, corpus, tmp_path / "two"))
+    assert done["generated"]["written_now"] == len(ours) - planned  # what EOS left short, and no more
+    assert shard_bytes(tmp_path / "two") == ours
+    assert {k: done["generated"][k] for k in ("shards", "tokens")} == {k: whole["generated"][k]
+                                                                       for k in ("shards", "tokens")}

@@ -32,6 +32,11 @@ by (--seed, i) too, so the same command gives the same shards on the same device
 Resumable: a re-run writes only the shards missing (each written whole: a temporary file renamed into place, so a
 Ctrl-C leaves none half written), until the shards' generated tokens reach --tokens (which a re-run may raise);
 settings or a target or books that differ from the manifest's are refused.
+
+Several GPUs of one host: `--shard I/N` (CUDA_VISIBLE_DEVICES=I-1) writes into the same --out only the shards i with
+i mod N = I - 1 among those a run with no EOS would need (ceil(--tokens / (--batch x --gen_len))); then the same
+command without --shard, once, reads them all, writes whatever is still missing (a gap, or what EOS left short) and
+the manifest's totals. The shards are the ones a single process writes: each is seeded by its own index.
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ from magicdec import files
 from magicdec.errors import MagicDecError, interrupted_as
 from magicdec.harness import train_head
 from magicdec.harness.run_config import device_value
+from magicdec.harness.sweep_grid import parse_shard
 
 FORMAT = "magicdec generated data 1"
 MANIFEST = "manifest.json"
@@ -137,6 +143,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                    help="the target's dtype (default bfloat16 on a GPU, float32 on a CPU)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.add_argument("--shard", default="1/1", metavar="I/N",
+                   help="write only every N-th shard, from the I-th (one process per GPU into the same --out); then "
+                        "the same command without --shard writes the rest and the totals")
     return p
 
 
@@ -290,6 +299,23 @@ def read_shard(path: Path, stamp: dict | None = None) -> dict:
     return shard
 
 
+def planned_shards(o: Options, goal: int) -> int:
+    """Shards a run needs when no sequence ends at EOS."""
+    return -(-goal // (o.batch * o.gen_len))
+
+
+def run_shard_slice(run: Run, goal: int, sample: Sampler, bar, index: int, count: int) -> dict:
+    """--shard I/N: of the planned shards, those with i mod count = index, generated and written where missing."""
+    written = 0
+    for i in range(index, planned_shards(run.o, goal), count):
+        path = run.out / shard_name(i)
+        if not path.exists():
+            files.save_torch(path, run.make(i, sample), "--out")
+            written += 1
+        bar.update(int(run.read(i)["lengths"].sum()))
+    return {"shard": f"{index + 1}/{count}", "written_now": written}
+
+
 def run_shards(run: Run, goal: int, sample: Sampler, bar) -> dict:
     """Shards 0, 1, ... read where written, generated and written whole where not, until their generated tokens
     reach `goal`; returns the totals."""
@@ -322,9 +348,10 @@ def generate(argv: list[str]) -> dict:
     ns = vars(parser().parse_args(argv))
     out, goal = ns.pop("out"), ns.pop("tokens")
     target_arg, corpus_arg = ns.pop("target"), ns.pop("corpus")
-    runtime = {k: ns.pop(k) for k in ("device", "dtype", "no_progress")}
+    runtime = {k: ns.pop(k) for k in ("device", "dtype", "no_progress", "shard")}
     o = Options(**ns | {"context_lens": tuple(ns["context_lens"]), "exclude": tuple(ns["exclude"])})
     check_options(o, goal)
+    shard = parse_shard(runtime["shard"], "each a process of its own writing into the same --out")
     if out.exists() and not out.is_dir():
         raise MagicDecError(f"--out {out} is a file: give the folder the shards and their manifest go to")
     device = train_head.resolve_device(runtime["device"])
@@ -377,8 +404,13 @@ def generate(argv: list[str]) -> dict:
                 "keeps them")
 
     with interrupted_as(stopped):
-        totals = run_shards(run, goal, sample, bar)
+        if shard != (1, 1):  # a slice: the totals are the pass's without --shard
+            part = run_shard_slice(run, goal, sample, bar, shard[0] - 1, shard[1])
+        else:
+            totals = run_shards(run, goal, sample, bar)
     bar.close()
+    if shard != (1, 1):
+        return manifest | {"generated": part | {"seconds_now": round(time.perf_counter() - t0, 3)}}
     manifest["generated"] = totals | {"seconds_now": round(time.perf_counter() - t0, 3)}
     files.write_json(out / MANIFEST, manifest, "--out", default=None)
     return manifest

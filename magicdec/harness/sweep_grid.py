@@ -311,11 +311,11 @@ def shard_of(points: list[Point], i: int, n: int) -> list[Point]:
     return [p for p in points if group_key(p) in mine]
 
 
-def parse_shard(text: str) -> tuple[int, int]:
+def parse_shard(text: str, where: str = "each run into its own --output_dir") -> tuple[int, int]:
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
     if not m or not 1 <= int(m[1]) <= int(m[2]):
         raise MagicDecError(f"--shard {text}: give I/N with 1 <= I <= N (e.g. --shard 2/4: the second of four "
-                            "shards, each run into its own --output_dir)")
+                            f"shards, {where})")
     return int(m[1]), int(m[2])
 
 
