@@ -8,7 +8,7 @@ speedup 1), both with every sequence reaching gen_len; the figures; the commands
 
     magicdec report SWEEP_DIR --out OUT                                 # OUT/NAME.md and OUT/NAME_*.png only
     magicdec report SWEEP_DIR --out OUT --results_md results/RESULTS.md # and NAME's section of the results page
-    magicdec report specbench-table | tp-tables | heads-acceptance | atlas ...  # magicdec/harness/report_*.py
+    magicdec report specbench-table | tp-tables | heads-acceptance | heads-data | atlas ...  # magicdec/harness/report_*.py
 
 NAME is the sweep folder's name. The results page is updated in place: each sweep's section sits between
 `<!-- sweep NAME -->` and `<!-- /sweep NAME -->` (an --include file between `<!-- include PATH -->` markers); a run
@@ -744,7 +744,7 @@ def parser() -> argparse.ArgumentParser:
 # Reports of their own records, each a module beside this one: `magicdec report NAME ...` (NAME before any sweep
 # folder; `magicdec report NAME --help` for its flags).
 REPORTS = {"specbench-table": "report_specbench", "tp-tables": "report_tp", "heads-acceptance": "report_heads",
-           "atlas": "report_atlas"}
+           "heads-data": "report_training", "atlas": "report_atlas"}
 
 
 def main(argv=None) -> int:
