@@ -400,6 +400,8 @@ def test_sigterm_keeps_the_last_checkpoint_whole_and_says_so(where, stories, cor
     ("--eval_windows", "0", "--eval_windows 0: must be an integer >= 1"),
     ("--eval_every", "0", "--eval_every 0: must be an integer >= 1"),
     ("--save_every", "-3", "--save_every -3: must be an integer >= 1"),
+    ("--eval_own_tokens", "-1", "--eval_own_tokens -1: must be an integer >= 0 (0: no evaluation on the target's own "
+                                "text)"),
 ])
 def test_every_number_out_of_its_range_is_one_line_first(flag, value, needle, tmp_path, capsys, no_target_load):
     """Checked before the target or the corpus is looked at (both are missing here)."""
@@ -589,3 +591,52 @@ def test_train_head_on_generated_data_writes_its_head_and_says_what_data_it_used
     assert [r["loss"] for r in again["steps"]] == [r["loss"] for r in log["steps"]]
     with pytest.raises(MagicDecError, match="--data corpus differs from the saved run's generated /"):
         train_head.train(["--out", str(out), "--resume", "--data", "corpus", "--device", "cpu", "--no_progress"])
+
+
+def test_agreement_counts_only_the_weighted_positions():
+    """TargetPass.count against a hand count: hits and positions where the weights keep them."""
+    match = torch.tensor([[True, False, True, True], [False, True, True, False]])
+    weights = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]]).float()
+    tp = train_head.TargetPass(torch.zeros(2, 6, dtype=torch.long), {}, torch.zeros(2, 6, 3), weights=weights)
+    at = slice(1, 5)  # positions 1-4: kept [0, 1, 1, 1] and [1, 1, 1, 0]
+    assert tp.count(match, at) == (2 + 2, 3 + 3)
+    assert train_head.TargetPass(tp.tokens, {}, tp.logits).count(match, at) == (5, 8)  # no weights: every position
+
+
+def test_own_text_windows_keep_the_context_and_weigh_what_the_target_wrote(monkeypatch):
+    """The windows' context is the held-out text's, the continuation the sampler's, padded after an EOS; the weights
+    keep exactly the positions whose next token was written (by hand for lengths 3, 0 and all 4)."""
+    from magicdec.harness import generate_data
+
+    held = torch.arange(30).reshape(3, 10)
+    ids = torch.tensor([[101, 102, 103, -1], [-1, -1, -1, -1], [201, 202, 203, 204]], dtype=torch.int32)
+
+    class Fixed:
+        def __init__(self, model, o, device, dtype, eos_ids):
+            assert (o.gen_len, o.batch) == (4, 3)
+
+        def __call__(self, prompts, seed):
+            assert torch.equal(prompts, held[:, :6])
+            return ids, torch.tensor([3, 0, 4], dtype=torch.int32), torch.tensor([True, True, False])
+
+    monkeypatch.setattr(generate_data, "Sampler", Fixed)
+    windows, weights = train_head.own_text_windows(None, held, 4, "cpu", torch.float32, [2], seed=0)
+    assert windows[0].tolist() == [0, 1, 2, 3, 4, 5, 101, 102, 103, 0]
+    assert windows[2].tolist() == [20, 21, 22, 23, 24, 25, 201, 202, 203, 204]
+    # position p counts iff token p + 1 is written: tokens 6.. 6 + length - 1
+    assert weights.tolist() == [[0, 0, 0, 0, 0, 1, 1, 1, 0, 0], [0] * 10, [0, 0, 0, 0, 0, 1, 1, 1, 1, 0]]
+
+
+def test_the_own_text_evaluation_is_logged_beside_the_books_and_can_be_turned_off(stories, corpus, tmp_path, capsys):
+    log = train_head.train(command(stories, corpus, tmp_path / "a", "medusa", "--steps", "2", "--eval_every", "2",
+                                   "--eval_own_tokens", "8"))
+    for e in log["evals"]:
+        assert len(e["own_text_acceptance"]) == log["options"]["num_heads"]
+        assert all(0 <= a <= 1 for a in e["own_text_acceptance"])
+    off = train_head.train(command(stories, corpus, tmp_path / "b", "medusa", "--steps", "2", "--eval_every", "2",
+                                   "--eval_own_tokens", "0"))
+    assert all("own_text_acceptance" not in e for e in off["evals"])
+    assert [e["acceptance"] for e in off["evals"]] == [e["acceptance"] for e in log["evals"]]  # the books' unchanged
+    line = one_line(capsys, command(stories, corpus, tmp_path / "c", "medusa", "--steps", "2", "--eval_own_tokens",
+                                    "39"))
+    assert "--eval_own_tokens 39: at most --seq_len - 2 = 38" in line, line

@@ -6,8 +6,10 @@ head, one curve per log, the heads trained on the books' text beside those train
         --output results/heads/self_distilled/acceptance_by_training_tokens
 
 x: the tokens the steps have read (step x batch x window, counted alike for both kinds of data); y: the held-out
-evaluation's teacher-forced top-1 agreement at the first drafted position (train_head's evaluation: held-out books'
-windows, the same for every log of one split). A head that has not yet flattened is limited by its steps, not its data.
+evaluation's teacher-forced top-1 agreement at the first drafted position: on the held-out books' text (the same
+windows for every log of one split) and, where the log has it (train-head --eval_own_tokens), on the target's own
+continuation of them, the text a head drafts after. A head that has not yet flattened is limited by its steps, not
+its data.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ def curve(log: dict) -> dict:
     data = log.get("data") or {"kind": "corpus"}  # logs from before --data were all trained on the books' text
     distinct = data["generated_tokens"] if data["kind"] == "generated" else log["corpus"]["train_tokens"]
     points = [(e["step"] * per_step, e["acceptance"][0]) for e in log["evals"]]
-    return {"family": o["family"], "data": data["kind"], "distinct_tokens": distinct, "points": points}
+    own = [(e["step"] * per_step, e["own_text_acceptance"][0]) for e in log["evals"] if "own_text_acceptance" in e]
+    return {"family": o["family"], "data": data["kind"], "distinct_tokens": distinct, "points": points, "own": own}
 
 
 def read(path: Path) -> dict:
@@ -45,11 +48,12 @@ def label(c: dict) -> str:
 
 def table(curves: list[dict]) -> str:
     lines = ["| head | data | distinct tokens | steps' tokens read | held-out agreement (first position) at the last "
-             "evaluation | at half of it |", "|---|---|---|---|---|---|"]
+             "evaluation | at half of it | on the target's own text, last |", "|---|---|---|---|---|---|---|"]
     for c in curves:
         (x, y), half = c["points"][-1], c["points"][len(c["points"]) // 2]
+        own = f"{c['own'][-1][1]:.3f}" if c["own"] else "not evaluated"
         lines.append(f"| {c['family']} | {c['data']} | {c['distinct_tokens'] / 1e6:.2f}M | {x / 1e6:.1f}M | {y:.3f} "
-                     f"| {half[1]:.3f} at {half[0] / 1e6:.1f}M |")
+                     f"| {half[1]:.3f} at {half[0] / 1e6:.1f}M | {own} |")
     return "\n".join(lines) + "\n"
 
 
@@ -68,15 +72,20 @@ def main(argv=None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for c in curves:
-        xs, ys = zip(*c["points"])
-        ax.plot([x / 1e6 for x in xs], ys, marker="o", markersize=3, label=label(c),
-                linestyle="-" if c["data"] == "generated" else "--")
-    ax.set_xlabel("tokens read in training (millions: steps x batch x window)")
-    ax.set_ylabel("held-out top-1 agreement, first drafted position")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    panels = [("points", "held-out books' text")] + ([("own", "the target's own text after held-out contexts")]
+                                                    if any(c["own"] for c in curves) else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 5), squeeze=False)
+    for ax, (key, title) in zip(axes[0], panels):
+        for c in curves:
+            if c[key]:
+                xs, ys = zip(*c[key])
+                ax.plot([x / 1e6 for x in xs], ys, marker="o", markersize=3, label=label(c),
+                        linestyle="-" if c["data"] == "generated" else "--")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("tokens read in training (millions: steps x batch x window)")
+        ax.set_ylabel("held-out top-1 agreement, first drafted position")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     files.save_figure(a.output.with_suffix(".png"), fig, dpi=120)
     return 0

@@ -30,6 +30,11 @@ token after the feature it predicts), so the head learns from the target's own t
 it as the window holds as context. The held-out evaluation is unchanged (the held-out books' text, every position),
 so heads trained on either data compare on the same numbers.
 
+A second held-out evaluation reads the text a head drafts after, the target's own: each held-out window's first
+seq_len - G tokens as context and the target's sampled continuation of G tokens (--eval_own_tokens G, the sampling of
+generate-data, written once per run from a fixed seed), the agreement counted only where the token predicted is one
+the target wrote. A head trained on the books and one trained on generated data compare on both.
+
 Deterministic: step s draws its windows and its noise from generators seeded by (--seed, s), the learning rate is
 a function of the step, so the same command gives the same weights on the same device, and a run resumed from its
 checkpoint (OUT/train_state.pt: head, optimizer, RNG, log) gives the weights of an uninterrupted one.
@@ -98,6 +103,8 @@ class Options:
         return o
 
 
+OWN_TOKENS = 128  # the own-text evaluation's continuation at most, by default: a draft's reach many times over
+
 # Options a resumed run may change: how long it runs and what it prints, not what it learns.
 RESUMABLE = {"steps"}
 # Every number a run takes, with its least value and what that least value means where it means more than itself.
@@ -105,7 +112,8 @@ LEAST = {"num_heads": (0, "0: the family's own"), "steps": (1, ""), "batch_size"
          "lr": (0.0, "0: the family's own"), "warmup": (0, ""), "weight_decay": (0.0, ""),
          "grad_clip": (0.0, "0: no clipping"), "noise": (0.0, "0: none"),
          "holdout_B": (0, "0: hold out the last 10% of each book"), "holdout_prefix_len": (2, ""),
-         "skip_tokens": (0, ""), "eval_windows": (1, ""), "eval_every": (1, ""), "save_every": (1, "")}
+         "skip_tokens": (0, ""), "eval_windows": (1, ""), "eval_every": (1, ""), "save_every": (1, ""),
+         "eval_own_tokens": (0, "0: no evaluation on the target's own text")}
 
 
 def check_numbers(given: dict, least_values: dict = LEAST) -> None:
@@ -164,6 +172,9 @@ def parser() -> argparse.ArgumentParser:
                         "to the data's)")
     p.add_argument("--eval_windows", type=int, default=S, help="held-out windows of seq_len per evaluation")
     p.add_argument("--eval_every", type=int, default=200, help="evaluate on the held-out text every N steps")
+    p.add_argument("--eval_own_tokens", type=int, default=None,
+                   help="also evaluate on the target's own sampled continuation of this many tokens after each "
+                        "held-out window's first seq_len - N (default: an eighth of --seq_len, at most 128; 0: not)")
     p.add_argument("--save_every", type=int, default=200, help="write the resumable checkpoint every N steps")
     p.add_argument("--device", type=device_value, default=None,
                    help="cuda (or cuda:N) or cpu (default: cuda when a GPU is visible)")
@@ -490,6 +501,13 @@ class TargetPass:
         w = self.weights[:, at].to(values.dtype)
         return (values * w).sum() / w.sum().clamp_min(1)
 
+    def count(self, match: torch.Tensor, at: slice) -> tuple[int, int]:
+        """(hits, positions) of a per-position match [B, n] at positions `at`, over the positions the weights keep."""
+        if self.weights is None:
+            return int(match.sum()), match.numel()
+        w = self.weights[:, at] > 0
+        return int((match & w).sum()), int(w.sum())
+
     def features(self, taps) -> torch.Tensor:
         return torch.cat([self.taps[t] for t in taps], -1)
 
@@ -675,9 +693,9 @@ class MedusaTrainer(Trainer):
     def agreement(self, head, tp: TargetPass):
         hits, counts = [], []
         for k, logits, at, _ in self.per_head(head, tp):
-            match = logits.argmax(-1) == tp.argmax()[:, at]
-            hits.append(int(match.sum()))
-            counts.append(match.numel())
+            hit, total = tp.count(logits.argmax(-1) == tp.argmax()[:, at], at)
+            hits.append(hit)
+            counts.append(total)
         return hits, counts
 
 
@@ -758,9 +776,9 @@ class EagleTrainer(Trainer):
         hits, counts = [], []
         for j, h in self.unroll(head, tp, self.o.num_heads):
             logits, at, _ = self.step_losses(head, tp, j, h)
-            match = head.to_target(logits.argmax(-1)) == tp.argmax()[:, at]
-            hits.append(int(match.sum()))
-            counts.append(match.numel())
+            hit, total = tp.count(head.to_target(logits.argmax(-1)) == tp.argmax()[:, at], at)
+            hits.append(hit)
+            counts.append(total)
         return hits, counts
 
 
@@ -953,12 +971,32 @@ def plot_losses(log: dict, path: Path) -> None:
 
 
 @torch.no_grad()
-def evaluate(trainer, head, model, windows: torch.Tensor, batch_size: int, device) -> dict:
-    """Held-out loss and per-head / per-step top-1 agreement with the target's argmax, over fixed windows."""
+def own_text_windows(model, held: torch.Tensor, tokens: int, device, dtype, eos_ids: list[int], seed: int):
+    """The held-out windows [n, seq_len] with their last `tokens` replaced by the target's own sampled continuation
+    of the rest (generate-data's sampling), and the weights [n, seq_len] keeping the positions whose next token is
+    one it wrote (up to an EOS, which ends a continuation; what follows it is padding)."""
+    from magicdec.harness import generate_data
+
+    n, seq_len = held.shape
+    context = seq_len - tokens
+    sample = generate_data.Sampler(model, generate_data.Options(gen_len=tokens, batch=n), device, dtype, eos_ids)
+    ids, lengths, _ = sample(held[:, :context], seed)
+    windows = torch.cat([held[:, :context], ids.long().clamp(min=0)], 1)
+    nxt = torch.arange(1, seq_len + 1)[None]  # the index of the token each position predicts
+    weights = ((nxt >= context) & (nxt < context + lengths.long()[:, None])).float()
+    return windows, weights
+
+
+def evaluate(trainer, head, model, windows: torch.Tensor, batch_size: int, device,
+             weights: torch.Tensor | None = None) -> dict:
+    """Held-out loss and per-head / per-step top-1 agreement with the target's argmax, over fixed windows (and with
+    `weights`, over the positions they keep)."""
     head.eval()
     losses, agree, n = [], None, 0
     for i in range(0, len(windows), batch_size):
         tp = target_pass(model, windows[i:i + batch_size].to(device), trainer.layers)
+        if weights is not None:
+            tp.weights = weights[i:i + batch_size].to(device)
         with trainer.autocast():
             loss, shown = trainer.loss(head, tp, None)
             hits, total = trainer.agreement(head, tp)
@@ -974,13 +1012,18 @@ def train(argv: list[str]) -> dict:
     ns = vars(parser().parse_args(argv))
     out, resume = ns.pop("out"), ns.pop("resume")
     target_arg, corpus_arg = ns.pop("target"), ns.pop("corpus")
-    runtime = {k: ns.pop(k) for k in ("eval_every", "save_every", "device", "dtype", "no_progress")}
+    runtime = {k: ns.pop(k) for k in ("eval_every", "eval_own_tokens", "save_every", "device", "dtype", "no_progress")}
     check_numbers(ns | runtime)
     if "data" in ns:
         ns["data"] = data_value(ns["data"])
     if out.exists() and not out.is_dir():
         raise MagicDecError(f"--out {out} is a file: give the folder the head, its log and checkpoint go to")
     o, meta = resolve_options(ns, out, resume)
+    if runtime["eval_own_tokens"] is None:
+        runtime["eval_own_tokens"] = min(OWN_TOKENS, o.seq_len // 8)
+    if runtime["eval_own_tokens"] > o.seq_len - 2:
+        raise MagicDecError(f"--eval_own_tokens {runtime['eval_own_tokens']}: at most --seq_len - 2 = {o.seq_len - 2} "
+                            "(a held-out window's BOS and one token of it stay as the context); lower it, or 0")
     device = resolve_device(runtime["device"])
     files.writable_folder(out, "--out")  # before anything loads: its checkpoints and head go there
     state = read_state(out) if resume else None
@@ -1059,6 +1102,8 @@ def train(argv: list[str]) -> dict:
         log["commands"] = log.get("commands", [log["command"]]) + [command]
         log["options"]["steps"] = o.steps
     held = eval_windows(corpus.held_out, o.seq_len, o.eval_windows, bos)
+    own = (own_text_windows(model, held, runtime["eval_own_tokens"], device, dtype, args.eos_ids,
+                            step_seed(o.seed, 0, 2)) if runtime["eval_own_tokens"] else None)
     out.mkdir(parents=True, exist_ok=True)
 
     def save(step: int) -> None:
@@ -1084,8 +1129,8 @@ def train(argv: list[str]) -> dict:
         return f"interrupted: {where}; the same command with --resume continues from it"
 
     with interrupted_as(stopped):
-        run_steps(o, runtime, trainer, model, head, opt, params, train_windows, held, log, bar, t_run, start, save,
-                  device)
+        run_steps(o, runtime, trainer, model, head, opt, params, train_windows, (held, own), log, bar, t_run, start,
+                  save, device)
         bar.close()
         log["seconds"] = round(time.perf_counter() - t_run, 3)
         trainer.save(head, out)
@@ -1112,14 +1157,20 @@ def training_windows(o: Options, corpus: Corpus, bos: int, generated) -> tuple[W
     return windows, generate_data.describe(folder, manifest, shards, windows)
 
 
-def run_steps(o, runtime, trainer, model, head, opt, params, train_windows, held, log, bar, t_run, start, save,
-              device) -> None:
+def run_steps(o, runtime, trainer, model, head, opt, params, train_windows, evaluation, log, bar, t_run, start,
+              save, device) -> None:
+    held, own = evaluation  # the held-out windows; the target's own continuations of them and their weights, or None
+
     def held_out(step: int) -> None:
         ev = evaluate(trainer, head, model, held, o.batch_size, device)
-        log["evals"].append({"step": step, "loss": round(ev["loss"], 6),
-                             "acceptance": [round(a, 4) for a in ev["acceptance"]]})
-        bar.write(f"step {step}: held-out loss {ev['loss']:.4f}, acceptance "
-                  + " ".join(f"{a:.3f}" for a in ev["acceptance"]))
+        entry = {"step": step, "loss": round(ev["loss"], 6), "acceptance": [round(a, 4) for a in ev["acceptance"]]}
+        line = f"step {step}: held-out loss {ev['loss']:.4f}, acceptance " + " ".join(f"{a:.3f}" for a in ev["acceptance"])
+        if own is not None:
+            mine = evaluate(trainer, head, model, own[0], o.batch_size, device, own[1])
+            entry["own_text_acceptance"] = [round(a, 4) for a in mine["acceptance"]]
+            line += "; on the target's own text " + " ".join(f"{a:.3f}" for a in mine["acceptance"])
+        log["evals"].append(entry)
+        bar.write(line)
 
     if start == 0:
         held_out(0)  # the fresh head's, for the curve to start from
