@@ -10,17 +10,29 @@ What differs from the paper, and why:
   most 64 nodes, the attention kernel's mask; `--tree_width K`: a chain with K - 1 siblings per depth; width 1: the
   chain of each row's first candidate) instead of the paper's hand-made 80-node tree.
 - The matrix starts each generation from the prompt (each prompt token's row holds, first, the token that followed
-  its latest occurrence; the rest empty) rather than carrying over from earlier requests, so that the timed rounds of
-  one batch start alike. One matrix serves the batch; where several nodes of one verification hold the same token,
-  the last node (in batch-major, node order) writes its row, so a run is reproducible.
+  its latest occurrence) rather than carrying over from the timed rounds before, which replay the same prompts and
+  would hand the next round its own answer. The paper's hot start (a matrix inherited from earlier requests) is
+  `--recycle_matrix FILE`: the matrix that verifying other text leaves (`magicdec recycle-matrix`, the target's k
+  likeliest next ids after each token of books the prompts do not come from), under the prompt's successors (each
+  prompt token's row: its successor first, then the file's row). One matrix serves the batch; where several nodes of
+  one verification hold the same token, the last node (in batch-major, node order) writes its row, so a run is
+  reproducible.
+
+    magicdec recycle-matrix --books ../shared/data/gutenberg --exclude pg11 pg1184 --tokens 2000000 --output warm.pt
+    magicdec run --drafter recycling --recycle_matrix warm.pt ...
 """
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from magicdec import files
 from magicdec.analysis import cost_model as cm
 from magicdec.decoding.generate import Drafter, GraphedStep
 from magicdec.drafters.base import DrafterKind, Part
@@ -56,15 +68,17 @@ def fill(matrix: torch.Tensor, root: torch.Tensor, tree) -> torch.Tensor:
 class TokenRecycling(Drafter):
     """The matrix (k columns, a sink row past the vocabulary), the prompts it starts from, and the verification's
     candidate buffer. `vocab_size` set: sampled decoding (a chain's q is one-hot at its tokens). `cuda_graphs`: the
-    fill replays as one CUDA graph per tree."""
+    fill replays as one CUDA graph per tree. `start`: a hot start's matrix [vocab + 1, >= k] (None: empty)."""
 
     whole_run_warm_up = True  # the fill's graph is captured over the run's history buffer
 
     def __init__(self, prompts: torch.Tensor, vocab: int, k: int, vocab_size: int | None = None,
-                 cuda_graphs: bool = False):
+                 cuda_graphs: bool = False, start: torch.Tensor | None = None):
         B, dev = prompts.shape[0], prompts.device
         self.prompts, self.k, self.vocab_size = prompts, k, vocab_size
         self.matrix = torch.zeros(vocab + 1, k, dtype=torch.long, device=dev)  # filled in place: graphs read it
+        self.start = (torch.zeros_like(self.matrix) if start is None
+                      else start[:, :k].to(device=dev, dtype=torch.long))
         # as many rows as any tree holds: a prepared drafter serves decoders of every width and shape
         self.request = CandidateRequest(k, torch.zeros(B, MAX_NODES, k, dtype=torch.long, device=dev))
         self.plan = ForwardPlan(candidates=self.request)
@@ -72,12 +86,11 @@ class TokenRecycling(Drafter):
         self.tokens = None  # the last proposal's nodes, root first [B, N]
 
     def begin(self) -> None:
-        """Each generation starts from its prompts: a prompt token's row first holds what followed its latest
-        occurrence (module docstring)."""
-        self.matrix.zero_()
+        """Each generation starts from its prompts over the start matrix: a prompt token's row first holds what
+        followed its latest occurrence, then its start row's first k - 1 (module docstring)."""
+        self.matrix.copy_(self.start)
         p = self.prompts
-        follow = torch.zeros(p.shape[0], p.shape[1] - 1, self.k, dtype=torch.long, device=p.device)
-        follow[..., 0] = p[:, 1:]
+        follow = torch.cat([p[:, 1:, None], self.start[p[:, :-1], :self.k - 1]], -1)
         recycle(self.matrix, p[:, :-1], follow)
 
     def tree_for(self, tokens: int):
@@ -111,6 +124,9 @@ class TokenRecycling(Drafter):
 class Config:
     recycle_k: int = option(8, "candidates kept per token (the adjacency matrix's width): a tree node has at most "
                                "this many children")
+    recycle_matrix: str | None = option(None, "Token Recycling's hot start: a matrix from `magicdec recycle-matrix` "
+                                              "(the target's likeliest next ids after other text) each generation "
+                                              "starts from, under the prompt's successors (default: empty)")
 
 
 class Recycling(DrafterKind):
@@ -125,10 +141,12 @@ class Recycling(DrafterKind):
     drafts_shaped_trees = True
 
     def label(self, draft) -> str:
-        return f"{self.name} k{draft.recycle_k}"
+        return f"{self.name} k{draft.recycle_k}" + (" hot" if draft.recycle_matrix else "")
 
     def describe(self, cfg) -> str:
-        return f"none: Token Recycling (each token's {cfg.draft.recycle_k} likeliest successors, from verifications)"
+        start = f", starting from {cfg.draft.recycle_matrix}" if cfg.draft.recycle_matrix else ""
+        return (f"none: Token Recycling (each token's {cfg.draft.recycle_k} likeliest successors, from "
+                f"verifications{start})")
 
     def check(self, cfg) -> None:
         super().check(cfg)
@@ -139,16 +157,23 @@ class Recycling(DrafterKind):
         if widest > k:
             raise MagicDecError(f"--recycle_k {k}: the tree gives a node {widest} children, the matrix keeps {k} "
                                 f"per token; raise --recycle_k to {widest} or narrow the tree")
+        if cfg.draft.recycle_matrix is not None and not Path(cfg.draft.recycle_matrix).is_file():
+            raise MagicDecError(f"--recycle_matrix {cfg.draft.recycle_matrix}: no such file; build one with `magicdec "
+                                "recycle-matrix --books DIR --exclude PROMPT_BOOKS --output FILE`")
 
     def memory(self, cfg, target, models: dict, rank: int) -> list[Part]:
-        """The matrix ([V + 1, k] ids) and the verification's candidate buffer: no weights, no KV."""
+        """The matrix and its start ([V + 1, k] ids each) and the verification's candidate buffer: no weights, no KV."""
         k, B = cfg.draft.recycle_k, cfg.workload.B
         return [Part(target, weights=False, slots=0,
-                     extra_bytes=8 * k * (target.vocab_size + 1 + B * MAX_NODES))]
+                     extra_bytes=8 * k * (2 * (target.vocab_size + 1) + B * MAX_NODES))]
 
     def prepare(self, cfg, ctx) -> TokenRecycling:
-        return TokenRecycling(ctx.prompts, ctx.target.args.vocab_size, cfg.draft.recycle_k,
-                              None if cfg.decoding.greedy else ctx.target.args.vocab_size, cfg.runtime.graphed)
+        d, V = cfg.draft, ctx.target.args.vocab_size
+        start = None if d.recycle_matrix is None else load_matrix(Path(d.recycle_matrix), V, d.recycle_k)
+        if start is not None:
+            ctx.notes["recycle_matrix"] = {k: v for k, v in start[1].items() if k != "matrix"}
+        return TokenRecycling(ctx.prompts, V, d.recycle_k, None if cfg.decoding.greedy else V, cfg.runtime.graphed,
+                              None if start is None else start[0])
 
     def options(self, cfg, target, device) -> list[dict]:
         return [{"tree_width": w} for w in (1, 2, 4)]
@@ -166,3 +191,101 @@ class Recycling(DrafterKind):
 
 
 DRAFTER = Recycling()
+
+
+# ---------------------------------------------------------------------------------- the hot start's matrix
+
+FORMAT = "magicdec recycle matrix 1"
+
+
+def build_matrix(model, windows: torch.Tensor, k: int, batch: int, progress: bool = False) -> torch.Tensor:
+    """What verifying `windows` [n, T] in order leaves: each token's row the target's k likeliest next ids at its
+    latest position (the last window's, the last position's within one). [V + 1, k] on the CPU."""
+    from tqdm import tqdm
+
+    from magicdec.harness.train_head import target_pass
+
+    V = model.args.vocab_size
+    matrix = torch.zeros(V + 1, k, dtype=torch.long)
+    with torch.inference_mode():
+        for i in tqdm(range(0, len(windows), batch), desc="recycle-matrix", unit="batch", disable=not progress):
+            tokens = windows[i:i + batch].to(model.tok_embeddings.weight.device)
+            top = target_pass(model, tokens).logits[..., :V].topk(k, -1).indices
+            recycle(matrix, tokens.cpu(), top.cpu())
+    return matrix
+
+
+def load_matrix(path: Path, vocab: int, k: int) -> tuple[torch.Tensor, dict]:
+    """(matrix [vocab + 1, >= k], the file's record); one line on a file that is not one, or not for this target."""
+    try:
+        record = torch.load(path, map_location="cpu", weights_only=True)
+        matrix, fmt = record["matrix"], record["format"]
+    except Exception as e:  # noqa: BLE001 - whatever torch.load raises on a file that is not ours
+        raise MagicDecError(f"--recycle_matrix {path}: not a matrix from magicdec recycle-matrix ({type(e).__name__}); "
+                            "build one with `magicdec recycle-matrix`") from None
+    if fmt != FORMAT:
+        raise MagicDecError(f"--recycle_matrix {path}: format {fmt!r}, not {FORMAT!r}; build it again")
+    if matrix.shape[0] != vocab + 1:
+        raise MagicDecError(f"--recycle_matrix {path} holds a {matrix.shape[0] - 1}-token vocabulary, the target "
+                            f"{vocab}; build it with this target (--target)")
+    if matrix.shape[1] < k:
+        raise MagicDecError(f"--recycle_matrix {path} keeps {matrix.shape[1]} candidates per token, --recycle_k is {k}; "
+                            f"lower --recycle_k or build it with --k {k}")
+    return matrix, record
+
+
+def windows_of(ids: list[torch.Tensor], seq_len: int, tokens: int, bos: int) -> torch.Tensor:
+    """BOS + consecutive chunks of seq_len - 1 tokens of each document in turn, until `tokens` tokens."""
+    n = seq_len - 1
+    chunks = [doc[i:i + n] for doc in ids for i in range(0, len(doc) - n + 1, n)]
+    chunks = chunks[:-(-tokens // seq_len)]
+    if not chunks:
+        raise MagicDecError(f"--seq_len {seq_len}: no book holds {n} tokens; lower --seq_len")
+    return torch.stack([torch.cat([torch.tensor([bos]), c]) for c in chunks])
+
+
+def main(argv=None) -> int:
+    from magicdec.drafters.datastore import books_of, read_book
+    from magicdec.harness import train_head
+
+    p = argparse.ArgumentParser(prog="magicdec recycle-matrix", description="Token Recycling's hot start: the "
+                                "adjacency matrix a target's verifications of other text leave (recycling.py)")
+    p.add_argument("--books", type=Path, required=True, help="a folder of .txt books (or one .txt file)")
+    p.add_argument("--exclude", nargs="*", default=[], help="books left out (file names or stems): the prompts' own")
+    p.add_argument("--tokens", type=int, default=1_000_000, help="tokens of the books the target reads")
+    p.add_argument("--target", default=None, help="as train-head's --target (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--k", type=int, default=8, help="candidates kept per token (>= the runs' --recycle_k)")
+    p.add_argument("--seq_len", type=int, default=1024, help="tokens per window the target reads")
+    p.add_argument("--batch", type=int, default=8, help="windows per forward")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when a GPU is visible)")
+    p.add_argument("--output", type=Path, required=True, help="the matrix's file, written at exactly this path")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = p.parse_args(argv)
+    for flag, value, least in (("--tokens", a.tokens, 1), ("--k", a.k, 1), ("--seq_len", a.seq_len, 2),
+                               ("--batch", a.batch, 1)):
+        if value < least:
+            raise MagicDecError(f"{flag} {value}: must be an integer >= {least}")
+    if a.output.is_dir():
+        raise MagicDecError(f"--output {a.output} is a folder: name the matrix's file, e.g. {a.output / 'warm.pt'}")
+    files.writable_folder(a.output.parent, "--output")
+    books = books_of(a.books, a.exclude)
+    ckpt = train_head.target_checkpoint(a.target)
+    device = train_head.resolve_device(a.device)
+    from magicdec.config import ModelArgs
+    from magicdec.model.tokenizer import load_tokenizer
+    from magicdec.model.transformer import load_model
+
+    args = ModelArgs.from_checkpoint_dir(ckpt.parent)
+    tokenizer = load_tokenizer(ckpt.parent)
+    ids = [torch.tensor(tokenizer.encode(read_book(f), bos=False), dtype=torch.long) for f in books]
+    windows = windows_of(ids, a.seq_len, a.tokens, tokenizer.bos_id)
+    model = load_model(ckpt, device, train_head.resolve_dtype(None, device))
+    matrix = build_matrix(model, windows, a.k, a.batch, not a.no_progress)
+    record = {"format": FORMAT, "matrix": matrix.to(torch.int32), "k": a.k, "vocab_size": args.vocab_size,
+              "target": {"path": str(ckpt), "fingerprint": train_head.target_fingerprint(ckpt, args)},
+              "books": [f.name for f in books], "tokens": int(windows.numel()), "seq_len": a.seq_len,
+              "command": "magicdec recycle-matrix " + " ".join(argv)}
+    files.save_torch(a.output, record, "--output")
+    print(json.dumps({k: v for k, v in record.items() if k != "matrix"} | {"output": str(a.output)}))
+    return 0
