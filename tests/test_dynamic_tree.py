@@ -115,9 +115,9 @@ def test_a_heads_first_proposal_is_the_beam_over_its_uncached_forward(tiny, tiny
     @functools.lru_cache(maxsize=None)
     def logp(b, path):
         f, t = feats[b:b + 1], torch.cat([prompts[b, 1:], first[b:b + 1]])[None]
-        for token in (None, *path):
-            if token is not None:
-                f, t = torch.cat([f, h[:, None]], 1), torch.cat([t, torch.tensor([[token]])], 1)
+        h = head(f, t, embed)[:, -1]  # the predicted feature at the first token
+        for token in path:  # each drafted token after the head's own predicted feature before it
+            f, t = torch.cat([f, h[:, None]], 1), torch.cat([t, torch.tensor([[token]])], 1)
             h = head(f, t, embed)[:, -1]
         return torch.log_softmax(head.logits(h, tiny.output.weight)[0].double(), -1).tolist()
 

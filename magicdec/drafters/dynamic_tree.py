@@ -61,8 +61,7 @@ def draft(root_logits: torch.Tensor, grow: Callable, width: int, depth: int, nod
     (frame_level's TreeLevel, its K tokens ids [B, K] in the head's vocabulary) and returns the logits at its nodes
     [B, K, V]. Returns (ids [B, nodes - 1]: each sequence's token at every verified node after the root, in node
     order; parents [nodes] long, the root's 0)."""
-    B, K = root_logits.shape[0], width
-    dev = root_logits.device
+    K, dev = width, root_logits.device
     top = torch.topk(torch.log_softmax(root_logits.float(), -1), K)
     cum, ids = top.values, top.indices  # [B, K]: the frontier's cumulative log-probs and tokens
     score = shared(cum)
