@@ -28,12 +28,14 @@ def shaped():
 
 
 def speculate(target, head, prompts, n_new, gamma, sampling=Sampling(), width=1, shape=None, first=None,
-              window=False, budget=20, sinks=4, runs=1, candidates=0):
+              window=False, budget=20, sinks=4, runs=1, candidates=0, dynamic=None):
     """Speculation with a head drafter over a prefill that kept the head's features; (ids, decoder). `runs` > 1:
     the same decoder generates again from the prompt (as timed rounds do), and each run's acceptance trace is kept
-    in decoder.traces."""
+    in decoder.traces. `dynamic` (nodes, K): EAGLE-2's dynamic tree."""
     a, (B, P) = target.args, prompts.shape
     nodes = gamma * width if shape is None else shape.size - 1
+    if dynamic is not None:  # the verified nodes, or the head's frame of K nodes per level it feeds
+        nodes = max(dynamic[0] - 1, dynamic[1] * (gamma - 1))
     cache = KVCache(a.n_layers, B, a.n_kv_heads, P + n_new + nodes + 2, a.head_dim, torch.float32, "cpu")
     taps = head.taps(a.n_layers)
     eagle = isinstance(head, heads.EagleHead)
@@ -56,6 +58,7 @@ def speculate(target, head, prompts, n_new, gamma, sampling=Sampling(), width=1,
         drafter = MedusaDraft(head, tap, sampler) if isinstance(head, heads.MedusaHead) else \
             HydraDraft(head, tap, target.tok_embeddings.weight, sampler)
     drafter = drafter.shaped(width, shape)
+    drafter.dynamic = dynamic
     decoder = Decoder(target, Acceptor(sampling), drafter=drafter, gamma=gamma, trace=True)
     first = logits.argmax(-1) if first is None else first
     prompt_lengths, decoder.traces, decoder.proposals = cache.lengths.clone(), [], []

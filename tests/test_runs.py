@@ -341,6 +341,20 @@ def test_drafted_sequoia_trees_are_lossless(tiny, jsonl, tiny_baseline, name):
         assert sampled["metrics"]["omega"] > 1
 
 
+@pytest.mark.parametrize("family", ["eagle", "eagle3"])
+def test_eagle_dynamic_trees_run_end_to_end(tiny, jsonl, tiny_baseline, family):
+    """--dynamic_tree_nodes through `magicdec run` with a fresh head (the wiring: options, cache sizes, the
+    drafter's tree per proposal; tests/test_dynamic_tree.py checks trained heads' trees): greedy gives the
+    baseline's ids, sampled runs and stays seeded, the label says dynamic."""
+    argv = tiny_args(jsonl, "--model", str(tiny["target"]), "--gamma", "3", "--drafter", family,
+                     "--dynamic_tree_nodes", "12", "--dynamic_tree_topk", "4")
+    record = run_record(argv)
+    assert_lossless(record, tiny_baseline)
+    assert record["config"]["dynamic_tree_nodes"] == 12 and "dynamic 12 k4" in record["label"]
+    sampled = run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])
+    assert run_record(argv + ["--temperature", "0.6", "--top_p", "0.9"])["generated_ids"] == sampled["generated_ids"]
+
+
 def test_synthetic_tree_acceptance_at_random_weights(small_random):
     """A random-weight tree run keeps each tree level's first candidate at --synthetic_acceptance and a later one at
     --synthetic_siblings once the earlier ones were not: the record's per-rank rates come back near them."""

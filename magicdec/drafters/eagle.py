@@ -3,8 +3,18 @@ context, fed pairs (the target's feature at position t, the embedding of token t
 verification the accepted positions' target features are fed (the verification's side output), then the head
 drafts autoregressively from its own predicted features, the target's LM head (EAGLE-1) or its own norm and LM head
 over a reduced vocabulary (EAGLE-3, mapped by d2t) giving the tokens. A chain, or a tree drafted level by level (one
-head forward per level over that level's nodes, each seeing its ancestors: a static tree, --tree_width or
---tree_nodes; EAGLE-2's dynamic tree is not built).
+head forward per level over that level's nodes, each seeing its ancestors): a static tree (--tree_width or
+--tree_nodes), or EAGLE-2's dynamic tree (--dynamic_tree_nodes N, --dynamic_tree_topk K, depth --gamma;
+magicdec/drafters/dynamic_tree.py): per proposal the head expands a frontier of its K most confident nodes per
+level and the N - 1 most confident of every candidate drafted are verified with the root. Its topology changes
+every step while its shapes do not: the proposal writes it into the verified tree's device tensors
+(tree.DynamicTree), which the verification, the acceptance and the KV move read, so the graphs captured once serve
+every step, and nothing is read back to the host. At B > 1 the batch shares one topology, ranked by the
+confidence summed over its sequences (each sequence its own tokens at each place); at B = 1 it is EAGLE-2's. Its
+candidates are the head's top-k, deterministic, so sampled decoding verifies them as point masses (the
+multi-candidate rule, as Token Recycling's and SuffixDecoding's trees). EAGLE-3 heads take it as they are (the
+confidence is their own softmax over the draft vocabulary, the tokens mapped by d2t). Not with
+--synthetic_acceptance (its tree rates are cached per static tree), and the cost model does not predict it.
 
 The head's KV (`--head_kv`): `full`, every position of the context; or `window`, a StreamingLLM ring of
 `--head_sinks` sink positions and a recent window (`--head_budget` in all) whose attention sees positions inside the
@@ -22,6 +32,7 @@ import torch
 
 from magicdec.analysis import cost_model as cm
 from magicdec.model import heads
+from magicdec.drafters import dynamic_tree
 from magicdec.drafters.base import DrafterKind, Part
 from magicdec.drafters.model_draft import PLAN_TREES
 from magicdec.drafters.head_draft import (FeatureTap, HeadDraft, HeadOptions, Sampler, check_head_files, check_head_run,
@@ -31,6 +42,7 @@ from magicdec.config import cache_slots
 from magicdec.errors import MagicDecError
 from magicdec.model.forward_plan import ForwardPlan
 from magicdec.model.kv_cache import KVCache, StreamingCache
+from magicdec.model.tree import MAX_NODES, DynamicTree, write_topology
 from magicdec.options import option
 
 HEAD_KV = ("full", "window")
@@ -53,6 +65,12 @@ class Config(HeadOptions):
     eagle3_layers: tuple = option((), "a fresh EAGLE-3 head's target layers (hidden-state taps: the inputs of those "
                                       "layers; default 2, n/2, n-3 as EAGLE-3)", parse=int, nargs="+")
     draft_vocab: int = option(0, "a fresh EAGLE-3 head's draft vocabulary (0: the target's)")
+    dynamic_tree_nodes: int = option(0, "EAGLE-2's dynamic draft tree: verify this many nodes (the root included, "
+                                        "at most 64), chosen per step as the head's most confident of its candidates "
+                                        "(depth --gamma); 0: off (a chain, or --tree_width / --tree_nodes' tree)")
+    dynamic_tree_topk: int = option(10, "--dynamic_tree_nodes: the K of EAGLE-2's expansion: each frontier node's "
+                                        "K likeliest children are candidates, the next frontier the K most "
+                                        "confident of them")
 
     @property
     def window(self) -> bool:
@@ -142,6 +160,9 @@ def prompt_positions(P: int, window: bool, budget: int, sinks: int) -> torch.Ten
 
 
 class EagleDraft(HeadDraft):
+    dynamic = None  # (nodes, K) of EAGLE-2's dynamic tree (--dynamic_tree_nodes), or None
+    frame = None  # ... the tree its last proposal wrote (a DynamicTree: its depth that proposal's gamma)
+
     def __init__(self, head: heads.EagleHead, cache, tap: FeatureTap, embed: torch.Tensor, lm_head: torch.Tensor,
                  sampler: Sampler, vocab: int):
         self.head, self.cache, self.tap, self.embed, self.lm_head = head, cache, tap, embed, lm_head
@@ -197,8 +218,35 @@ class EagleDraft(HeadDraft):
         self.cache.rollback(start + 1)
         return out.gather(1, a[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
 
+    def propose(self, step, hist, m, start, gamma: int):
+        if self.dynamic is not None:  # its tensors made here, before a graph captures the proposal's writes to them
+            self.frame = DynamicTree(self.dynamic[0], gamma, self.dynamic[1])
+            self.frame.on_device(hist.device)
+        return super().propose(step, hist, m, start, gamma)
+
+    def tree_for(self, tokens: int):
+        return self.frame if self.dynamic is not None else super().tree_for(tokens)
+
+    def _dynamic(self, h: torch.Tensor, depth: int):
+        """EAGLE-2's tree from the predicted feature at the root h [B, H] (dynamic_tree.draft), its topology written
+        into the verified tree's tensors: (tokens [B, N - 1], None: every candidate deterministic)."""
+        nodes, K = self.dynamic
+        hidden = h[:, None]  # the predicted feature at each node of the frontier last fed (the root's)
+
+        def grow(level, ids):
+            nonlocal hidden
+            hidden = self.head(hidden[:, level.parent_at], self.head.to_target(ids), self.embed, self.cache,
+                               plan=ForwardPlan.drafting(level))
+            return self.head.logits(hidden, self.lm_head)
+
+        ids, parents = dynamic_tree.draft(self.head.logits(h, self.lm_head), grow, K, depth, nodes)
+        write_topology(DynamicTree(nodes, depth, K).on_device(h.device), parents)
+        return self.head.to_target(ids), None
+
     def draft_tokens(self, hist, m, start, gamma: int):
         h = self._catch_up(hist, m, start)
+        if self.dynamic is not None:
+            return self._dynamic(h, gamma)
         tree = tree_at(self, gamma)
         tokens, qs = [], []
         if tree is None:
@@ -242,7 +290,8 @@ class Eagle(DrafterKind):
 
     def label(self, draft) -> str:
         who = Path(draft.head).name if draft.head else ("fresh eagle3" if draft.eagle3 else "fresh")
-        return f"{self.name} {who}" + (f" window {draft.head_budget}" if draft.window else "")
+        return f"{self.name} {who}" + (f" window {draft.head_budget}" if draft.window else "") + \
+            (f" dynamic {draft.dynamic_tree_nodes} k{draft.dynamic_tree_topk}" if draft.dynamic_tree_nodes else "")
 
     def untrained(self, cfg) -> str | None:
         return untrained_head(cfg, "eagle3" if cfg.draft.eagle3 else self.family)
@@ -267,15 +316,28 @@ class Eagle(DrafterKind):
                                 "says its own (drop them, or drop --head)")
         if (d.eagle3_layers or d.draft_vocab) and not d.eagle3:
             raise MagicDecError("--eagle3_layers and --draft_vocab shape a fresh EAGLE-3 head: add --eagle3")
+        check_dynamic(cfg)
 
     def check_models(self, cfg, target, models) -> None:
         d = cfg.draft
         check_head_files(cfg, target, ("eagle", "eagle3"), self.name)
+        vocab = head_shape(d, target).lm_vocab
+        if d.dynamic_tree_nodes and d.dynamic_tree_topk > vocab:
+            raise MagicDecError(f"--dynamic_tree_topk {d.dynamic_tree_topk}: more than the head's {vocab} tokens; "
+                                f"give {vocab} or less")
         if d.eagle3 and not d.head:
             heads.check_taps(d.eagle3_layers or heads.eagle3_default_taps(target.n_layers), target.n_layers,
                              "--eagle3_layers")
             if d.draft_vocab and not 1 <= d.draft_vocab <= target.vocab_size:
                 raise MagicDecError(f"--draft_vocab {d.draft_vocab}: must be 1..{target.vocab_size} (the target's)")
+
+    def lookahead(self, cfg) -> int:
+        """A dynamic tree's verified nodes, or the head's frame (K nodes per level it feeds), past gamma."""
+        d, s = cfg.draft, cfg.speculation
+        if not d.dynamic_tree_nodes:
+            return 0
+        frame = dynamic_tree.frame_size(d.dynamic_tree_topk, s.largest) - 1
+        return max(d.dynamic_tree_nodes - 1, frame) - s.nodes
 
     def memory(self, cfg, target, models, rank) -> list[Part]:
         d, w = cfg.draft, cfg.workload
@@ -309,6 +371,7 @@ class Eagle(DrafterKind):
         draft = EagleDraft.over_prompt(head, ctx.target, ctx.prompts, features, sampler_of(cfg), ctx.lookahead,
                                        cfg.workload.gen_len, d.window, d.head_budget, d.head_sinks, ctx.backend,
                                        None if ctx.random_kv is None else ctx.random_kv + 2)
+        draft.dynamic = (d.dynamic_tree_nodes, d.dynamic_tree_topk) if d.dynamic_tree_nodes else None
         draft.use_graphs(graphs_for(cfg))
         return draft
 
@@ -320,11 +383,43 @@ class Eagle(DrafterKind):
         """The draft step T_D is one proposal's head work (draft_seconds) over gamma (head_prediction). The head's
         KV is the whole context (--head_kv full: T_D grows with it, one layer's worth of the target's reads) or its
         ring's slots (window: the budget and the ring's spare slots, read masked as a StreamingLLM draft's are,
-        whatever the prefix)."""
+        whatever the prefix). None for a dynamic tree: its shape, and so its yield, changes every step."""
         d, w = cfg.draft, cfg.workload
+        if d.dynamic_tree_nodes:
+            return None
         kv = d.window_slots(lookahead) if d.window else w.prefix_len + w.gen_len // 2
         shape = head_shape(d, target)
         return head_prediction(cfg, target, device, alpha, gamma,
                                lambda sizes, sampled: draft_seconds(shape, target, device, w.B, kv, sizes, sampled))
+
+def check_dynamic(cfg) -> None:
+    """--dynamic_tree_nodes and --dynamic_tree_topk, before anything is allocated."""
+    d, s = cfg.draft, cfg.speculation
+    N, K = d.dynamic_tree_nodes, d.dynamic_tree_topk
+    if not N:
+        if K != Config.dynamic_tree_topk:
+            raise MagicDecError("--dynamic_tree_topk shapes EAGLE-2's dynamic tree: give --dynamic_tree_nodes N too")
+        return
+    if not 2 <= N <= MAX_NODES:
+        raise MagicDecError(f"--dynamic_tree_nodes {N}: must be 2..{MAX_NODES} (the verified nodes, the root included; "
+                            f"the attention kernel's mask holds {MAX_NODES}), or 0 for no dynamic tree")
+    if K < 1:
+        raise MagicDecError(f"--dynamic_tree_topk {K}: must be at least 1 (the children per frontier node and the "
+                            "frontier's width; EAGLE-2's is 10)")
+    if s.tree_width > 1 or s.tree_nodes:
+        raise MagicDecError("--dynamic_tree_nodes and --tree_width / --tree_nodes all shape the tree: give one of them")
+    if s.synthetic_acceptance is not None:
+        raise MagicDecError("--dynamic_tree_nodes with --synthetic_acceptance: synthetic rates are per static tree "
+                            "(its sibling ranks); drop one of them")
+    frame = dynamic_tree.frame_size(K, s.largest)
+    if frame > MAX_NODES:
+        raise MagicDecError(f"--dynamic_tree_topk {K} at --gamma {s.largest}: the head feeds a frame of {frame} nodes "
+                            f"(1 + K x (gamma - 1)), at most {MAX_NODES}; lower --dynamic_tree_topk or --gamma")
+    drafted = dynamic_tree.candidates(K, min(s.gammas))
+    if N - 1 > drafted:
+        raise MagicDecError(f"--dynamic_tree_nodes {N}: the root and {N - 1} drafted nodes, but --gamma "
+                            f"{min(s.gammas)} and --dynamic_tree_topk {K} draft {drafted} candidates (K + (gamma - 1) "
+                            "x K^2); lower it or raise one of those")
+
 
 DRAFTER = Eagle()

@@ -9,6 +9,12 @@ contiguous slots that path's positions take (KVCache.keep_path). A chain is the 
 child: its verification is today's.
 
 Acceptance walks a tree from its root, greedy, sampled or at chosen rates: magicdec/decoding/acceptance.py.
+
+A `DynamicTree` (EAGLE-2's, magicdec/drafters/dynamic_tree.py) has fixed shapes (its node count, depth bound and
+children per node) and a topology that changes every verification: its TreeOnDevice's tensors are written in place
+by the draft (write_topology), and everything downstream (the target's positions and attention mask, the
+acceptance walk, the move of the accepted path's KV) reads only those tensors and the shapes, so one CUDA graph
+of each serves every topology.
 """
 from __future__ import annotations
 
@@ -133,9 +139,33 @@ class Tree:
 
 
 @dataclass(frozen=True)
+class DynamicTree:
+    """The fixed shapes of a tree whose topology is device data: `size` nodes (the root included), at most `depth`
+    levels below the root, at most `width` children per node. Its tensors (on_device) are made once per shape and
+    device and rewritten in place by write_topology before each verification."""
+    size: int
+    depth: int
+    width: int
+
+    def __post_init__(self):
+        if not 2 <= self.size <= MAX_NODES or self.depth < 1 or self.width < 1:
+            raise MagicDecError(f"a dynamic token tree of {self.size} nodes (2..{MAX_NODES}), depth {self.depth} and "
+                                f"width {self.width} (both at least 1)")
+
+    @property
+    def level_widths(self) -> tuple[int, ...]:
+        """What an acceptance walk tries per depth: up to `width` children (-1 entries past a node's own)."""
+        return (self.width,) * self.depth + (0,)
+
+    def on_device(self, device) -> "TreeOnDevice":
+        return _dynamic_on_device(self, str(device))
+
+
+@dataclass(frozen=True)
 class TreeOnDevice:
-    """A tree's tensors on one device, made once (a graph's capture bakes them in)."""
-    tree: Tree
+    """A tree's tensors on one device, made once (a graph's capture bakes them in); a DynamicTree's are rewritten
+    in place (write_topology), `tree` then holding its shapes only."""
+    tree: Tree | DynamicTree
     depths: torch.Tensor  # [N] long
     ancestors: torch.Tensor  # [N, N] bool
     bits: torch.Tensor  # [N] int64
@@ -163,7 +193,7 @@ class TreeLevel:
     """One level of a token tree a draft is drafting: its nodes fed as one forward, after the root (the draft's last
     committed token, at position lengths - 1) and the levels above it. Node i is written at the slot of position
     root + i (as the target writes a tree) and takes position root + its depth."""
-    tree: Tree
+    tree: Tree | None  # None: a dynamic tree's level, its ancestors device data (dynamic_tree.py)
     depth: int
     nodes: torch.Tensor  # [T] long: the level's node indices
     bits: torch.Tensor  # [T] int64: their ancestor bits (Tree.ancestor_bits)
@@ -195,6 +225,46 @@ class TreeMask:
     @property
     def size(self) -> int:
         return self.ancestors.shape[1]
+
+
+def ancestor_bits(ancestors: torch.Tensor) -> torch.Tensor:
+    """[..., N] bool -> [...] int64: bit j set iff column j is (Tree.ancestor_bits, on the device: bit 63 wraps to
+    the sign as there)."""
+    n = ancestors.shape[-1]
+    return (ancestors.long() << torch.arange(n, device=ancestors.device)).sum(-1)
+
+
+def write_topology(tree: TreeOnDevice, parents: torch.Tensor) -> None:
+    """A DynamicTree's tensors rewritten in place from parents [N] long (the root's 0, every other node's parent
+    before it, at most `width` children each): kernels only, no host read, so a CUDA graph replays it. A node's
+    children are in node order."""
+    N, W = tree.children.shape
+    idx = torch.arange(N, device=parents.device)
+    eye = idx[:, None] == idx[None]
+    ancestors, depths = eye, torch.zeros_like(idx)
+    for _ in range(tree.tree.depth):  # each pass reaches one level further up
+        ancestors = eye | ancestors[parents]
+        depths = torch.where(idx > 0, depths[parents] + 1, 0)
+    rank = ((parents[None] == parents[:, None]) & (idx[None] < idx[:, None]) & (idx[None] > 0)).sum(1)
+    children = torch.full((N * W,), -1, dtype=torch.long, device=parents.device)
+    children.scatter_(0, (parents * W + rank)[1:], idx[1:])
+    tree.parents.copy_(parents)
+    tree.depths.copy_(depths)
+    tree.ancestors.copy_(ancestors)
+    tree.bits.copy_(ancestor_bits(ancestors))
+    tree.rank.copy_(rank)
+    tree.children.copy_(children.view(N, W))
+    tree.n_children.zero_().scatter_add_(0, parents[1:], torch.ones_like(parents[1:]))
+
+
+@functools.lru_cache(maxsize=64)
+def _dynamic_on_device(tree: DynamicTree, device: str) -> TreeOnDevice:
+    N, W = tree.size, tree.width
+    long = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
+    out = TreeOnDevice(tree, long(N), torch.zeros(N, N, dtype=torch.bool, device=device), long(N), long(N),
+                       long(N, W), long(N), long(N))
+    write_topology(out, torch.arange(-1, N - 1, device=device).clamp(min=0) // W)  # a W-ary heap until a draft's
+    return out
 
 
 @functools.lru_cache(maxsize=64)
