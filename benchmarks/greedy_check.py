@@ -34,6 +34,8 @@ SHAPED = ["--tree_nodes", "12", "--tree_rates", "0.8", "0.5", "0.4"]
 EXTRA = [("selfspec", {"refresh": 2, "draft_policy": "snapkv"}), ("selfspec", {"reindex": True}),
          ("eagle", {"head_kv": "full", "head_budget": None, "head_sinks": None}),
          ("eagle", {"eagle3": True, "eagle3_layers": [1, 2]}),
+         ("eagle", {"dynamic_tree_nodes": 12, "dynamic_tree_topk": 4}),  # EAGLE-2's topology as device data
+         ("eagle", {"eagle3": True, "eagle3_layers": [1, 2], "dynamic_tree_nodes": 12, "dynamic_tree_topk": 4}),
          ("hierarchy", {"draft": None, "draft_name": "JackFram/llama-68m"})]
 # what a run names besides the example: the draft model; a budget above SnapKV's 32-token observation window
 GIVEN = {"standalone": {"draft_name": "JackFram/llama-68m"}, "hierarchy": {"draft": "ngram"},

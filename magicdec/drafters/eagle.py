@@ -392,6 +392,7 @@ class Eagle(DrafterKind):
         return head_prediction(cfg, target, device, alpha, gamma,
                                lambda sizes, sampled: draft_seconds(shape, target, device, w.B, kv, sizes, sampled))
 
+
 def check_dynamic(cfg) -> None:
     """--dynamic_tree_nodes and --dynamic_tree_topk, before anything is allocated."""
     d, s = cfg.draft, cfg.speculation
