@@ -185,3 +185,11 @@ def test_recycle_matrix_writes_a_file_the_drafter_loads_and_refuses_others(stori
         recycling.load_matrix(tmp_path / "junk.pt", V, 4)
     with pytest.raises(MagicDecError, match="--recycle_matrix .*nowhere.pt: no such file"):
         RunConfig.from_options({"drafter": "recycling", "recycle_matrix": str(tmp_path / "nowhere.pt")}).check()
+
+
+def test_the_windows_take_every_book_in_turn():
+    docs = [torch.arange(100, 107), torch.arange(200, 204), torch.arange(300, 310)]
+    w = recycling.windows_of(docs, 4, 14, bos=1)  # chunks of 3: a0 b0 c0 a1 c1 c2 ..., ceil(14 / 4) = 4 windows
+    assert w.tolist() == [[1, 100, 101, 102], [1, 200, 201, 202], [1, 300, 301, 302], [1, 103, 104, 105]]
+    with pytest.raises(MagicDecError, match="--seq_len 9: no book holds 8 tokens"):
+        recycling.windows_of([torch.arange(5)], 9, 10, bos=1)

@@ -235,9 +235,11 @@ def load_matrix(path: Path, vocab: int, k: int) -> tuple[torch.Tensor, dict]:
 
 
 def windows_of(ids: list[torch.Tensor], seq_len: int, tokens: int, bos: int) -> torch.Tensor:
-    """BOS + consecutive chunks of seq_len - 1 tokens of each document in turn, until `tokens` tokens."""
+    """BOS + consecutive chunks of seq_len - 1 tokens, taken from the documents in turn (the first chunk of each,
+    then the second of each, ...), until `tokens` tokens: a short matrix still sees every book."""
     n = seq_len - 1
-    chunks = [doc[i:i + n] for doc in ids for i in range(0, len(doc) - n + 1, n)]
+    per_doc = [[doc[i:i + n] for i in range(0, len(doc) - n + 1, n)] for doc in ids]
+    chunks = [c[j] for j in range(max(map(len, per_doc), default=0)) for c in per_doc if j < len(c)]
     chunks = chunks[:-(-tokens // seq_len)]
     if not chunks:
         raise MagicDecError(f"--seq_len {seq_len}: no book holds {n} tokens; lower --seq_len")
