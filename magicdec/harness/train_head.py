@@ -987,6 +987,7 @@ def own_text_windows(model, held: torch.Tensor, tokens: int, device, dtype, eos_
     return windows, weights
 
 
+@torch.no_grad()
 def evaluate(trainer, head, model, windows: torch.Tensor, batch_size: int, device,
              weights: torch.Tensor | None = None) -> dict:
     """Held-out loss and per-head / per-step top-1 agreement with the target's argmax, over fixed windows (and with
