@@ -110,7 +110,7 @@ MODULES = {"compare": "magicdec.harness.compare", "sweep": "magicdec.harness.swe
            "report": "magicdec.harness.report", "plan": "magicdec.harness.plan_command", "reproduce": "magicdec.harness.reproduce",
            "option-acceptance": "magicdec.harness.option_acceptance",
            "datastore": "magicdec.drafters.datastore", "train-head": "magicdec.harness.train_head",
-           "generate-data": "magicdec.harness.generate_data", "recycle-matrix": "magicdec.drafters.recycling"}
+           "generate-data": "magicdec.harness.generate_data", "recycle-matrix": "magicdec.harness.recycle_matrix"}
 
 
 def main(argv: list[str] | None = None) -> int:
