@@ -74,3 +74,14 @@ def test_the_windows_take_every_book_in_turn():
     assert w.tolist() == [[1, 100, 101, 102], [1, 200, 201, 202], [1, 300, 301, 302], [1, 103, 104, 105]]
     with pytest.raises(MagicDecError, match="--seq_len 9: no book holds 8 tokens"):
         recycle_matrix.windows_of([torch.arange(5)], 9, 10, bos=1)
+
+
+@pytest.mark.parametrize("flag, value", [("--tokens", "0"), ("--k", "0"), ("--seq_len", "1"), ("--batch", "0")])
+def test_a_number_out_of_its_range_is_one_line_first(flag, value, tmp_path, capsys):
+    """Checked before the books or the target are read (both are missing here)."""
+    from magicdec.cli import main as cli_main
+
+    with pytest.raises(SystemExit):
+        cli_main(["recycle-matrix", "--books", str(tmp_path / "none"), "--output", str(tmp_path / "m.pt"), flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag} {value}: must be an integer >=" in err[0], err

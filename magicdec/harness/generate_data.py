@@ -309,10 +309,13 @@ def run_shard_slice(run: Run, goal: int, sample: Sampler, bar, index: int, count
     written = 0
     for i in range(index, planned_shards(run.o, goal), count):
         path = run.out / shard_name(i)
-        if not path.exists():
-            files.save_torch(path, run.make(i, sample), "--out")
+        if path.exists():
+            shard = run.read(i)
+        else:
+            shard = run.make(i, sample)
+            files.save_torch(path, shard, "--out")
             written += 1
-        bar.update(int(run.read(i)["lengths"].sum()))
+        bar.update(int(shard["lengths"].sum()))
     return {"shard": f"{index + 1}/{count}", "written_now": written}
 
 

@@ -20,6 +20,7 @@ from magicdec.errors import MagicDecError
 from magicdec.harness import train_head
 from magicdec.harness.train_head import target_pass
 
+LEAST = {"tokens": (1, ""), "k": (1, ""), "seq_len": (2, ""), "batch": (1, "")}  # train_head.check_numbers' form
 
 def build_matrix(model, windows: torch.Tensor, k: int, batch: int, progress: bool = False) -> torch.Tensor:
     """What verifying `windows` [n, T] in order leaves: each token's row the target's k likeliest next ids at its
@@ -65,10 +66,7 @@ def main(argv=None) -> int:
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)
-    for flag, value, least in (("--tokens", a.tokens, 1), ("--k", a.k, 1), ("--seq_len", a.seq_len, 2),
-                               ("--batch", a.batch, 1)):
-        if value < least:
-            raise MagicDecError(f"{flag} {value}: must be an integer >= {least}")
+    train_head.check_numbers(vars(a), LEAST)
     if a.output.is_dir():
         raise MagicDecError(f"--output {a.output} is a folder: name the matrix's file, e.g. {a.output / 'warm.pt'}")
     files.writable_folder(a.output.parent, "--output")
