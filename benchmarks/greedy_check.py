@@ -48,10 +48,11 @@ COMPOSED = [("selfspec", {"draft_weights": w} | tree) for w in ("int8", "fp8", "
     [("selfspec", {"draft_kv": kv}) for kv in ("int8", "int4")]
 
 
-def cases(datastore: str | None, compositions_only: bool = False) -> tuple[list[tuple[str, list[str]]], dict[str, str]]:
-    """(drafter, its flags) to check, and the drafters not run with the reason; `compositions_only`: COMPOSED's."""
+def cases(datastore: str | None, only: str | None = None) -> tuple[list[tuple[str, list[str]]], dict[str, str]]:
+    """(drafter, its flags) to check, and the drafters not run with the reason; `only`: "compositions" (COMPOSED's)
+    or "extras" (EXTRA's and COMPOSED's: the forwards and compositions no drafter's example makes)."""
     todo, skipped = [], {}
-    for name, kind in ({} if compositions_only else drafters.registry()).items():
+    for name, kind in ({} if only else drafters.registry()).items():
         given = GIVEN.get(name, {}) | ({"datastore": datastore} if name in NEEDS and datastore else {})
         if name in NEEDS and not datastore:
             skipped[name] = f"needs --{NEEDS[name]} FILE"
@@ -66,7 +67,7 @@ def cases(datastore: str | None, compositions_only: bool = False) -> tuple[list[
             todo.append((name, base + ["--tree_width", "2"]))
         if kind.drafts_shaped_trees:
             todo.append((name, base + SHAPED))
-    for name, extra in ([] if compositions_only else EXTRA) + COMPOSED:  # True: a switch; None: a key dropped
+    for name, extra in ([] if only == "compositions" else EXTRA) + COMPOSED:  # True: a switch; None: a key dropped
         if name in drafters.names():
             options = drafters.get(name).example | GIVEN.get(name, {}) | extra
             todo.append((name, ["--drafter", name, *as_flags(options)]))
@@ -90,8 +91,9 @@ def main(argv=None) -> int:
     p.add_argument("--B", type=int, default=4)
     p.add_argument("--gamma", type=int, default=3)
     p.add_argument("--datastore", help="a REST datastore (magicdec datastore) for the rest drafter")
-    p.add_argument("--only", choices=["compositions"], default=None,
-                   help="compositions: only the self-draft's low-bit weight and KV compositions (COMPOSED)")
+    p.add_argument("--only", choices=["compositions", "extras"], default=None,
+                   help="compositions: only the self-draft's low-bit weight and KV compositions (COMPOSED); extras: "
+                        "those and the forwards only some options make (EXTRA: EAGLE-2's dynamic trees among them)")
     p.add_argument("--shard", default="1/1",
                    help="I/N: every N-th configuration from the I-th (N GPUs each check a part, into its own --output)")
     p.add_argument("--output", type=Path, required=True,
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
               str(a.B), "--gen_len", str(a.gen_len), "--device", a.device, "--dtype", a.dtype, "--step_mode",
               a.step_mode, "--save_tokens", "--no_progress", "--ignore_eos"]
     try:
-        todo, skipped = cases(a.datastore, a.only == "compositions")
+        todo, skipped = cases(a.datastore, a.only)
         shard, shards = parse_shard(a.shard)
         todo = todo[shard - 1::shards]
         reference = quietly(common)["generated_ids"]

@@ -44,7 +44,7 @@ def test_the_self_drafts_compositions_are_checked():
 def test_compositions_only_are_the_self_drafts_compositions(tmp_path, monkeypatch):
     """--only compositions: the 11 compositions and nothing else; the JSON is rewritten after each configuration,
     so a run cut short keeps the ones it checked."""
-    todo, _ = gc.cases(None, compositions_only=True)
+    todo, _ = gc.cases(None, only="compositions")
     everything = gc.cases(None)[0]
     assert len(todo) == 11 and all(c in everything for c in todo)
     assert all(n == "selfspec" and ("--draft_weights" in f or "--draft_kv" in f) for n, f in todo)
@@ -60,3 +60,15 @@ def test_compositions_only_are_the_self_drafts_compositions(tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         gc.main(["--device", "cpu", "--only", "compositions", "--output", str(tmp_path / "g.json")])
     assert written == [1, 2]
+
+
+def test_extras_are_the_forwards_and_compositions_no_example_makes():
+    """--only extras: EXTRA's options (EAGLE-2's dynamic trees among them) and COMPOSED's, each once, all of them in
+    the full list, and no drafter's plain example."""
+    todo, _ = gc.cases(None, only="extras")
+    everything = gc.cases(None)[0]
+    assert all(c in everything for c in todo) and len(todo) == len(set((n, tuple(f)) for n, f in todo))
+    assert len(todo) == len(gc.EXTRA) + len(gc.COMPOSED)
+    flags = [" ".join(f) for _, f in todo]
+    assert sum("--dynamic_tree_nodes" in f for f in flags) == 2
+    assert sum("--draft_weights" in f or "--draft_kv" in f for f in flags) == len(gc.COMPOSED)
