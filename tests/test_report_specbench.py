@@ -95,3 +95,18 @@ def test_a_head_is_matched_by_its_path_as_given_on_another_machine():
     assert specbench_table.same_dir("/root/repo/heads/smollm2_medusa", Path("heads/smollm2_medusa"))
     assert not specbench_table.same_dir("/root/repo/heads/smollm2_hydra", Path("heads/smollm2_medusa"))
     assert not specbench_table.same_dir(None, Path("heads/smollm2_medusa"))
+
+
+def test_a_drafter_run_at_several_gammas_shows_its_best_and_names_it():
+    """Two γ of one drafter at one point: the cell is the faster one, whichever record is read last, and names its γ;
+    a drafter run at one γ names none."""
+    def record(label, gamma, speedup, omega):
+        return {"method": label.split()[0], "label": label, "prefix_len": 4096, "B": 1, "decoding": "greedy",
+                "gamma": gamma, "metrics": {"measured_speedup": speedup, "acceptance_length": omega, "alpha": 0.5,
+                                            "T_V_over_T_T": 1.0, "T_D_over_T_T": 0.1}}
+    for order in (1, -1):
+        found = specbench_table.cells([record("eagle h", 3, 1.14, 1.59), record("eagle h", 5, 0.98, 1.59),
+                                       record("lookup n3", 4, 1.58, 2.0)][::order])
+        text = rows(specbench_table.table(found))
+        assert "1.14× (1.59) γ3 / —" in text["eagle h"] and "0.98" not in text["eagle h"]
+        assert "1.58× (2.00) / —" in text["lookup n3"] and "γ" not in text["lookup n3"]
