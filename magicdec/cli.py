@@ -103,14 +103,13 @@ COMMANDS = {
     "train-head": "train a draft head (eagle, eagle3, medusa, hydra) for a target on a text corpus, resumable",
     "generate-data": "the target's own sampled continuations of training-book contexts, for train-head --data "
                      "generated; resumable",
-    "recycle-matrix": "Token Recycling's hot start: the matrix a target's verifications of other books leave",
 }
 # the module whose main() each command runs (run has its own parser here)
 MODULES = {"compare": "magicdec.harness.compare", "sweep": "magicdec.harness.sweep",
            "report": "magicdec.harness.report", "plan": "magicdec.harness.plan_command", "reproduce": "magicdec.harness.reproduce",
            "option-acceptance": "magicdec.harness.option_acceptance",
            "datastore": "magicdec.drafters.datastore", "train-head": "magicdec.harness.train_head",
-           "generate-data": "magicdec.harness.generate_data", "recycle-matrix": "magicdec.harness.recycle_matrix"}
+           "generate-data": "magicdec.harness.generate_data"}
 
 
 def main(argv: list[str] | None = None) -> int:

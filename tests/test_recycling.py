@@ -1,8 +1,7 @@
 """magicdec/drafters/recycling.py (Token Recycling): the matrix update and the breadth-first fill against hand-written
 tables; the prompt's start; the verification's candidate request against transformers' Llama (each node's k
 likeliest ids over the vocabulary); a run through the decoder (greedy equals plain decoding, and the matrix rows of
-the checked nodes hold the target's candidates); a generation's start over a hot start's matrix; bad input one line.
-The hot start's matrix itself: tests/test_recycle_matrix.py. Greedy losslessness with its example options,
+the checked nodes hold the target's candidates); bad input one line. Greedy losslessness with its example options,
 as a tree and as a Sequoia tree, sampled runs seeded: tests/test_runs.py's every-drafter tests."""
 from __future__ import annotations
 
@@ -71,8 +70,7 @@ def test_the_verification_copies_out_each_nodes_likeliest_ids_as_transformers_ra
         assert best[b].tolist() == want.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("hot", [False, True])
-def test_greedy_decoding_with_recycled_candidates_is_plain_decoding_and_the_rows_are_the_targets(tiny, hot):
+def test_greedy_decoding_with_recycled_candidates_is_plain_decoding_and_the_rows_are_the_targets(tiny):
     """Through the decoder, one prepared drafter serving a chain and then a width-3 tree (as a sweep's points share
     it): the same ids as plain greedy decoding, drafted tokens kept, and after each generation the row of each token
     the last verification checked holds the target's k likeliest next ids there."""
@@ -90,8 +88,7 @@ def test_greedy_decoding_with_recycled_candidates_is_plain_decoding_and_the_rows
 
     c, first = cache()
     plain, _ = decode(Decoder(model), c, first, n_new)
-    start = torch.randint(0, a.vocab_size, (a.vocab_size + 1, 5), generator=torch.Generator().manual_seed(1))
-    prepared = TokenRecycling(prompts, a.vocab_size, 4, start=start if hot else None)
+    prepared = TokenRecycling(prompts, a.vocab_size, 4)
     for width in (1, 3):
         c, first = cache()
         drafter = prepared.shaped(width)
@@ -117,16 +114,3 @@ def test_bad_input_is_one_line():
     with pytest.raises(MagicDecError, match="the tree gives a node 3 children, the matrix keeps 2"):
         RunConfig.from_options({"drafter": "recycling", "recycle_k": 2, "tree_width": 3}).check()
     assert recycling.DRAFTER.name == "recycling" and "token_recycling" in recycling.DRAFTER.aliases
-
-
-
-def test_a_hot_start_puts_the_prompts_successor_first_over_the_start_row():
-    start = torch.arange(4 * (V + 1)).reshape(V + 1, 4) % V  # a start row per token, 4 candidates kept
-    d = TokenRecycling(torch.tensor([[5, 1, 5, 2]]), V, 3, start=start)
-    d.begin()
-    assert d.matrix[5].tolist() == [2] + start[5, :2].tolist()  # the latest successor, then the start's first k - 1
-    assert d.matrix[1].tolist() == [5] + start[1, :2].tolist()
-    assert d.matrix[3].tolist() == start[3, :3].tolist()  # no prompt token: the start's row
-    cold = TokenRecycling(torch.tensor([[5, 1, 5, 2]]), V, 3)
-    cold.begin()
-    assert cold.matrix[5].tolist() == [2, 0, 0] and cold.matrix[3].tolist() == [0, 0, 0]

@@ -11,22 +11,15 @@ What differs from the paper, and why:
   chain of each row's first candidate) instead of the paper's hand-made 80-node tree.
 - The matrix starts each generation from the prompt (each prompt token's row holds, first, the token that followed
   its latest occurrence) rather than carrying over from the timed rounds before, which replay the same prompts and
-  would hand the next round its own answer. The paper's hot start (a matrix inherited from earlier requests) is
-  `--recycle_matrix FILE`: the matrix that verifying other text leaves (`magicdec recycle-matrix`, the target's k
-  likeliest next ids after each token of books the prompts do not come from), under the prompt's successors (each
-  prompt token's row: its successor first, then the file's row). One matrix serves the batch; where several nodes of
-  one verification hold the same token, the last node (in batch-major, node order) writes its row, so a run is
+  would hand the next round its own answer. The paper's hot start (a matrix inherited from earlier requests) was
+  measured as a matrix of the target's top-k over 2M tokens of other books: acceptance moved within ±4%, so it was
+  removed (results/recycling/README.md; the code: commit 0f97a2d). One matrix serves the batch; where several nodes
+  of one verification hold the same token, the last node (in batch-major, node order) writes its row, so a run is
   reproducible.
-
-    magicdec recycle-matrix --books ../shared/data/gutenberg --exclude pg11 pg1184 --tokens 2000000 --output warm.pt
-    magicdec run --drafter recycling --recycle_matrix warm.pt ...
-
-(the matrix's command: magicdec/harness/recycle_matrix.py)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -66,17 +59,15 @@ def fill(matrix: torch.Tensor, root: torch.Tensor, tree) -> torch.Tensor:
 class TokenRecycling(Drafter):
     """The matrix (k columns, a sink row past the vocabulary), the prompts it starts from, and the verification's
     candidate buffer. `vocab_size` set: sampled decoding (a chain's q is one-hot at its tokens). `cuda_graphs`: the
-    fill replays as one CUDA graph per tree. `start`: a hot start's matrix [vocab + 1, >= k] (None: empty)."""
+    fill replays as one CUDA graph per tree."""
 
     whole_run_warm_up = True  # the fill's graph is captured over the run's history buffer
 
     def __init__(self, prompts: torch.Tensor, vocab: int, k: int, vocab_size: int | None = None,
-                 cuda_graphs: bool = False, start: torch.Tensor | None = None):
+                 cuda_graphs: bool = False):
         B, dev = prompts.shape[0], prompts.device
         self.prompts, self.k, self.vocab_size = prompts, k, vocab_size
         self.matrix = torch.zeros(vocab + 1, k, dtype=torch.long, device=dev)  # filled in place: graphs read it
-        self.start = (torch.zeros_like(self.matrix) if start is None
-                      else start[:, :k].to(device=dev, dtype=torch.long))
         # as many rows as any tree holds: a prepared drafter serves decoders of every width and shape
         self.request = CandidateRequest(k, torch.zeros(B, MAX_NODES, k, dtype=torch.long, device=dev))
         self.plan = ForwardPlan(candidates=self.request)
@@ -84,11 +75,12 @@ class TokenRecycling(Drafter):
         self.tokens = None  # the last proposal's nodes, root first [B, N]
 
     def begin(self) -> None:
-        """Each generation starts from its prompts over the start matrix: a prompt token's row first holds what
-        followed its latest occurrence, then its start row's first k - 1 (module docstring)."""
-        self.matrix.copy_(self.start)
+        """Each generation starts from its prompts: a prompt token's row first holds what followed its latest
+        occurrence (module docstring)."""
+        self.matrix.zero_()
         p = self.prompts
-        follow = torch.cat([p[:, 1:, None], self.start[p[:, :-1], :self.k - 1]], -1)
+        follow = torch.zeros(p.shape[0], p.shape[1] - 1, self.k, dtype=torch.long, device=p.device)
+        follow[..., 0] = p[:, 1:]
         recycle(self.matrix, p[:, :-1], follow)
 
     def tree_for(self, tokens: int):
@@ -122,9 +114,6 @@ class TokenRecycling(Drafter):
 class Config:
     recycle_k: int = option(8, "candidates kept per token (the adjacency matrix's width): a tree node has at most "
                                "this many children")
-    recycle_matrix: str | None = option(None, "Token Recycling's hot start: a matrix from `magicdec recycle-matrix` "
-                                              "(the target's likeliest next ids after other text) each generation "
-                                              "starts from, under the prompt's successors (default: empty)")
 
 
 class Recycling(DrafterKind):
@@ -139,12 +128,11 @@ class Recycling(DrafterKind):
     drafts_shaped_trees = True
 
     def label(self, draft) -> str:
-        return f"{self.name} k{draft.recycle_k}" + (" hot" if draft.recycle_matrix else "")
+        return f"{self.name} k{draft.recycle_k}"
 
     def describe(self, cfg) -> str:
-        start = f", starting from {cfg.draft.recycle_matrix}" if cfg.draft.recycle_matrix else ""
         return (f"none: Token Recycling (each token's {cfg.draft.recycle_k} likeliest successors, from "
-                f"verifications{start})")
+                "verifications)")
 
     def check(self, cfg) -> None:
         super().check(cfg)
@@ -155,23 +143,16 @@ class Recycling(DrafterKind):
         if widest > k:
             raise MagicDecError(f"--recycle_k {k}: the tree gives a node {widest} children, the matrix keeps {k} "
                                 f"per token; raise --recycle_k to {widest} or narrow the tree")
-        if cfg.draft.recycle_matrix is not None and not Path(cfg.draft.recycle_matrix).is_file():
-            raise MagicDecError(f"--recycle_matrix {cfg.draft.recycle_matrix}: no such file; build one with `magicdec "
-                                "recycle-matrix --books DIR --exclude PROMPT_BOOKS --output FILE`")
 
     def memory(self, cfg, target, models: dict, rank: int) -> list[Part]:
-        """The matrix and its start ([V + 1, k] ids each) and the verification's candidate buffer: no weights, no KV."""
+        """The matrix ([V + 1, k] ids) and the verification's candidate buffer: no weights, no KV."""
         k, B = cfg.draft.recycle_k, cfg.workload.B
         return [Part(target, weights=False, slots=0,
-                     extra_bytes=8 * k * (2 * (target.vocab_size + 1) + B * MAX_NODES))]
+                     extra_bytes=8 * k * ((target.vocab_size + 1) + B * MAX_NODES))]
 
     def prepare(self, cfg, ctx) -> TokenRecycling:
         d, V = cfg.draft, ctx.target.args.vocab_size
-        start = None if d.recycle_matrix is None else load_matrix(Path(d.recycle_matrix), V, d.recycle_k)
-        if start is not None:
-            ctx.notes["recycle_matrix"] = {k: v for k, v in start[1].items() if k != "matrix"}
-        return TokenRecycling(ctx.prompts, V, d.recycle_k, None if cfg.decoding.greedy else V, cfg.runtime.graphed,
-                              None if start is None else start[0])
+        return TokenRecycling(ctx.prompts, V, d.recycle_k, None if cfg.decoding.greedy else V, cfg.runtime.graphed)
 
     def options(self, cfg, target, device) -> list[dict]:
         return [{"tree_width": w} for w in (1, 2, 4)]
@@ -190,26 +171,3 @@ class Recycling(DrafterKind):
 
 DRAFTER = Recycling()
 
-
-# ---------------------------------------------------------------------------------- the hot start's matrix
-
-FORMAT = "magicdec recycle matrix 1"
-
-
-def load_matrix(path: Path, vocab: int, k: int) -> tuple[torch.Tensor, dict]:
-    """(matrix [vocab + 1, >= k], the file's record); one line on a file that is not one, or not for this target."""
-    try:
-        record = torch.load(path, map_location="cpu", weights_only=True)
-        matrix, fmt = record["matrix"], record["format"]
-    except Exception as e:  # noqa: BLE001 - whatever torch.load raises on a file that is not ours
-        raise MagicDecError(f"--recycle_matrix {path}: not a matrix from magicdec recycle-matrix ({type(e).__name__}); "
-                            "build one with `magicdec recycle-matrix`") from None
-    if fmt != FORMAT:
-        raise MagicDecError(f"--recycle_matrix {path}: format {fmt!r}, not {FORMAT!r}; build it again")
-    if matrix.shape[0] != vocab + 1:
-        raise MagicDecError(f"--recycle_matrix {path} holds a {matrix.shape[0] - 1}-token vocabulary, the target "
-                            f"{vocab}; build it with this target (--target)")
-    if matrix.shape[1] < k:
-        raise MagicDecError(f"--recycle_matrix {path} keeps {matrix.shape[1]} candidates per token, --recycle_k is {k}; "
-                            f"lower --recycle_k or build it with --k {k}")
-    return matrix, record
