@@ -94,6 +94,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", choices=["compositions", "extras"], default=None,
                    help="compositions: only the self-draft's low-bit weight and KV compositions (COMPOSED); extras: "
                         "those and the forwards only some options make (EXTRA: EAGLE-2's dynamic trees among them)")
+    p.add_argument("--match", nargs="+", default=None, metavar="TEXT",
+                   help="only the configurations whose flags contain one of these (e.g. 'draft_weights int4' "
+                        "'draft_kv'): what an earlier call did not reach")
     p.add_argument("--shard", default="1/1",
                    help="I/N: every N-th configuration from the I-th (N GPUs each check a part, into its own --output)")
     p.add_argument("--output", type=Path, required=True,
@@ -104,6 +107,11 @@ def main(argv=None) -> int:
               a.step_mode, "--save_tokens", "--no_progress", "--ignore_eos"]
     try:
         todo, skipped = cases(a.datastore, a.only)
+        if a.match:
+            todo = [c for c in todo if any(m in " ".join(c[1]) for m in a.match)]
+            if not todo:
+                raise MagicDecError(f"--match {a.match}: no configuration's flags contain any of them; give a "
+                                    "drafter's option as it is written in EXTRA or COMPOSED, e.g. 'draft_kv'")
         shard, shards = parse_shard(a.shard)
         todo = todo[shard - 1::shards]
         reference = quietly(common)["generated_ids"]

@@ -72,3 +72,22 @@ def test_extras_are_the_forwards_and_compositions_no_example_makes():
     flags = [" ".join(f) for _, f in todo]
     assert sum("--dynamic_tree_nodes" in f for f in flags) == 2
     assert sum("--draft_weights" in f or "--draft_kv" in f for f in flags) == len(gc.COMPOSED)
+
+
+def test_match_keeps_the_configurations_an_earlier_call_did_not_reach(tmp_path, monkeypatch):
+    """--match: only the configurations whose flags contain one of the texts, in order (here the int4 weights and
+    the quantized KV copies); a text no configuration holds is a one-line error before any run."""
+    ran = []
+
+    def fake(argv):
+        ran.append(" ".join(argv))
+        return {"generated_ids": [[1, 2]], "metrics": {}}
+    monkeypatch.setattr(gc, "quietly", fake)
+    out = tmp_path / "g.json"
+    assert gc.main(["--device", "cpu", "--only", "extras", "--match", "draft_weights int4", "draft_kv",
+                    "--output", str(out)]) == 0
+    checked = ran[1:]  # the first call is the plain reference
+    assert len(checked) == 5 and sum("--draft_weights int4" in r for r in checked) == 3
+    assert sum("--draft_kv" in r for r in checked) == 2
+    ran.clear()
+    assert gc.main(["--device", "cpu", "--match", "no_such_flag", "--output", str(out)]) == 2 and not ran
