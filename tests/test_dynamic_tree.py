@@ -5,7 +5,8 @@ against the same beam over its uncached forward along each path; the topology wr
 tree.Tree's own tensors; greedy speculation equals a plain autoregressive loop (B = 1 and a ragged batch, several
 N / K / depths, the head's KV full and windowed, EAGLE and EAGLE-3), the topology changing from step to step;
 sampled speculation keeps the target's distribution, and fails without the rejection's correction; each bad option
-is one line."""
+is one line. The cost model's best-case price (Eagle.predict) against trees and forwards written out by hand, and the
+planner's dynamic options checked as it checks them."""
 from __future__ import annotations
 
 import functools
@@ -14,17 +15,20 @@ import math
 import pytest
 import torch
 from conftest import chi_square, fixed_first_token
+from test_eagle import eagle_forward_by_hand
 from test_generate_speculative import assert_ragged, plain_greedy, tiny_prompts
+from test_head_draft import DEVICE, L31, predicted, run_config
 from test_medusa import speculate
 
 from magicdec.decoding.generate import prefill_features
 from magicdec.decoding.sampling import Sampling
+from magicdec.analysis import cost_model as cm
 from magicdec.drafters import dynamic_tree, eagle
 from magicdec.drafters.eagle import EagleDraft
 from magicdec.drafters.head_draft import Sampler
 from magicdec.errors import MagicDecError
 from magicdec.model.kv_cache import KVCache
-from magicdec.model.tree import DynamicTree, Tree, write_topology
+from magicdec.model.tree import DynamicTree, Tree, expected_tokens, write_topology
 
 pytestmark = pytest.mark.usefixtures("inference_mode")  # conftest: no autograd in these tests
 
@@ -244,3 +248,78 @@ def test_the_run_config_sizes_the_caches_for_the_frame_and_labels_it():
     assert cfg.lookahead == 16 and cfg.describe() == "eagle fresh dynamic 16 k4"  # the frame: 1 + 4 x 4 nodes
     cfg = RunConfig.from_options({"drafter": "eagle", "dynamic_tree_nodes": 40, "dynamic_tree_topk": 6, "gamma": [2]})
     assert cfg.lookahead == 39
+
+
+# --- the cost model's prediction (Eagle.predict) and the planner's options: no model is run ---------------------------
+def dynamic(nodes: int, K: int, gamma: int, **options):
+    return run_config("eagle", dynamic_tree_nodes=nodes, dynamic_tree_topk=K, gamma=[gamma], **options)
+
+
+def test_the_yield_is_the_best_tree_of_n_nodes_written_out():
+    """N = 4, depth 2, K = 2, a first child kept at 0.8 and a later one at 0.5: of the trees of 3 drafted nodes,
+    two levels and two children a node, the best is the root's two children and the first one's first child,
+    1 + 0.8 (1 + 0.8) + 0.2 x 0.5 = 2.54 (a chain of two with a sibling below yields 1 + 0.8 (1 + 0.8 + 0.2 x 0.5)
+    = 2.52; the second child's child 1 + 0.8 + 0.1 (1 + 0.8) = 1.98). At K = 1 the tree is the chain:
+    1 + 0.5 + 0.25, though the root's two children would yield 1 + 0.5 + 0.5 x 0.9."""
+    p = predicted(dynamic(4, 2, 2, synthetic_siblings=[0.5]))
+    assert p["omega"] == pytest.approx(1 + 0.8 * (1 + 0.8) + 0.2 * 0.5)
+    assert p["omega"] == pytest.approx(expected_tokens(Tree((-1, 0, 0, 1)), (0.8, 0.5)))
+    assert predicted(dynamic(3, 1, 2, synthetic_siblings=[0.9]), alpha=0.5)["omega"] == pytest.approx(1.75)
+    B, ctx = 4, 4096 + 32  # the verification over the 4 nodes; the draft the catch-up and one level of K = 2 nodes
+    assert p["T_V"] == pytest.approx(cm.step_time(L31, DEVICE, B, ctx, 4), rel=1e-9)
+    assert p["T_D"] == pytest.approx((eagle_forward_by_hand(DEVICE, B, ctx, 3, B)
+                                      + eagle_forward_by_hand(DEVICE, B, ctx, 2, 2 * B)) / 2, rel=1e-9)
+    assert p["speedup"] == pytest.approx(p["omega"] / (2 * p["T_D"] / p["T_T"] + p["T_V"] / p["T_T"]))
+
+
+def test_n_nodes_are_verified_where_fewer_reach_the_best_yield():
+    """Later children never kept (rate 0): the best tree is the chain, yet the verification is over all N nodes."""
+    p = predicted(dynamic(16, 10, 3, synthetic_siblings=[0.0]))
+    assert p["omega"] == pytest.approx(cm.omega(0.8, 3))
+    assert p["T_V"] == pytest.approx(cm.step_time(L31, DEVICE, 4, 4096 + 32, 16), rel=1e-9)
+
+
+def test_no_prediction_without_the_later_childrens_rates():
+    """Without --synthetic_siblings or a measured per_rank_acceptance, None (a tree's yield rests on them); a
+    measured one's rates past rank 0, up to the first rank never reached, stand in for them."""
+    cfg = dynamic(16, 10, 3)
+    assert predicted(cfg) is None
+    assert cfg.drafter.predict(cfg, L31, {}, DEVICE, 0.8, 3, cfg.lookahead, {"per_rank_acceptance": [0.8]}) is None
+    measured = cfg.drafter.predict(cfg, L31, {}, DEVICE, 0.8, 3, cfg.lookahead,
+                                   {"per_rank_acceptance": [0.8, 0.5, 0.3, None, 0.9]})
+    assert measured == predicted(dynamic(16, 10, 3, synthetic_siblings=[0.5, 0.3]))
+
+
+def test_the_verification_grows_with_n_and_the_draft_with_k_and_gamma():
+    siblings = {"synthetic_siblings": [0.5, 0.3]}
+    by_nodes = [predicted(dynamic(n, 10, 4, **siblings)) for n in (16, 32, 64)]
+    assert by_nodes[0]["T_V"] < by_nodes[1]["T_V"] < by_nodes[2]["T_V"]
+    assert by_nodes[0]["T_D"] == by_nodes[1]["T_D"] == by_nodes[2]["T_D"]  # the same frame
+    assert by_nodes[0]["omega"] < by_nodes[1]["omega"] < by_nodes[2]["omega"]
+    by_k = [predicted(dynamic(16, k, 4, **siblings))["T_D"] for k in (2, 4, 10)]
+    assert by_k[0] < by_k[1] < by_k[2]
+    proposal = [g * predicted(dynamic(16, 10, g, **siblings))["T_D"] for g in (2, 3, 4)]
+    assert proposal[0] < proposal[1] < proposal[2]
+
+
+def test_the_planner_is_offered_dynamic_trees_that_check_where_they_fit():
+    """Eagle.options lists EAGLE-2's N = 16, 32, 64 at K = 10 beside the chains and static trees (each head KV);
+    each option is a valid run at gamma 4, and a dynamic one fails its check, as the planner skips it, where its
+    frame (gamma 8: 71 nodes) or its candidates (gamma 1: 10) cannot hold it."""
+    from magicdec.harness.plan_command import GAMMAS
+
+    options = eagle.DRAFTER.options(None, L31, DEVICE)
+    trees = [o for o in options if o.get("dynamic_tree_nodes")]
+    assert {(o["dynamic_tree_nodes"], o["dynamic_tree_topk"]) for o in trees} == {(16, 10), (32, 10), (64, 10)}
+    assert len(trees) == 3 * 3  # each head KV: full and two windows
+    for o in options:  # a Sequoia tree shaped for the rates the planner gives it
+        run_config("eagle", gamma=[4], **o | ({"tree_rates": [0.8]} if o.get("tree_nodes") else {})).check()
+    for o in trees:
+        fits = []
+        for g in GAMMAS:
+            try:
+                run_config("eagle", gamma=[g], **o).check()
+                fits.append(g)
+            except MagicDecError as e:
+                assert "\n" not in str(e)
+        assert fits == [g for g in GAMMAS if 2 <= g <= 7]

@@ -171,6 +171,19 @@ def test_a_drafter_verifying_trees_draws_its_level_rate_on_its_first_candidate(t
     assert not chain.speculation.synthetic_siblings
 
 
+def test_eagle2s_dynamic_tree_is_ranked_at_the_gammas_it_fits():
+    """N = 4, K = 2: gamma 1 drafts 2 candidates, too few for 3 nodes (skipped, as its check fails); at gamma 2 its
+    yield is the best 4-node tree's, the root's two children and the first one's first child: 1 + 0.8 (1 + 0.8) +
+    0.2 x 0.6. Without the later children's rates it is listed, not ranked, saying so."""
+    only = ["--only", "drafter=eagle,dynamic_tree_nodes=4,dynamic_tree_topk=2"]
+    point = ["--B", "4", "--prefix_len", "32768", "--gen_len", "32", "--alpha", "0.8", "--gammas", "1", "2"]
+    (row,) = [r for r in plan(point + ["--siblings", "0.6"] + only)["ranking"] if r["drafter"] == "eagle"]
+    assert row["gamma"] == 2 and row["omega"] == pytest.approx(1 + 0.8 * 1.8 + 0.2 * 0.6)
+    assert row["label"] == "eagle --dynamic_tree_nodes 4 --dynamic_tree_topk 2"
+    (unranked,) = plan(point + only)["not_ranked"]
+    assert unranked["reason"] == "no prediction: a tree needs its later candidates' rates (--siblings)"
+
+
 def test_the_hierarchys_bottom_rate_reaches_its_synthetic_run(tmp_path):
     """A hierarchy entry's `bottom` (the middle's rate of the bottom's tokens) is what its random-weight run draws:
     without it such a run cannot start, and the atlas never ranked the hierarchy."""

@@ -14,7 +14,9 @@ confidence summed over its sequences (each sequence its own tokens at each place
 candidates are the head's top-k, deterministic, so sampled decoding verifies them as point masses (the
 multi-candidate rule, as Token Recycling's and SuffixDecoding's trees). EAGLE-3 heads take it as they are (the
 confidence is their own softmax over the draft vocabulary, the tokens mapped by d2t). Not with
---synthetic_acceptance (its tree rates are cached per static tree), and the cost model does not predict it.
+--synthetic_acceptance (its tree rates are cached per static tree). The cost model prices it at its best case (the
+frame's head work, N nodes verified, the yield of Sequoia's best N-node tree: Eagle.predict), so `magicdec plan`
+sizes it (N, K) per point beside the chains and static trees.
 
 The head's KV (`--head_kv`): `full`, every position of the context; or `window`, a StreamingLLM ring of
 `--head_sinks` sink positions and a recent window (`--head_budget` in all) whose attention sees positions inside the
@@ -42,15 +44,19 @@ from magicdec.config import cache_slots
 from magicdec.errors import MagicDecError
 from magicdec.model.forward_plan import ForwardPlan
 from magicdec.model.kv_cache import KVCache, StreamingCache
-from magicdec.model.tree import MAX_NODES, DynamicTree, write_topology
+from magicdec.model.tree import MAX_NODES, DynamicTree, Tree, expected_tokens, shaped_tree, write_topology
 from magicdec.options import option
 
 HEAD_KV = ("full", "window")
 PREPARE_CHUNK = 256  # pairs per head forward while the prompt is fed (a ring holds a chunk past its window)
 
 
-# what `magicdec plan` composes: the head's KV (full, or a window of these budgets), and model_draft's trees
+# what `magicdec plan` composes: the head's KV (full, or a window of these budgets), and model_draft's trees or
+# EAGLE-2's dynamic tree of these many verified nodes at EAGLE-2's K (few: the planner checks and predicts each at
+# every gamma; those the frame or the candidates cannot hold at a gamma are skipped there by check_dynamic)
 PLAN_WINDOWS = (256, 1024)
+PLAN_DYNAMIC_NODES = (16, 32, 64)
+PLAN_DYNAMIC_TOPK = 10
 
 
 @dataclass(frozen=True)
@@ -377,20 +383,55 @@ class Eagle(DrafterKind):
 
     def options(self, cfg, target, device) -> list[dict]:
         kv = [{}] + [{"head_kv": "window", "head_budget": b} for b in PLAN_WINDOWS]
-        return [k | t for k in kv for t in PLAN_TREES]
+        dynamic = tuple({"dynamic_tree_nodes": n, "dynamic_tree_topk": PLAN_DYNAMIC_TOPK} for n in PLAN_DYNAMIC_NODES)
+        return [k | t for k in kv for t in PLAN_TREES + dynamic]
 
     def predict(self, cfg, target, models, device, alpha, gamma, lookahead, summary=None) -> dict | None:
         """The draft step T_D is one proposal's head work (draft_seconds) over gamma (head_prediction). The head's
         KV is the whole context (--head_kv full: T_D grows with it, one layer's worth of the target's reads) or its
         ring's slots (window: the budget and the ring's spare slots, read masked as a StreamingLLM draft's are,
-        whatever the prefix). None for a dynamic tree: its shape, and so its yield, changes every step."""
+        whatever the prefix).
+
+        EAGLE-2's dynamic tree (N nodes, K, depth gamma): its shape changes every step, so it is priced at its best
+        case. The draft is its frame: the catch-up, then gamma - 1 forwards over K frontier nodes each (the LM head
+        over those K rows), as EagleDraft._dynamic feeds it. The verification is over N nodes. The yield is that of
+        the best tree of N nodes, gamma levels and K children per node at most (Sequoia's, tree.optimal_tree) at
+        alpha for a node's first child and the later children's rates: EAGLE-2 verifies the N candidates its head
+        is most confident of, and were its confidence ranks the acceptance ranks, that is the best N-node tree. They
+        are not (and its frontier holds K nodes per level, a bound Sequoia's tree does not keep), so this is an
+        upper bound of its yield. The later children's rates are --synthetic_siblings (the planner's per-option
+        siblings), else a measured run's per_rank_acceptance past rank 0 in `summary`; without either, None, as a
+        static tree's: a tree's yield rests on its siblings' rates, and none is assumed."""
         d, w = cfg.draft, cfg.workload
-        if d.dynamic_tree_nodes:
-            return None
         kv = d.window_slots(lookahead) if d.window else w.prefix_len + w.gen_len // 2
         shape = head_shape(d, target)
-        return head_prediction(cfg, target, device, alpha, gamma,
-                               lambda sizes, sampled: draft_seconds(shape, target, device, w.B, kv, sizes, sampled))
+
+        def seconds(sizes, sampled):
+            return draft_seconds(shape, target, device, w.B, kv, sizes, sampled)
+        if not d.dynamic_tree_nodes:
+            return head_prediction(cfg, target, device, alpha, gamma, seconds)
+        siblings = cfg.speculation.synthetic_siblings or measured_siblings(summary)
+        if not siblings:
+            return None
+        N, K = d.dynamic_tree_nodes, d.dynamic_tree_topk
+        rates = (alpha, *siblings)
+        best = shaped_tree(rates, N, gamma, K)
+        # EAGLE-2 verifies N nodes even where fewer reach the best yield (the rest adding nothing): T_V counts all N
+        verified = Tree(best.parents + (0,) * (N - best.size))
+        p = head_prediction(cfg, target, device, alpha, gamma, seconds, tree=verified, siblings=tuple(siblings),
+                            sizes=[1] + [K] * gamma)
+        return cm.with_draft_step(p | {"omega": expected_tokens(best, rates)}, gamma, p["T_D"])
+
+
+def measured_siblings(summary: dict | None) -> tuple[float, ...]:
+    """A measured run's rates of a node's later children (its per_rank_acceptance past rank 0, up to the first rank
+    never reached), or ()."""
+    out = []
+    for r in ((summary or {}).get("per_rank_acceptance") or [])[1:]:
+        if r is None:
+            break
+        out.append(float(r))
+    return tuple(out)
 
 
 def check_dynamic(cfg) -> None:

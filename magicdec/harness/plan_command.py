@@ -54,8 +54,9 @@ def label(name: str, option: dict) -> str:
 
 
 def is_tree(option: dict) -> bool:
-    """Whether an option (or a run's config) verifies token trees of its own shape: a width or Sequoia's nodes."""
-    return (option.get("tree_width") or 1) > 1 or bool(option.get("tree_nodes"))
+    """Whether an option (or a run's config) verifies token trees of its own shape: a width, Sequoia's nodes or
+    EAGLE-2's dynamic tree (its acceptance, as a static tree's, is per sibling rank)."""
+    return (option.get("tree_width") or 1) > 1 or bool(option.get("tree_nodes") or option.get("dynamic_tree_nodes"))
 
 
 def family(drafter: str, option: dict) -> str:
@@ -203,10 +204,11 @@ class Planner:
                 break
             p = self.predict(kind, cfg, models, a, g)
             if p is None:
+                s = cfg.speculation
                 reason = reason if reason and reason.startswith("does not fit") else \
                     "no prediction: " + ("a tree needs its later candidates' rates (--siblings)"
-                                         if (cfg.speculation.tree_width > 1 or cfg.speculation.tree_nodes)
-                                         and not a.siblings else f"the cost model has no model of {name} here")
+                                         if (s.tree_width > 1 or s.tree_nodes or is_tree(option)) and not a.siblings
+                                         else f"the cost model has no model of {name} here")
                 continue
             if a.trace is not None and not tree:
                 n, per_verification = replay_finish(self.trace(a.trace), self.B, g, self.tokens, a.alpha)

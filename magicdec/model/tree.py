@@ -346,9 +346,10 @@ def optimal_tree(rates: tuple[float, ...], nodes: int, max_depth: int, max_width
 
 
 @functools.lru_cache(maxsize=64)
-def shaped_tree(rates: tuple[float, ...], nodes: int, max_depth: int) -> Tree:
-    """optimal_tree, made once per (rates, nodes, depth): a run asks for its tree at every verification."""
-    return optimal_tree(rates, nodes, max_depth)
+def shaped_tree(rates: tuple[float, ...], nodes: int, max_depth: int, max_width: int = 8) -> Tree:
+    """optimal_tree, made once per (rates, nodes, depth, width): a run asks for its tree at every verification, the
+    planner at every gamma of every option."""
+    return optimal_tree(rates, nodes, max_depth, max_width)
 
 
 def visible(mask: TreeMask, n_slots: int, q_pos: torch.Tensor | None = None, key_pos: torch.Tensor | None = None,
