@@ -231,7 +231,8 @@ class Sweep:
             if pts and not self.group(pts, bar, start, max_minutes):
                 break
         bar.close()
-        left = sum(1 for p in self.points if not self.recorded(p))
+        # rank 0's count: another rank reading the folder can run ahead of rank 0's last write and count it missing
+        left = from_rank0(sum(1 for p in self.points if not self.recorded(p)))
         print(f"{left} points left" + ("; run the same command again to resume" if left else ""), flush=True)
         return left
 
