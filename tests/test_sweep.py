@@ -812,3 +812,26 @@ def test_a_resumed_sweep_whose_first_point_does_not_fit_records_it_as_skipped(tm
     assert {p.cfg.workload.B for p in big.points} == {512}
     assert big.run(None) == 0
     assert all("skipped" in r for r in records(tmp_path / "out").values()) and len(records(tmp_path / "out")) == 2
+
+
+def test_a_trees_cost_model_check_takes_its_measured_acceptance_vector(tmp_path):
+    """A tree run with no --synthetic_siblings: the record's prediction is made at the run's own acceptance vector
+    (rank 0 for a node's first child, rank 1 for its sibling), not left out. Prompt lookup's width-2 tree on
+    stories260K (a real tiny model) over a story it retells, so both ranks keep something: Ω against the width-2 chain's yield written out by hand,
+    each depth reached through the first children, a rejected first child's sibling kept at rank 1's rate and
+    ending the path: 1 + sum over depths d of a^(d-1) (a + (1 - a) s)."""
+    from magicdec.model.checkpoint import convert_llama2c
+
+    model = convert_llama2c(STORIES / "stories260K.bin", tmp_path / "stories", STORIES / "tok512.bin")
+    book = tmp_path / "book.txt"
+    book.write_text(("Once upon a time, there was a little girl named Lily. Once upon a time, there was a little boy "
+                     "named Tom. She liked to play. He liked to run. ") * 40)
+    text = (f'model = "{model}"\ndataset = "{book}"\nskip_tokens = 0\nprefix_len = [96]\nB = [2]\ngen_len = 24\n'
+            'gamma = 3\ndecoding = ["greedy"]\nmethods = ["baseline", "lookup"]\n[lookup]\ntree_width = 2\n')
+    assert make(tmp_path, text).run(None) == 0
+    (rec,) = [r for r in records(tmp_path / "out").values() if r["method"] == "lookup"]
+    ranks = rec["metrics"]["speculation"]["per_rank_acceptance"]
+    assert ranks is not None and ranks[0] is not None and ranks[1] is not None, ranks
+    a, s = ranks[0], ranks[1]
+    cost = rec["metrics"]["cost_model"]
+    assert cost["omega"] == pytest.approx(1 + sum(a ** (d - 1) * (a + (1 - a) * s) for d in (1, 2, 3)))

@@ -121,6 +121,17 @@ class Stats:
                 "time_s": self.time, "first_done": self.first_done}
 
 
+def acceptance_vector(per_rank: list | None) -> tuple[float, ...]:
+    """A tree run's measured acceptance vector (Sequoia's: rank r's rate, kept once the ranks before it were not),
+    from its per_rank_acceptance, up to the first rank never tried (no rate to give); () where it has none."""
+    out = []
+    for r in per_rank or []:
+        if r is None:
+            break
+        out.append(float(r))
+    return tuple(out)
+
+
 class Counts:
     """A generation's counts while it runs, on the device (no host sync): drafted positions examined and kept, per
     position and per sequence, verifications of active sequences, and per iteration the tokens committed so far and

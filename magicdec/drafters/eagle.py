@@ -400,8 +400,8 @@ class Eagle(DrafterKind):
         is most confident of, and were its confidence ranks the acceptance ranks, that is the best N-node tree. They
         are not (and its frontier holds K nodes per level, a bound Sequoia's tree does not keep), so this is an
         upper bound of its yield. The later children's rates are --synthetic_siblings (the planner's per-option
-        siblings), else a measured run's per_rank_acceptance past rank 0 in `summary`; without either, None, as a
-        static tree's: a tree's yield rests on its siblings' rates, and none is assumed."""
+        siblings; a sweep's check of a measured run, its measured ones); without them, None, as a static tree's: a
+        tree's yield rests on its siblings' rates, and none is assumed."""
         d, w = cfg.draft, cfg.workload
         kv = d.window_slots(lookahead) if d.window else w.prefix_len + w.gen_len // 2
         shape = head_shape(d, target)
@@ -410,7 +410,7 @@ class Eagle(DrafterKind):
             return draft_seconds(shape, target, device, w.B, kv, sizes, sampled)
         if not d.dynamic_tree_nodes:
             return head_prediction(cfg, target, device, alpha, gamma, seconds)
-        siblings = cfg.speculation.synthetic_siblings or measured_siblings(summary)
+        siblings = cfg.speculation.synthetic_siblings
         if not siblings:
             return None
         N, K = d.dynamic_tree_nodes, d.dynamic_tree_topk
@@ -421,17 +421,6 @@ class Eagle(DrafterKind):
         p = head_prediction(cfg, target, device, alpha, gamma, seconds, tree=verified, siblings=tuple(siblings),
                             sizes=[1] + [K] * gamma)
         return cm.with_draft_step(p | {"omega": expected_tokens(best, rates)}, gamma, p["T_D"])
-
-
-def measured_siblings(summary: dict | None) -> tuple[float, ...]:
-    """A measured run's rates of a node's later children (its per_rank_acceptance past rank 0, up to the first rank
-    never reached), or ()."""
-    out = []
-    for r in ((summary or {}).get("per_rank_acceptance") or [])[1:]:
-        if r is None:
-            break
-        out.append(float(r))
-    return tuple(out)
 
 
 def check_dynamic(cfg) -> None:

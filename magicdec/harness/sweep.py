@@ -50,6 +50,8 @@ from magicdec.errors import interrupted_as, MagicDecError, one_line_errors
 from magicdec.analysis.planner import AutoGamma, fit_spread, option_parts, plan
 from magicdec.files import writable_folder, write_json
 from magicdec.harness.run_config import RunConfig
+from magicdec.harness.plan_command import is_tree
+from magicdec.decoding.stats import acceptance_vector
 from magicdec.harness import sweep_grid
 from magicdec.harness.sweep_grid import (MODES, PLANNERS, Point, batch_skips, group_key, load_config, parse_shard,
                                          planned, points_of, replace_options, room_ahead, shard_of)
@@ -514,7 +516,13 @@ class Sweep:
             return {"none": "no fixed gamma or no acceptance measured (--gamma auto predicts per verification)"}
         device = replace(self.cost_device, verify_overhead_s=self.verify_overhead.get(cfg.drafter.name, 0.0))
         models = self.engine.plan(cfg)[0]
-        pred = cfg.drafter.predict(cfg, self.engine.target_config, models, device, m["alpha"], gamma,
+        alpha, ranks = m["alpha"], acceptance_vector((m.get("speculation") or {}).get("per_rank_acceptance"))
+        if is_tree(cfg.options()) and not cfg.speculation.synthetic_siblings and len(ranks) > 1:
+            # a tree's yield rests on each sibling rank's rate: the run's own vector, as Sequoia's model takes it
+            # (rank 0 for a node's first child, alpha being the path's rate), not rates nobody measured
+            alpha = ranks[0]
+            cfg = replace(cfg, speculation=replace(cfg.speculation, synthetic_siblings=ranks[1:]))
+        pred = cfg.drafter.predict(cfg, self.engine.target_config, models, device, alpha, gamma,
                                    cfg.lookahead, (m.get("speculation") or {}).get("drafter"))
         if pred is None:
             return {"none": f"the cost model has no model of drafter {cfg.drafter.name} here"}
