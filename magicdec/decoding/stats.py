@@ -121,15 +121,14 @@ class Stats:
                 "time_s": self.time, "first_done": self.first_done}
 
 
-def acceptance_vector(per_rank: list | None) -> tuple[float, ...]:
-    """A tree run's measured acceptance vector (Sequoia's: rank r's rate, kept once the ranks before it were not),
-    from its per_rank_acceptance, up to the first rank never tried (no rate to give); () where it has none."""
+def leading_rates(rates) -> list[float]:
+    """Rates per position or per sibling rank up to the first one never reached (None: nothing to divide)."""
     out = []
-    for r in per_rank or []:
+    for r in rates or []:
         if r is None:
             break
-        out.append(float(r))
-    return tuple(out)
+        out.append(r)
+    return out
 
 
 class Counts:

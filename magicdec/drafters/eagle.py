@@ -418,8 +418,7 @@ class Eagle(DrafterKind):
         best = shaped_tree(rates, N, gamma, K)
         # EAGLE-2 verifies N nodes even where fewer reach the best yield (the rest adding nothing): T_V counts all N
         verified = Tree(best.parents + (0,) * (N - best.size))
-        p = head_prediction(cfg, target, device, alpha, gamma, seconds, tree=verified, siblings=tuple(siblings),
-                            sizes=[1] + [K] * gamma)
+        p = head_prediction(cfg, target, device, alpha, gamma, seconds, tree=verified, sizes=[1] + [K] * gamma)
         return cm.with_draft_step(p | {"omega": expected_tokens(best, rates)}, gamma, p["T_D"])
 
 

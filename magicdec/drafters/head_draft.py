@@ -98,21 +98,21 @@ def level_sizes(tree, gamma: int) -> list[int]:
 
 
 def head_prediction(cfg, target, device, alpha: float, gamma: int, proposal_seconds, tree=None,
-                    siblings: tuple[float, ...] | None = None, sizes: list[int] | None = None) -> dict | None:
+                    sizes: list[int] | None = None) -> dict | None:
     """A head drafter's prediction: the target's step and verification as for any draft (cost_model.predict, a tree
     at its later candidates' rates), T_D one proposal's head work (`proposal_seconds(level_sizes, sampled)`) and
     the device's fitted fixed cost per drafted level (Device.head_level_s, and sampled its pick, Device.pick_s) over
     gamma, so that gamma T_D is a proposal's. None for a tree without those rates (--synthetic_siblings), as a
-    model draft's. `tree`, `siblings` and `sizes` stand in for the config's verified tree, its later candidates'
-    rates and the levels drafted where the drafter verifies what it did not draft level for level (EAGLE-2's
-    dynamic tree: a frame of K nodes per level, a best-case tree verified)."""
+    model draft's. `tree` and `sizes` stand in for the config's verified tree and the levels drafted where the
+    drafter verifies what it did not draft level for level (EAGLE-2's dynamic tree: a frame of K nodes per level, a
+    best-case tree verified)."""
     w = cfg.workload
     tree = tree_of(cfg, gamma) if tree is None else tree
     if tree is False:
         return None
     sampled = not cfg.decoding.greedy
     p = cm.predict(target, device, w.B, w.prefix_len + w.gen_len // 2, gamma, alpha, 0, None, 0, sampled, tree=tree,
-                   sibling_rates=cfg.speculation.synthetic_siblings if siblings is None else siblings)
+                   sibling_rates=cfg.speculation.synthetic_siblings)
     sizes = sizes or level_sizes(tree, gamma)
     pick = device.pick_s.get("candidates" if cfg.draft.head_candidates else "vocabulary") if sampled else None
     work = proposal_seconds(sizes, sampled and pick is None)  # a fitted pick stands in for the per-logit count

@@ -45,6 +45,7 @@ from magicdec import drafters, files
 from magicdec import options as opt
 from magicdec.analysis import cost_model as cm
 from magicdec.config import ModelArgs, check_context
+from magicdec.decoding.stats import leading_rates
 from magicdec.drafters.model_draft import DraftWeightOptions
 from magicdec.errors import MagicDecError
 from magicdec.analysis.acceptance_inputs import load_acceptance
@@ -92,16 +93,6 @@ class Option:
 
 # ------------------------------------------------------------------------------------------------ what a run measured
 
-def leading(rates) -> list[float]:
-    """The rates up to the first position or rank that was never reached (None: nothing to divide)."""
-    out = []
-    for r in rates or []:
-        if r is None:
-            break
-        out.append(r)
-    return out
-
-
 def entry_of(record: dict, trace: str | None) -> dict | str:
     """An option's acceptance entry read from its run record (or why it has none): a tree's first candidate's rate
     and its later candidates' per rank; a chain's rate per drafted token and its per-position conditional rates,
@@ -111,14 +102,14 @@ def entry_of(record: dict, trace: str | None) -> dict | str:
         rates = s.get("per_rank_acceptance") or [None]
         if rates[0] is None:
             return "no tree candidate was tried in the run"
-        out = {"alpha": rates[0], "siblings": leading(rates[1:])}
+        out = {"alpha": rates[0], "siblings": leading_rates(rates[1:])}
         factors = sequence_factors(s.get("per_sequence"))
         if factors:
             out["sequence_factors"] = factors
     else:
         if s["alpha"] is None:
             return "nothing was drafted in the run (no drafted token examined)"
-        out = {"alpha": s["alpha"], "positions": leading(s["per_position_acceptance"])}
+        out = {"alpha": s["alpha"], "positions": leading_rates(s["per_position_acceptance"])}
         if trace is not None:
             out["trace"] = trace
     bottom = (s.get("drafter") or {}).get("alpha_bottom_to_middle")

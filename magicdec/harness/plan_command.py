@@ -204,10 +204,9 @@ class Planner:
                 break
             p = self.predict(kind, cfg, models, a, g)
             if p is None:
-                s = cfg.speculation
                 reason = reason if reason and reason.startswith("does not fit") else \
                     "no prediction: " + ("a tree needs its later candidates' rates (--siblings)"
-                                         if (s.tree_width > 1 or s.tree_nodes or is_tree(option)) and not a.siblings
+                                         if is_tree(cfg.options()) and not a.siblings
                                          else f"the cost model has no model of {name} here")
                 continue
             if a.trace is not None and not tree:

@@ -51,7 +51,7 @@ from magicdec.analysis.planner import AutoGamma, fit_spread, option_parts, plan
 from magicdec.files import writable_folder, write_json
 from magicdec.harness.run_config import RunConfig
 from magicdec.harness.plan_command import is_tree
-from magicdec.decoding.stats import acceptance_vector
+from magicdec.decoding.stats import leading_rates
 from magicdec.harness import sweep_grid
 from magicdec.harness.sweep_grid import (MODES, PLANNERS, Point, batch_skips, group_key, load_config, parse_shard,
                                          planned, points_of, replace_options, room_ahead, shard_of)
@@ -516,7 +516,7 @@ class Sweep:
             return {"none": "no fixed gamma or no acceptance measured (--gamma auto predicts per verification)"}
         device = replace(self.cost_device, verify_overhead_s=self.verify_overhead.get(cfg.drafter.name, 0.0))
         models = self.engine.plan(cfg)[0]
-        alpha, ranks = m["alpha"], acceptance_vector((m.get("speculation") or {}).get("per_rank_acceptance"))
+        alpha, ranks = m["alpha"], tuple(leading_rates((m.get("speculation") or {}).get("per_rank_acceptance")))
         if is_tree(cfg.options()) and not cfg.speculation.synthetic_siblings and len(ranks) > 1:
             # a tree's yield rests on each sibling rank's rate: the run's own vector, as Sequoia's model takes it
             # (rank 0 for a node's first child, alpha being the path's rate), not rates nobody measured
