@@ -207,6 +207,25 @@ def test_a_second_run_goes_on_from_the_first_and_another_point_is_refused(measur
     assert e.value.code == 2 and "holds other acceptance than this point's" in capsys.readouterr().err
 
 
+def test_a_file_added_to_by_another_command_keeps_every_command_and_reason(measured, stories, books, tmp_path):
+    out = tmp_path / "acc.json"
+    shutil.copy(measured, out)
+    shutil.copytree(measured.parent / "acc_runs", tmp_path / "acc_runs")
+    first = json.loads(measured.read_text())["_meta"]["command"]
+    add = ["option-acceptance", *point(stories, books), "--ignore_eos", "--output", str(out), "--only",
+           "drafter=lookup,ngram_max=3", "--only", "drafter=medusa,num_heads=3,tree_width=1,tree_nodes=0"]
+    assert cli.main(add) == 0
+    assert cli.main(add[:-4] + ["--only", "drafter=lookahead,ngram_size=3"]) == 0  # measured before: nothing runs
+    written = json.loads(out.read_text())
+    meta = written["_meta"]
+    assert meta["command"] == first and len(meta["commands"]) == 3 and meta["commands"][0] == first
+    assert meta["commands"][1].endswith("tree_width=1,tree_nodes=0") and "ngram_size=3" in meta["commands"][2]
+    assert meta["not_measured"]["medusa --num_heads 3"].startswith("untrained")  # the second command's reason kept
+    now, then = entries(out), entries(measured)
+    assert all(now[k] == v for k, v in then.items())
+    assert sorted(set(now) - set(then)) == ["lookup --ngram_max 3 --tree_width 1", "lookup --ngram_max 3 --tree_width 2"]
+
+
 def test_options_that_cannot_run_here_are_listed_with_the_reason(stories, books, tmp_path):
     out = tmp_path / "acc.json"
     assert cli.main(["option-acceptance", *point(stories, books), "--output", str(out), "--only_drafters",

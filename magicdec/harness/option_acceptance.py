@@ -354,10 +354,11 @@ def point_of(cfg: RunConfig, a) -> dict:
             "ignore_eos": w.ignore_eos, "device": cfg.runtime.device, "dtype": cfg.runtime.dtype}
 
 
-def measured_before(path: Path, point: dict) -> dict:
-    """The entries an earlier run of this command at the same point wrote (none if no file is there)."""
+def measured_before(path: Path, point: dict) -> tuple[dict, dict]:
+    """The entries an earlier run of this command at the same point wrote, and its _meta (none if no file is
+    there)."""
     if not path.is_file():
-        return {}
+        return {}, {}
     try:
         given = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -365,7 +366,7 @@ def measured_before(path: Path, point: dict) -> dict:
     if not isinstance(given, dict) or (given.get("_meta") or {}).get("point") != point:
         raise MagicDecError(f"--output {path} holds other acceptance than this point's (another model, batch, "
                             "prompt, decoding or gamma): choose another --output, or remove it")
-    return {k: v for k, v in given.items() if k != "_meta"}
+    return {k: v for k, v in given.items() if k != "_meta"}, given["_meta"]
 
 
 # ------------------------------------------------------------------------------------------------ the runs
@@ -410,7 +411,8 @@ def measure(a) -> dict:
     cfg0.check()
     point = point_of(cfg0, a)
     runs = a.output.with_name(f"{a.output.stem}_runs")
-    before = with_sequence_factors(measured_before(a.output, point), runs)
+    before, earlier = measured_before(a.output, point)
+    before = with_sequence_factors(before, runs)
     files.writable_folder(runs, f"--output {a.output} (its runs' records, in {runs})")
     engine = Engine(cfg0)  # the default model is converted here, once, if it is not cached
     engine.check(cfg0)
@@ -421,17 +423,23 @@ def measure(a) -> dict:
         datastore = (compare.other_books_datastore(engine, cfg0, Path(tmp)) if a.datastore == OTHER_BOOKS
                      else a.datastore) if with_store else None
         found = options_here(a, base, cfg0, engine, heads_found, datastore)
-        return run_options(a, cfg0, engine, found, before, point, runs)
+        return run_options(a, cfg0, engine, found, before, point, runs, earlier)
 
 
 def run_options(a, cfg0: RunConfig, engine: Engine, found: list[Option], before: dict, point: dict,
-                runs: Path) -> dict:
+                runs: Path, earlier: dict | None = None) -> dict:
     """Each runnable option over one prefill, its drafter prepared once for the options that share it; the file
-    written after each."""
+    written after each. A file added to by several commands (--only_drafters one family, then another) keeps
+    every command (_meta.commands, the first also as _meta.command) and what each could not measure."""
+    earlier = earlier or {}
     todo = [o for o in found if o.why is None and o.label not in before]
-    skipped = {o.label: o.why for o in found if o.why is not None}
+    skipped = {k: v for k, v in (earlier.get("not_measured") or {}).items() if k not in before} | \
+        {o.label: o.why for o in found if o.why is not None}
     entries = dict(before)
-    meta = {"command": "magicdec option-acceptance " + " ".join(a.argv), "model": None, "point": point,
+    command = "magicdec option-acceptance " + " ".join(a.argv)
+    commands = earlier.get("commands") or ([earlier["command"]] if earlier.get("command") else [])
+    commands = commands + [command] if command not in commands else commands
+    meta = {"command": commands[0], "commands": commands, "model": None, "point": point,
             "carry_rule": CARRY_RULE, "not_measured": skipped}
 
     def write() -> None:
@@ -478,6 +486,7 @@ def run_options(a, cfg0: RunConfig, engine: Engine, found: list[Option], before:
                     skipped[o.label] = entry
                 else:
                     entries[o.label] = entry
+                    skipped.pop(o.label, None)
                     if "siblings" in entry and o.cfg.speculation.tree_width > 1:
                         widest[key] = (entry["alpha"], *entry["siblings"])
                     bar.write(line(o.label, entry))
