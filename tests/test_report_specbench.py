@@ -110,3 +110,18 @@ def test_a_drafter_run_at_several_gammas_shows_its_best_and_names_it():
         text = rows(specbench_table.table(found))
         assert "1.14× (1.59) γ3 / —" in text["eagle h"] and "0.98" not in text["eagle h"]
         assert "1.58× (2.00) / —" in text["lookup n3"] and "γ" not in text["lookup n3"]
+
+
+def test_a_best_gamma_from_another_code_version_is_marked():
+    """The γ of a cell timed at two code versions (two calls): the best is not of the same rounds, and the cell
+    says so; γ of one version are not marked."""
+    def record(label, gamma, speedup, code):
+        return {"method": label.split()[0], "label": label, "prefix_len": 8000, "B": 1, "decoding": "greedy",
+                "gamma": gamma, "environment": {"code": {"commit": code}},
+                "metrics": {"measured_speedup": speedup, "acceptance_length": 1.8, "alpha": 0.45,
+                            "T_V_over_T_T": 1.0, "T_D_over_T_T": 0.1}}
+    text = rows(specbench_table.table(specbench_table.cells([
+        record("eagle h", 3, 1.34, "bdc86c5"), record("eagle h", 5, 1.12, "385413c"),
+        record("eagle h dynamic", 3, 1.00, "385413c"), record("eagle h dynamic", 5, 0.88, "385413c")])))
+    assert "1.34× (1.80) γ3† / —" in text["eagle h"]
+    assert "1.00× (1.80) γ3 / —" in text["eagle h dynamic"] and "†" not in text["eagle h dynamic"]

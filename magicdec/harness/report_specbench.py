@@ -1,6 +1,7 @@
 """Spec-Bench's table from a sweep's records: one row per drafter (its label), one column per (prefix, B), each cell
 the measured speedup and the mean accepted tokens per verification (Ω), greedy / sampled; a bar plot beside it. Where
-a drafter ran at several γ, its cell is the best of them (each timed in turns with the same baseline) and names its γ.
+a drafter ran at several γ, its cell is the best of them (each timed in turns with the same baseline) and names its γ;
+a † marks a cell whose γ ran at different code versions (so in different calls: the best is not of the same rounds).
 
     magicdec report specbench-table results/specbench --output results/specbench/table
 
@@ -56,26 +57,33 @@ def head_records(records: list[dict], given: dict[str, Path | None]) -> tuple[li
     return keep, notes
 
 
+def commit(record: dict) -> str | None:
+    return ((record.get("environment") or {}).get("code") or {}).get("commit")
+
+
 def cells(records: list[dict]) -> dict:
-    """label -> (prefix, B, decoding) -> (speedup, Omega, alpha, T_V/T_T, T_D/T_T, γ, how many γ ran): the best γ's."""
-    out, ran = defaultdict(dict), defaultdict(int)
+    """label -> (prefix, B, decoding) -> (speedup, Omega, alpha, T_V/T_T, T_D/T_T, γ, how many γ ran, whether they
+    ran at different code versions): the best γ's."""
+    out, ran, versions = defaultdict(dict), defaultdict(int), defaultdict(set)
     for r in records:
         if r["method"] == "baseline":
             continue
         m = r["metrics"]
         key = (r["prefix_len"], r["B"], r["decoding"].split()[0])
         ran[r["label"], key] += 1
+        versions[r["label"], key].add(commit(r))
         cell = (m["measured_speedup"], m["acceptance_length"], m["alpha"], m["T_V_over_T_T"], m["T_D_over_T_T"],
                 r["gamma"])
         if key not in out[r["label"]] or cell[0] > out[r["label"]][key][0]:
             out[r["label"]][key] = cell
-    return {label: {key: c + (ran[label, key],) for key, c in v.items()} for label, v in out.items()}
+    return {label: {key: c + (ran[label, key], len(versions[label, key]) > 1) for key, c in v.items()}
+            for label, v in out.items()}
 
 
 def cell_text(c: tuple | None) -> str:
     if c is None:
         return "—"
-    return f"{c[0]:.2f}× ({c[1]:.2f})" + (f" γ{c[5]}" if c[6] > 1 else "")
+    return f"{c[0]:.2f}× ({c[1]:.2f})" + (f" γ{c[5]}" if c[6] > 1 else "") + ("†" if c[7] else "")
 
 
 def prefix_name(p: int) -> str:
@@ -129,6 +137,9 @@ def main(argv=None) -> int:
     records = [json.loads(f.read_text()) for f in sorted(a.records.glob("*.json"))]
     records, notes = head_records(records, {family: getattr(a, f"{family}_head") for family in HEADS})
     found = cells(records)
+    if any(c[7] for v in found.values() for c in v.values()):
+        notes.append("†: this cell's γ ran at different code versions (different calls), so its best is not of the "
+                     "same rounds")
     text = table(found) + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
     files.write_text(a.output.with_suffix(".md"), text + "\n")
     if found:
