@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from magicdec import files
+from magicdec.harness.report import code_of
 HEADS = {"eagle": "EAGLE", "hydra": "Hydra", "medusa": "Medusa"}  # drafter -> its name in the notes
 
 
@@ -57,10 +58,6 @@ def head_records(records: list[dict], given: dict[str, Path | None]) -> tuple[li
     return keep, notes
 
 
-def commit(record: dict) -> str | None:
-    return ((record.get("environment") or {}).get("code") or {}).get("commit")
-
-
 def cells(records: list[dict]) -> dict:
     """label -> (prefix, B, decoding) -> (speedup, Omega, alpha, T_V/T_T, T_D/T_T, γ, how many γ ran, whether they
     ran at different code versions): the best γ's."""
@@ -71,7 +68,7 @@ def cells(records: list[dict]) -> dict:
         m = r["metrics"]
         key = (r["prefix_len"], r["B"], r["decoding"].split()[0])
         ran[r["label"], key] += 1
-        versions[r["label"], key].add(commit(r))
+        versions[r["label"], key].add(code_of(r.get("environment") or {}))
         cell = (m["measured_speedup"], m["acceptance_length"], m["alpha"], m["T_V_over_T_T"], m["T_D_over_T_T"],
                 r["gamma"])
         if key not in out[r["label"]] or cell[0] > out[r["label"]][key][0]:
